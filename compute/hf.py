@@ -1,0 +1,224 @@
+"""Hugging Face Llama checkpoints: config.json, tensor names, safetensors files.
+
+Owns the mapping between HF's LlamaForCausalLM tensor names
+(`model.layers.N.self_attn.q_proj.weight`, ...) and this package's fused
+parameters (`layers.N.attn.wqkv.weight`, ...), in both directions, with shape
+checks. The GGUF loader maps its names onto HF names and comes through here too.
+
+Also reads safetensors files with a small reader of its own (8-byte header
+length, JSON header, raw little-endian data), so no extra package is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from compute.errors import ConfigError, ModelFileError
+from compute.model import ModelConfig, Transformer
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor name of a Llama checkpoint with its expected shape."""
+    c, hd, f = cfg.dim, cfg.head_dim, cfg.ffn_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, c), "model.norm.weight": (c,)}
+    if not cfg.tie_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, c)
+    for i in range(cfg.n_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (c,)
+        shapes[p + "post_attention_layernorm.weight"] = (c,)
+        shapes[p + "self_attn.q_proj.weight"] = (cfg.n_heads * hd, c)
+        shapes[p + "self_attn.k_proj.weight"] = (cfg.n_kv_heads * hd, c)
+        shapes[p + "self_attn.v_proj.weight"] = (cfg.n_kv_heads * hd, c)
+        shapes[p + "self_attn.o_proj.weight"] = (c, cfg.n_heads * hd)
+        shapes[p + "mlp.gate_proj.weight"] = (f, c)
+        shapes[p + "mlp.up_proj.weight"] = (f, c)
+        shapes[p + "mlp.down_proj.weight"] = (c, f)
+    return shapes
+
+
+def check_hf_tensors(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str) -> None:
+    """Raise unless `tensors` holds exactly the HF names of `cfg` with the right shapes.
+
+    A tied model's `lm_head.weight` may be present (it is ignored).
+
+    Raises:
+        ModelFileError: a tensor is missing, unexpected, or has the wrong shape.
+    """
+    shapes = hf_shapes(cfg)
+    missing = sorted(set(shapes) - set(tensors))
+    unexpected = sorted(set(tensors) - set(shapes) - {"lm_head.weight"})
+    if missing or unexpected:
+        raise ModelFileError(f"{source}: expected Llama tensors; missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for name, shape in shapes.items():
+        if tuple(tensors[name].shape) != shape:
+            raise ModelFileError(f"{source}: tensor {name} expected shape {shape}, got {tuple(tensors[name].shape)}")
+
+
+def model_state_from_hf(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """Convert HF-named tensors into a float32 state dict for `Transformer(cfg)`.
+
+    Raises:
+        ModelFileError: as `check_hf_tensors`.
+    """
+    check_hf_tensors(cfg, tensors, source)
+
+    def t(name: str) -> torch.Tensor:
+        return tensors[name].to(torch.float32)
+
+    emb = t("model.embed_tokens.weight")
+    sd = {"tok_emb.weight": emb, "norm.weight": t("model.norm.weight")}
+    sd["lm_head.weight"] = emb if cfg.tie_embeddings else t("lm_head.weight")
+    for i in range(cfg.n_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        sd[q + "attn_norm.weight"] = t(p + "input_layernorm.weight")
+        sd[q + "mlp_norm.weight"] = t(p + "post_attention_layernorm.weight")
+        qkv = [t(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
+        sd[q + "attn.wqkv.weight"] = torch.cat(qkv, dim=0)
+        sd[q + "attn.wo.weight"] = t(p + "self_attn.o_proj.weight")
+        sd[q + "mlp.w_gate_up.weight"] = torch.cat([t(p + "mlp.gate_proj.weight"), t(p + "mlp.up_proj.weight")], dim=0)
+        sd[q + "mlp.w_down.weight"] = t(p + "mlp.down_proj.weight")
+    return sd
+
+
+def hf_state_from_model(model: Transformer) -> dict[str, torch.Tensor]:
+    """The model's weights under HF LlamaForCausalLM names (views, not copies)."""
+    cfg = model.config
+    nq, nkv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    sd = model.state_dict()
+    out = {"model.embed_tokens.weight": sd["tok_emb.weight"], "model.norm.weight": sd["norm.weight"]}
+    out["lm_head.weight"] = sd["lm_head.weight"]
+    for i in range(cfg.n_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        out[p + "input_layernorm.weight"] = sd[q + "attn_norm.weight"]
+        out[p + "post_attention_layernorm.weight"] = sd[q + "mlp_norm.weight"]
+        wq, wk, wv = sd[q + "attn.wqkv.weight"].split([nq, nkv, nkv], dim=0)
+        out[p + "self_attn.q_proj.weight"], out[p + "self_attn.k_proj.weight"], out[p + "self_attn.v_proj.weight"] = wq, wk, wv
+        out[p + "self_attn.o_proj.weight"] = sd[q + "attn.wo.weight"]
+        gate, up = sd[q + "mlp.w_gate_up.weight"].chunk(2, dim=0)
+        out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
+        out[p + "mlp.down_proj.weight"] = sd[q + "mlp.w_down.weight"]
+    return out
+
+
+def model_from_hf_tensors(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str = "checkpoint") -> Transformer:
+    """Build a `Transformer(cfg)` holding HF-named weights (copied, float32)."""
+    model = Transformer(cfg)
+    model.load_state_dict(model_state_from_hf(cfg, tensors, source), strict=True)
+    return model.eval()
+
+
+def config_from_hf(hf: Mapping, *, max_seq_len: int | None = None) -> ModelConfig:
+    """ModelConfig from the dict of a HF Llama `config.json`.
+
+    Args:
+        hf: the parsed config.json.
+        max_seq_len: cap on the context (default: max_position_embeddings).
+
+    Raises:
+        ConfigError: not a plain Llama config (other model type, biases,
+            RoPE scaling, a head size other than hidden_size / heads).
+    """
+    if hf.get("model_type") != "llama":
+        raise ConfigError(f"expected model_type 'llama', got {hf.get('model_type')!r}")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ConfigError("expected a Llama without biases, got attention_bias or mlp_bias set")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ConfigError(f"expected default RoPE, got scaling {rope}")
+    heads = hf["num_attention_heads"]
+    if hf.get("head_dim") not in (None, hf["hidden_size"] // heads):
+        raise ConfigError(f"expected head_dim {hf['hidden_size'] // heads}, got {hf['head_dim']}")
+    return ModelConfig(
+        vocab_size=hf["vocab_size"],
+        dim=hf["hidden_size"],
+        n_layers=hf["num_hidden_layers"],
+        n_heads=heads,
+        n_kv_heads=hf.get("num_key_value_heads") or heads,
+        ffn_dim=hf["intermediate_size"],
+        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        max_seq_len=max_seq_len or hf.get("max_position_embeddings", 2048),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+    )
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read every tensor of a .safetensors file (dtypes kept).
+
+    Raises:
+        ModelFileError: the file is missing, truncated, or its header is bad.
+    """
+    path = Path(path)
+    if sys.byteorder != "little":
+        raise ModelFileError("reading safetensors needs a little-endian host")
+    try:
+        data = bytearray(path.read_bytes())
+    except OSError as e:
+        raise ModelFileError(f"cannot read safetensors file {path}: {e}") from e
+    try:
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + n])
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelFileError(f"{path}: expected a safetensors JSON header, got unparsable bytes") from e
+    base, out = 8 + n, {}
+    for name, info in header.items():
+        if name != "__metadata__":
+            out[name] = _safetensors_tensor(data, base, name, info, path)
+    return out
+
+
+def _safetensors_tensor(data: bytearray, base: int, name: str, info: Mapping, path: Path) -> torch.Tensor:
+    dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
+    if dtype is None:
+        raise ModelFileError(f"{path}: tensor {name} has unsupported dtype {info.get('dtype')!r}")
+    shape, (start, end) = info["shape"], info["data_offsets"]
+    count = 1
+    for d in shape:
+        count *= d
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    if end - start != nbytes or base + end > len(data):
+        raise ModelFileError(f"{path}: tensor {name} expected {nbytes} bytes of data, header or file says otherwise")
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(data, dtype=dtype, count=count, offset=base + start).reshape(shape)
+
+
+def load_safetensors_model(directory: str | Path, *, max_seq_len: int | None = None) -> Transformer:
+    """Load a HF Llama checkpoint directory (config.json + *.safetensors, sharded or not).
+
+    Raises:
+        ModelFileError: files missing or tensors unexpected.
+        ConfigError: the config is not a supported Llama.
+    """
+    directory = Path(directory)
+    try:
+        hf = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelFileError(f"expected a readable config.json in {directory}: {e}") from e
+    cfg = config_from_hf(hf, max_seq_len=max_seq_len)
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelFileError(f"expected *.safetensors files in {directory}, found none")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(read_safetensors(f))
+    return model_from_hf_tensors(cfg, tensors, source=str(directory))

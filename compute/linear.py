@@ -1,0 +1,104 @@
+"""Bias-free linear projection with a prepacked CPU path for decoding.
+
+Owns how the model multiplies activations with a weight matrix. Training and
+prompt prefill use plain `F.linear`. Decoding one token at a time on a CPU is
+a matrix-vector product bound by memory bandwidth, and MKL's gemv that
+`F.linear` reaches runs on one thread (about 16 GB/s here); oneDNN with a
+weight reordered once ("prepacked") streams the same weights on all threads
+(about 40 GB/s). So in inference (no autograd) with a single row of input, this
+module multiplies with a lazily built packed copy of the weight.
+
+The packed copy is a cache: it is rebuilt when the weight changes in place
+(its version counter moves, as with `optimizer.step()` or `load_state_dict`)
+or is replaced, is never saved in a state dict, and is dropped by `unpack()`.
+It costs one extra copy of the weight in memory while it lives.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _mkldnn_linear_available() -> bool:
+    """True when this torch build has oneDNN and its prepacked linear op."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight
+        torch.ops.mkldnn._linear_pointwise
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+_PACKING_AVAILABLE = _mkldnn_linear_available()
+
+
+class Linear(nn.Module):
+    """y = x @ W.T with W of shape (out_features, in_features), no bias.
+
+    Args:
+        in_features: size of the last input dimension.
+        out_features: size of the last output dimension.
+        pack_cpu: allow the prepacked one-row CPU path (see module docstring).
+
+    The weight starts at zeros so that construction draws no randomness;
+    weights come from a loader or from `Transformer.init_weights(generator)`.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, pack_cpu: bool = True) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.zeros(out_features, in_features))
+        self.pack_cpu = pack_cpu and _PACKING_AVAILABLE
+        self._packed: torch.Tensor | None = None
+        self._packed_key: tuple[int, int] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Project the last dimension of x: (..., in) -> (..., out)."""
+        if self.pack_cpu and x.numel() == self.in_features and self._may_pack(x):
+            return self._packed_forward(x)
+        return F.linear(x, self.weight)
+
+    def unpack(self) -> None:
+        """Drop the packed copy of the weight (it is rebuilt on demand)."""
+        self._packed = None
+        self._packed_key = None
+
+    def _may_pack(self, x: torch.Tensor) -> bool:
+        # Packing pays only where gemv is memory bound and no gradient flows.
+        w = self.weight
+        return (
+            not torch.is_grad_enabled()
+            and x.device.type == "cpu"
+            and w.device.type == "cpu"
+            and x.dtype == torch.float32
+            and w.dtype == torch.float32
+        )
+
+    def _packed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        key = (w._version, w.data_ptr())
+        if key != self._packed_key:
+            try:
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1)
+            except RuntimeError:
+                # A build that lists the op but cannot run it: stay on F.linear.
+                self.pack_cpu = False
+                return F.linear(x, w)
+            self._packed_key = key
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(1, self.in_features), self._packed, None, "none", [], "")
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def __getstate__(self) -> dict:
+        # The packed copy is an opaque oneDNN tensor; never pickle or deepcopy it.
+        state = self.__dict__.copy()
+        state["_packed"] = None
+        state["_packed_key"] = None
+        return state
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, pack_cpu={self.pack_cpu}"

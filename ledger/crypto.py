@@ -1,0 +1,107 @@
+"""Hashing and Ed25519 signatures, with domain separation.
+
+Every hash and signature in pnode is taken over ``domain || bytes``, where the
+domain names what is being hashed or signed. Two objects of different kinds
+can therefore never share a hash or a signature even if their encodings
+collide. Domains are ASCII and start with ``pnode:``, so they never collide
+with the RFC 6962 Merkle prefixes 0x00 and 0x01 either.
+
+Keys are raw 32-byte Ed25519 public keys; an account id is its public key.
+This module draws no randomness: callers hand it a 32-byte seed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+# Hash domains.
+H_TX = b"pnode:tx:"
+H_HEADER = b"pnode:header:"
+H_UNIT = b"pnode:unit:"
+H_CERT = b"pnode:cert:"
+H_STATE = b"pnode:state:"
+H_TIEBREAK = b"pnode:tiebreak:"
+H_GENESIS = b"pnode:genesis:"
+
+# Signature domains.
+S_TX = b"pnode:sign:tx:"
+S_HEADER = b"pnode:sign:header:"
+S_BIND = b"pnode:sign:bind:"
+S_USAGE = b"pnode:sign:usage:"
+S_CERT = b"pnode:sign:cert:"
+
+ZERO32 = bytes(32)
+
+
+def sha256(data: bytes) -> bytes:
+    """Plain SHA-256; prefer ``domain_hash`` for anything with a meaning."""
+    return hashlib.sha256(data).digest()
+
+
+def domain_hash(domain: bytes, data: bytes) -> bytes:
+    """SHA-256 of ``domain || data``."""
+    return hashlib.sha256(domain + data).digest()
+
+
+class SigningKey:
+    """An Ed25519 private key made from a 32-byte seed the caller supplies."""
+
+    __slots__ = ("_key", "public")
+
+    def __init__(self, seed: bytes):
+        """
+        Args:
+            seed: 32 secret bytes (from os.urandom at the edge, or a test seed).
+
+        Raises:
+            ValueError: the seed is not 32 bytes.
+        """
+        if not isinstance(seed, bytes) or len(seed) != 32:
+            raise ValueError("an Ed25519 seed is 32 bytes")
+        self._key = Ed25519PrivateKey.from_private_bytes(seed)
+        self.public: bytes = self._key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+
+    def sign(self, domain: bytes, message: bytes) -> bytes:
+        """Sign ``domain || message``; returns 64 bytes."""
+        return self._key.sign(domain + message)
+
+    def seed(self) -> bytes:
+        """The 32-byte secret seed (for writing a key file)."""
+        return self._key.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+
+
+@functools.lru_cache(maxsize=65536)
+def _public_key(raw: bytes) -> Ed25519PublicKey | None:
+    try:
+        return Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError:
+        return None
+
+
+def verify(public_key: bytes, domain: bytes, message: bytes, signature: bytes) -> bool:
+    """Check an Ed25519 signature over ``domain || message``.
+
+    Returns False (never raises) for a malformed key or signature.
+    """
+    if not isinstance(public_key, bytes) or len(public_key) != 32:
+        return False
+    if not isinstance(signature, bytes) or len(signature) != 64:
+        return False
+    key = _public_key(public_key)
+    if key is None:
+        return False
+    try:
+        key.verify(signature, domain + message)
+    except InvalidSignature:
+        return False
+    return True

@@ -1,0 +1,138 @@
+"""Every error the ledger package raises.
+
+One root, `LedgerError`, so callers can catch the package as a whole; small
+subclasses that say what was expected and what came. Consensus rejections
+derive from `ValidationError` so a node can tell "this block is invalid"
+(punish the sender) from "my disk is broken" (stop).
+"""
+
+from __future__ import annotations
+
+
+class LedgerError(Exception):
+    """Root of every error raised by the ledger package."""
+
+
+# -- encoding ---------------------------------------------------------------
+
+
+class DecodeError(LedgerError):
+    """Bytes that are not a canonical encoding of the expected object."""
+
+
+class EncodeError(LedgerError):
+    """An object that cannot be encoded (wrong field type or range)."""
+
+
+# -- storage ----------------------------------------------------------------
+
+
+class StoreError(LedgerError):
+    """The key-value store failed or holds something it should not."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the store open."""
+
+
+class StoreClosedError(StoreError):
+    """The store was used after close()."""
+
+
+class StoreCorruptError(StoreError):
+    """The store's contents contradict themselves (a bug or a damaged disk)."""
+
+
+# -- validation -------------------------------------------------------------
+
+
+class ValidationError(LedgerError):
+    """A transaction or block breaks a consensus rule."""
+
+
+class BadSignature(ValidationError):
+    """A signature that does not verify under the key it must come from."""
+
+
+class WrongChainId(ValidationError):
+    """An object signed for another chain."""
+
+
+class BadNonce(ValidationError):
+    """A replayed or out-of-order account nonce."""
+
+
+class InsufficientFunds(ValidationError):
+    """A spend (or bond) larger than the balance (covers double spends)."""
+
+
+class BadAmount(ValidationError):
+    """A zero, overflowing or otherwise impossible amount."""
+
+
+class WrongPrevHash(ValidationError):
+    """A header whose prev_hash is not its parent's hash."""
+
+
+class WrongHeight(ValidationError):
+    """A header whose height is not its parent's height + 1."""
+
+
+class WrongProducer(ValidationError):
+    """A block signed by a node that may not produce at this height."""
+
+
+class BadTime(ValidationError):
+    """A block time before its slot, not after its parent, or too far ahead."""
+
+
+class TimeInFuture(BadTime):
+    """A block time further ahead of the local clock than the chain allows."""
+
+
+class BadTxsRoot(ValidationError):
+    """A header whose txs_root does not match its transactions."""
+
+
+class BadLogRoot(ValidationError):
+    """A header whose log_root / log_size do not match the receipt log."""
+
+
+class BadStateRoot(ValidationError):
+    """A header whose state_root does not match the state after the block."""
+
+
+class TooManyTxs(ValidationError):
+    """A block with more transactions than the chain allows."""
+
+
+class UnassignedReceipt(ValidationError):
+    """A receipt for a unit that is not (or no longer) assigned to its signer."""
+
+
+class NotRegistered(ValidationError):
+    """A node key or account that the transaction needs to be registered."""
+
+
+class BadRegistration(ValidationError):
+    """A registration with bad layers, a too-small bond, or a taken node key."""
+
+
+class BadVerdict(ValidationError):
+    """A verdict on an unknown receipt, from the wrong verifier, or repeated."""
+
+
+class BadJob(ValidationError):
+    """A job from a creator who may not post jobs, or with a malformed plan."""
+
+
+class BadGenesis(ValidationError):
+    """A genesis description that cannot start a chain."""
+
+
+class UnknownParent(ValidationError):
+    """A block whose parent this node does not have (sync first)."""
+
+
+class SupplyMismatch(ValidationError):
+    """Balances and bonds do not add up to the coins minted by rule."""

@@ -1,0 +1,298 @@
+"""Transaction rules and the per-block bookkeeping of jobs and rewards.
+
+Each ``_apply_*`` function checks everything first and writes only after the
+last check, so a transaction that fails leaves the overlay untouched (the
+block producer relies on this to drop bad transactions cheaply).
+
+``ctx`` is the ``transition.Context`` of the block being applied: its
+``height``, ``prev_hash``, ``chain_id`` and the ``log_appends`` list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ledger import merkle, schedule
+from ledger.codec import encode
+from ledger.errors import (
+    BadAmount, BadJob, BadNonce, BadRegistration, BadSignature, BadVerdict, InsufficientFunds,
+    NotRegistered, UnassignedReceipt, WrongChainId,
+)
+from ledger.state import JOB, NODE, PENDING, UNIT, KEY_LOG, KEY_SUPPLY, Overlay
+from ledger.types import (
+    UNIT_KINDS, Assignment, InferencePayment, Job, JobRecord, NodeRecord, Pending, Receipt,
+    Register, Transfer, Verdict, binding_ok, signature_ok, tx_hash, unit_id, usage_ok,
+)
+
+U64_MAX = 2**64 - 1
+
+
+def apply_tx(st: Overlay, ctx: Any, tx: Any) -> None:
+    """Check one transaction against the state and apply it.
+
+    Raises:
+        ValidationError: a subclass naming the broken rule; nothing written.
+    """
+    if tx.chain_id != ctx.chain_id:
+        raise WrongChainId(f"signed for chain {tx.chain_id!r}, this is {ctx.chain_id!r}")
+    handler = _HANDLERS.get(type(tx))
+    if handler is None:  # the codec only builds known types; guard all the same
+        raise BadAmount(f"not a transaction: {type(tx).__name__}")
+    if not signature_ok(tx):
+        raise BadSignature(f"{type(tx).__name__} signature does not verify")
+    handler(st, ctx, tx)
+
+
+def candidates(st: Overlay) -> list[schedule.Candidate]:
+    """Registered nodes whose account holds at least the minimum bond."""
+    min_bond = st.params().min_bond
+    out = []
+    for node_key in st.ids(NODE):
+        node = st.get(NODE + node_key)
+        account = st.account(node.account)
+        if account.bond >= min_bond:
+            out.append(schedule.Candidate(node_key, account.last_served_height,
+                                          node.layer_start, node.layer_end))
+    return out
+
+
+# -- accounts ----------------------------------------------------------------------
+
+
+def _check_nonce(st: Overlay, account_id: bytes, nonce: int) -> None:
+    expected = st.account(account_id).nonce
+    if nonce != expected:
+        what = "replayed" if nonce < expected else "out of order"
+        raise BadNonce(f"nonce {nonce} is {what}: account expects {expected}")
+
+
+def _credit(st: Overlay, account_id: bytes, amount: int) -> None:
+    account = st.account(account_id)
+    st.put_account(account_id, replace(account, balance=account.balance + amount))
+
+
+def _apply_transfer(st: Overlay, ctx: Any, tx: Transfer) -> None:
+    _check_nonce(st, tx.sender, tx.nonce)
+    if tx.amount == 0:
+        raise BadAmount("transfer of 0")
+    if tx.recipient == tx.sender:
+        raise BadAmount("transfer to self")
+    sender = st.account(tx.sender)
+    if sender.balance < tx.amount:
+        raise InsufficientFunds(f"balance {sender.balance}, transfer of {tx.amount}")
+    if st.account(tx.recipient).balance + tx.amount > U64_MAX:
+        raise BadAmount("recipient balance would overflow")
+    st.put_account(tx.sender, replace(sender, balance=sender.balance - tx.amount,
+                                      nonce=sender.nonce + 1))
+    _credit(st, tx.recipient, tx.amount)
+
+
+def _apply_payment(st: Overlay, ctx: Any, tx: InferencePayment) -> None:
+    _check_nonce(st, tx.client, tx.nonce)
+    if not tx.charges:
+        raise BadAmount("a payment needs at least one charge")
+    total = sum(c.amount for c in tx.charges)
+    client = st.account(tx.client)
+    if client.balance < total:
+        raise InsufficientFunds(f"balance {client.balance}, payment of {total}")
+    payees = []
+    for charge in tx.charges:
+        node = st.get(NODE + charge.node_key)
+        if node is None:
+            raise NotRegistered(f"charging node {charge.node_key.hex()[:16]}.. is not registered")
+        if not usage_ok(ctx.chain_id, tx, charge):
+            raise BadSignature(f"usage of node {charge.node_key.hex()[:16]}.. is not cosigned")
+        payees.append((node.account, charge.amount))
+    st.put_account(tx.client, replace(client, balance=client.balance - total,
+                                      nonce=client.nonce + 1))
+    for account_id, amount in payees:
+        _credit(st, account_id, amount)
+
+
+# -- nodes -------------------------------------------------------------------------
+
+
+def _apply_register(st: Overlay, ctx: Any, tx: Register) -> None:
+    _check_nonce(st, tx.account, tx.nonce)
+    if not binding_ok(tx):
+        raise BadSignature("node key did not sign the binding to this account")
+    if not tx.layer_start < tx.layer_end:
+        raise BadRegistration(f"layers [{tx.layer_start}, {tx.layer_end}) are empty")
+    account = st.account(tx.account)
+    if account.balance < tx.bond:
+        raise InsufficientFunds(f"balance {account.balance}, bond of {tx.bond}")
+    taken = st.get(NODE + tx.node_key)
+    if taken is not None and taken.account != tx.account:
+        raise BadRegistration("node key is registered to another account")
+    min_bond = st.params().min_bond
+    if account.bond + tx.bond < min_bond:
+        raise BadRegistration(f"bond {account.bond + tx.bond} is under the minimum {min_bond}")
+    previous = _node_of(st, tx.account)
+    if previous is not None and previous != tx.node_key:
+        st.delete(NODE + previous)
+    # A newly registered node queues behind those already waiting; else a
+    # node could jump the longest-wait queue by re-registering a fresh key.
+    served = account.last_served_height if previous is not None else ctx.height
+    st.put(NODE + tx.node_key, NodeRecord(tx.account, tx.peer_id, tx.layer_start, tx.layer_end))
+    st.put_account(tx.account, replace(
+        account, balance=account.balance - tx.bond, bond=account.bond + tx.bond,
+        nonce=account.nonce + 1, last_served_height=served))
+
+
+def _node_of(st: Overlay, account_id: bytes) -> bytes | None:
+    for node_key in st.ids(NODE):
+        if st.get(NODE + node_key).account == account_id:
+            return node_key
+    return None
+
+
+# -- compute work ------------------------------------------------------------------
+
+
+def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt) -> None:
+    assignment = st.get(UNIT + tx.unit_id)
+    if assignment is None or assignment.job_id != tx.job_id:
+        raise UnassignedReceipt(f"unit {tx.unit_id.hex()[:16]}.. is not an open unit of that job")
+    if assignment.node_key != tx.node_key:
+        raise UnassignedReceipt(f"unit {tx.unit_id.hex()[:16]}.. is assigned to "
+                                f"{assignment.node_key.hex()[:16]}.., not the signer")
+    if assignment.done:
+        raise UnassignedReceipt(f"unit {tx.unit_id.hex()[:16]}.. already has a receipt")
+    node = st.get(NODE + tx.node_key)
+    if node is None:
+        raise NotRegistered("receipt signer is no longer registered")
+    receipt_hash = tx_hash(tx)
+    verifier = schedule.assigned_verifier(candidates(st), receipt_hash, tx.node_key)
+    window = st.params().challenge_window
+    st.put(UNIT + tx.unit_id, replace(assignment, done=True))
+    st.put(PENDING + receipt_hash, Pending(node.account, tx.node_key, verifier or bytes(32),
+                                           ctx.height + window, False))
+    leaf = encode(tx)
+    log = st.log()
+    frontier = merkle.Frontier(log.size, log.peaks).append(merkle.leaf_hash(leaf))
+    st.put(KEY_LOG, replace(log, size=frontier.size, peaks=frontier.peaks))
+    ctx.log_appends.append(leaf)
+
+
+def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict) -> None:
+    pending = st.get(PENDING + tx.receipt_hash)
+    if pending is None:
+        raise BadVerdict("no receipt with that hash is waiting in its challenge window")
+    if tx.verifier != pending.verifier:
+        raise BadVerdict(f"verifier {tx.verifier.hex()[:16]}.. is not the one assigned")
+    if pending.verified:
+        raise BadVerdict("that receipt already has a verdict")
+    if tx.passed:
+        st.put(PENDING + tx.receipt_hash, replace(pending, verified=True))
+        return
+    params = st.params()
+    worker = st.account(pending.account)
+    slashed = worker.bond * params.slash_bps // 10_000
+    paid = slashed * params.verifier_bps // 10_000
+    verifier_account = st.get(NODE + tx.verifier)
+    if verifier_account is None:
+        raise NotRegistered("verifier is no longer registered")
+    st.delete(PENDING + tx.receipt_hash)  # the reward is never minted
+    st.put_account(pending.account, replace(worker, bond=worker.bond - slashed))
+    _credit(st, verifier_account.account, paid)
+    supply = st.get(KEY_SUPPLY)
+    st.put(KEY_SUPPLY, replace(supply, burned=supply.burned + slashed - paid))
+
+
+def _apply_job(st: Overlay, ctx: Any, tx: Job) -> None:
+    _check_nonce(st, tx.creator, tx.nonce)
+    # Attack note: rewards are minted for work on jobs, so whoever may post a
+    # job may also post busywork for their own nodes. Until jobs are paid for
+    # by their owners, only the chain's job authority may post them.
+    if tx.creator != st.params().job_authority:
+        raise BadJob("only the chain's job authority may post jobs")
+    if tx.steps == 0 or not tx.units:
+        raise BadJob("a job needs at least one step and one unit")
+    for t in tx.units:
+        if t.kind not in UNIT_KINDS or not t.layer_start < t.layer_end or t.head_start > t.head_end:
+            raise BadJob(f"malformed unit {t}")
+    if len({(t.kind, t.layer_start, t.layer_end, t.head_start, t.head_end) for t in tx.units}) \
+            != len(tx.units):
+        raise BadJob("a job lists the same unit twice")
+    creator = st.account(tx.creator)
+    st.put_account(tx.creator, replace(creator, nonce=creator.nonce + 1))
+    st.put(JOB + tx_hash(tx), JobRecord(job=tx, step=0))
+
+
+_HANDLERS = {
+    Transfer: _apply_transfer, Register: _apply_register, Receipt: _apply_receipt,
+    Verdict: _apply_verdict, InferencePayment: _apply_payment, Job: _apply_job,
+}
+
+
+# -- per-block bookkeeping ------------------------------------------------------------
+
+
+def finalize_rewards(st: Overlay, ctx: Any) -> None:
+    """Mint the reward of every receipt whose challenge window has closed."""
+    reward = st.params().reward
+    minted = 0
+    for receipt_hash in st.ids(PENDING):
+        pending = st.get(PENDING + receipt_hash)
+        if pending.final_height <= ctx.height:
+            _credit(st, pending.account, reward)
+            st.delete(PENDING + receipt_hash)
+            minted += reward
+    if minted:
+        supply = st.get(KEY_SUPPLY)
+        st.put(KEY_SUPPLY, replace(supply, minted=supply.minted + minted))
+
+
+def reassign_timeouts(st: Overlay, ctx: Any) -> None:
+    """Hand every unit whose deadline passed to the next-longest waiter."""
+    late = [(uid, st.get(UNIT + uid)) for uid in st.ids(UNIT)]
+    late = [(uid, a) for uid, a in late if not a.done and a.deadline < ctx.height]
+    if not late:
+        return
+    able = candidates(st)
+    units = []
+    for _, a in late:
+        t = st.get(JOB + a.job_id).job.units[a.index]
+        units.append((t.layer_start, t.layer_end))
+    chosen = schedule.assign_units(units, able, ctx.prev_hash, ctx.height,
+                                   exclude=[a.node_key for _, a in late])
+    deadline = ctx.height + st.params().unit_timeout
+    for (uid, a), node_key in zip(late, chosen):
+        st.put(UNIT + uid, replace(a, node_key=node_key or a.node_key, deadline=deadline))
+        if node_key is not None:
+            _mark_served(st, node_key, ctx.height)
+
+
+def open_steps(st: Overlay, ctx: Any) -> None:
+    """Close every job step whose units all have receipts; assign the next."""
+    for job_id in st.ids(JOB):
+        record = st.get(JOB + job_id)
+        while record.step < record.job.steps:
+            uids = [unit_id(job_id, record.step, t) for t in record.job.units]
+            assignments = [st.get(UNIT + uid) for uid in uids]
+            if all(a is None for a in assignments):
+                _assign_step(st, ctx, job_id, record, uids)
+                break
+            if not all(a is not None and a.done for a in assignments):
+                break
+            for uid in uids:
+                st.delete(UNIT + uid)
+            record = replace(record, step=record.step + 1)
+            st.put(JOB + job_id, record)
+
+
+def _assign_step(st: Overlay, ctx: Any, job_id: bytes, record: JobRecord, uids: list) -> None:
+    units = [(t.layer_start, t.layer_end) for t in record.job.units]
+    chosen = schedule.assign_units(units, candidates(st), ctx.prev_hash, ctx.height)
+    if any(node_key is None for node_key in chosen):
+        return  # some unit has no node serving its layers: try again next block
+    deadline = ctx.height + st.params().unit_timeout
+    for index, (uid, node_key) in enumerate(zip(uids, chosen)):
+        st.put(UNIT + uid, Assignment(job_id, record.step, index, node_key, deadline, False))
+        _mark_served(st, node_key, ctx.height)
+
+
+def _mark_served(st: Overlay, node_key: bytes, height: int) -> None:
+    account_id = st.get(NODE + node_key).account
+    st.put_account(account_id, replace(st.account(account_id), last_served_height=height))

@@ -1,0 +1,226 @@
+"""The state transition: what a block may contain and what it does.
+
+``validate_block`` checks a received block against its parent's state;
+``build_block`` makes one from candidate transactions (dropping the ones that
+fail); ``genesis_block`` starts a chain. All three run the same rules, in
+this order, so producer and validators always agree:
+
+1. header: chain id, height, parent hash, producer rank and time, signature;
+2. the producer and every higher-ranked producer it skipped count as served;
+3. pending rewards whose challenge window has closed are minted;
+4. assignments past their deadline pass to the next-longest waiter;
+5. transactions, in block order (each checks everything before it writes,
+   so a rejected transaction leaves no trace);
+6. jobs whose open step is complete move to the next step and assign it;
+7. the supply invariant, then the log, state and txs roots.
+
+Pure: no clock (the caller passes ``now_ms``), no I/O, no randomness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+from ledger import merkle, schedule
+from ledger.codec import encode
+from ledger.crypto import ZERO32, SigningKey
+from ledger.errors import (
+    BadGenesis, BadLogRoot, BadStateRoot, BadTime, BadTxsRoot, TimeInFuture, TooManyTxs,
+    ValidationError, WrongChainId, WrongHeight, WrongPrevHash, WrongProducer, BadSignature,
+)
+from ledger.rules import apply_tx, candidates, finalize_rewards, open_steps, reassign_timeouts
+from ledger.state import NODE, KEY_LOG, KEY_PARAMS, KEY_SUPPLY, MemoryState, Overlay, StateReader, check_supply, state_root
+from ledger.types import (
+    ZERO_SIG, Block, Genesis, Header, LogState, Supply, block_hash, sign, signature_ok,
+)
+
+
+@dataclass(slots=True)
+class Context:
+    """What the rules need to know about the block being applied."""
+
+    height: int
+    prev_hash: bytes
+    chain_id: str
+    log_appends: list[bytes] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """A block that passed (or was built by) the rules, with its effects."""
+
+    block: Block
+    hash: bytes
+    writes: dict[bytes, Any]
+    undo: dict[bytes, Any]
+    log_appends: tuple[bytes, ...]
+    log_start: int
+    rank: int
+    weight: int
+
+
+def genesis_block(genesis: Genesis) -> Applied:
+    """Block 0 and the state it creates.
+
+    Raises:
+        BadGenesis: duplicate allocations, an empty producer set, or a bad
+            registration or job (with the underlying reason).
+    """
+    st = Overlay(MemoryState())
+    ctx = Context(height=0, prev_hash=ZERO32, chain_id=genesis.chain_id)
+    premine = sum(a.amount for a in genesis.allocations)
+    if len({a.account for a in genesis.allocations}) != len(genesis.allocations):
+        raise BadGenesis("an account is allocated twice")
+    st.put(KEY_PARAMS, genesis.params)
+    st.put(KEY_SUPPLY, Supply(premine=premine, minted=0, burned=0))
+    st.put(KEY_LOG, LogState(size=0, peaks=()))
+    for alloc in genesis.allocations:
+        st.put_account(alloc.account, replace(st.account(alloc.account), balance=alloc.amount))
+    try:
+        for tx in (*genesis.registrations, *genesis.jobs):
+            apply_tx(st, ctx, tx)
+    except ValidationError as exc:
+        raise BadGenesis(f"genesis {type(exc).__name__}: {exc}") from None
+    if not candidates(st):
+        raise BadGenesis("genesis registers no bonded node, so nobody could produce block 1")
+    _finish(st, ctx)
+    header = _header(st, ctx, (), time_ms=genesis.time_ms, producer=ZERO32, height=0)
+    block = Block(header=header, txs=())
+    return _applied(block, st, ctx, log_start=0, rank=0)
+
+
+def validate_block(parent: StateReader, parent_header: Header, block: Block,
+                   now_ms: int | None) -> Applied:
+    """Check ``block`` against its parent and return its effects.
+
+    Args:
+        parent: the state after ``parent_header``'s block.
+        parent_header: the header the block must extend.
+        block: the block to check.
+        now_ms: the local clock, for the "too far in the future" rule; None
+            when re-validating history (the rule only guards the live edge).
+
+    Raises:
+        ValidationError: a subclass naming the first rule the block breaks.
+    """
+    h = block.header
+    if h.chain_id != parent_header.chain_id:
+        raise WrongChainId(f"header chain id {h.chain_id!r}, expected {parent_header.chain_id!r}")
+    if h.height != parent_header.height + 1:
+        raise WrongHeight(f"height {h.height}, expected {parent_header.height + 1}")
+    if h.prev_hash != block_hash(parent_header):
+        raise WrongPrevHash(f"prev_hash {h.prev_hash.hex()[:16]}.. is not the parent's hash")
+    if not signature_ok(h):
+        raise BadSignature(f"header of block {h.height} is not signed by its producer")
+    params = parent.get(KEY_PARAMS)
+    if now_ms is not None and h.time_ms > now_ms + params.max_future_ms:
+        raise TimeInFuture(f"block time {h.time_ms} is more than {params.max_future_ms} ms "
+                           f"after local time {now_ms}")
+    if len(block.txs) > params.max_block_txs:
+        raise TooManyTxs(f"{len(block.txs)} txs, at most {params.max_block_txs}")
+    txs_root = merkle.merkle_root([encode(tx) for tx in block.txs])
+    if h.txs_root != txs_root:
+        raise BadTxsRoot("txs_root does not match the block's transactions")
+    st, ctx, rank = _begin(parent, parent_header, h.producer, h.time_ms)
+    log_start = st.log().size
+    for i, tx in enumerate(block.txs):
+        try:
+            apply_tx(st, ctx, tx)
+        except ValidationError as exc:
+            raise type(exc)(f"tx {i} ({type(tx).__name__}): {exc}") from None
+    _finish(st, ctx)
+    log = st.log()
+    if (h.log_size, h.log_root) != (log.size, merkle.Frontier(log.size, log.peaks).root()):
+        raise BadLogRoot(f"header log (size {h.log_size}) does not match the receipt log "
+                         f"(size {log.size})")
+    if h.state_root != state_root(st):
+        raise BadStateRoot(f"state_root of block {h.height} does not match the state")
+    return _applied(block, st, ctx, log_start, rank)
+
+
+def build_block(parent: StateReader, parent_header: Header, txs: Sequence[Any],
+                key: SigningKey, time_ms: int) -> Applied:
+    """Make and sign the next block from candidate transactions.
+
+    Transactions that break a rule are left out (a mempool holds stale ones);
+    at most ``max_block_txs`` are taken.
+
+    Raises:
+        WrongProducer / BadTime: ``key`` may not produce at ``time_ms``.
+    """
+    st, ctx, rank = _begin(parent, parent_header, key.public, time_ms)
+    log_start = st.log().size
+    limit = st.params().max_block_txs
+    included = []
+    for tx in txs:
+        if len(included) == limit:
+            break
+        try:
+            apply_tx(st, ctx, tx)
+        except ValidationError:
+            continue
+        included.append(tx)
+    _finish(st, ctx)
+    header = _header(st, ctx, included, time_ms=time_ms, producer=key.public,
+                     height=ctx.height, prev_hash=ctx.prev_hash)
+    block = Block(header=sign(header, key), txs=tuple(included))
+    return _applied(block, st, ctx, log_start, rank)
+
+
+def producer_rank(parent: StateReader, parent_header: Header, producer: bytes) -> int | None:
+    """Rank of ``producer`` for the block after ``parent_header`` (None: not eligible)."""
+    ranking = schedule.producer_ranking(candidates(Overlay(parent)), block_hash(parent_header))
+    return ranking.index(producer) if producer in ranking else None
+
+
+# -- steps shared by all three -----------------------------------------------------
+
+
+def _begin(parent: StateReader, parent_header: Header, producer: bytes,
+           time_ms: int) -> tuple[Overlay, Context, int]:
+    st = Overlay(parent)
+    ctx = Context(height=parent_header.height + 1, prev_hash=block_hash(parent_header),
+                  chain_id=parent_header.chain_id)
+    params = st.params()
+    ranking = schedule.producer_ranking(candidates(st), ctx.prev_hash)
+    if producer not in ranking:
+        raise WrongProducer(f"{producer.hex()[:16]}.. is not a bonded, registered node")
+    rank = ranking.index(producer)
+    if time_ms <= parent_header.time_ms:
+        raise BadTime(f"block time {time_ms} is not after its parent's {parent_header.time_ms}")
+    earliest = parent_header.time_ms + rank * params.slot_ms
+    if time_ms < earliest:
+        raise BadTime(f"rank-{rank} producer may produce from time {earliest}, not {time_ms}")
+    # Skipped producers count as served too: otherwise a dead rank-0 node
+    # would stay first in line and delay every later block by a slot.
+    for node_key in ranking[: rank + 1]:
+        account_id = st.get(NODE + node_key).account
+        st.put_account(account_id, replace(st.account(account_id), last_served_height=ctx.height))
+    finalize_rewards(st, ctx)
+    reassign_timeouts(st, ctx)
+    return st, ctx, rank
+
+
+def _finish(st: Overlay, ctx: Context) -> None:
+    open_steps(st, ctx)
+    check_supply(st)
+
+
+def _header(st: Overlay, ctx: Context, txs: Sequence[Any], *, time_ms: int, producer: bytes,
+            height: int, prev_hash: bytes = ZERO32) -> Header:
+    log = st.log()
+    return Header(
+        chain_id=ctx.chain_id, height=height, prev_hash=prev_hash, time_ms=time_ms,
+        producer=producer, txs_root=merkle.merkle_root([encode(tx) for tx in txs]),
+        log_root=merkle.Frontier(log.size, log.peaks).root(), log_size=log.size,
+        state_root=state_root(st), signature=ZERO_SIG,
+    )
+
+
+def _applied(block: Block, st: Overlay, ctx: Context, log_start: int, rank: int) -> Applied:
+    return Applied(
+        block=block, hash=block_hash(block.header), writes=dict(st.writes), undo=st.undo(),
+        log_appends=tuple(ctx.log_appends), log_start=log_start, rank=rank,
+        weight=schedule.block_weight(rank),
+    )

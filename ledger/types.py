@@ -1,0 +1,397 @@
+"""Every object the ledger signs, hashes, stores or sends.
+
+Frozen, slotted dataclasses registered with the codec (``@wire(tag)``); the
+field order is the encoding order. Signed objects end in ``signature``, which
+covers ``encode_unsigned(obj)`` under the object's signature domain; every
+signed object carries the chain id, so a signature from one chain means
+nothing on another. Amounts are integers in base units (``COIN`` per coin).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Annotated, Union
+
+from ledger import crypto
+from ledger.codec import (
+    U8, U32, U64, ChainId, Hash32, Key32, MaxLen, Sig64, encode, encode_unsigned, wire,
+)
+
+COIN = 1_000_000
+PeerId = Annotated[bytes, MaxLen(64)]
+
+# Compute-block kinds (DESIGN.md section 4).
+FORWARD, BACKWARD, ATTENTION_HEADS = 0, 1, 2
+UNIT_KINDS = (FORWARD, BACKWARD, ATTENTION_HEADS)
+
+
+# -- transactions -------------------------------------------------------------
+
+
+@wire(1)
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Move ``amount`` from ``sender`` to ``recipient``."""
+
+    chain_id: ChainId
+    sender: Key32
+    recipient: Key32
+    amount: U64
+    nonce: U64
+    signature: Sig64
+
+
+@wire(2)
+@dataclass(frozen=True, slots=True)
+class Register:
+    """Bind a node key and libp2p peer id to an account, and lock a bond.
+
+    The account (wallet key) signs the whole; the node key proves it agrees
+    with ``node_signature`` over a ``Binding``. Re-registering the same account
+    updates its layers / peer id and adds ``bond`` to the bond.
+    """
+
+    chain_id: ChainId
+    account: Key32
+    node_key: Key32
+    peer_id: PeerId
+    layer_start: U32
+    layer_end: U32
+    bond: U64
+    nonce: U64
+    node_signature: Sig64
+    signature: Sig64
+
+
+@wire(3)
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """A node's signed claim that it executed one compute block."""
+
+    chain_id: ChainId
+    node_key: Key32
+    job_id: Hash32
+    unit_id: Hash32
+    input_hash: Hash32
+    output_hash: Hash32
+    cert_hash: Hash32
+    signature: Sig64
+
+
+@wire(4)
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The assigned verifier's pass / fail on a pending receipt."""
+
+    chain_id: ChainId
+    verifier: Key32
+    receipt_hash: Hash32
+    passed: bool
+    evidence_hash: Hash32
+    signature: Sig64
+
+
+@wire(5)
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """One server's bill for a session, cosigned by that server's node key."""
+
+    node_key: Key32
+    tokens: U64
+    amount: U64
+    cosignature: Sig64
+
+
+@wire(6)
+@dataclass(frozen=True, slots=True)
+class InferencePayment:
+    """A client's payment to the servers of one inference session."""
+
+    chain_id: ChainId
+    client: Key32
+    session_id: Hash32
+    charges: Annotated[tuple[Charge, ...], MaxLen(64)]
+    nonce: U64
+    signature: Sig64
+
+
+@wire(7)
+@dataclass(frozen=True, slots=True)
+class UnitTemplate:
+    """One compute block of every step: kind, layers [start, end), heads [start, end).
+
+    ``head_start == head_end == 0`` means all heads of those layers.
+    """
+
+    kind: U8
+    layer_start: U32
+    layer_end: U32
+    head_start: U32
+    head_end: U32
+
+
+@wire(8)
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A training job: what to train, on what, how, and its per-step units."""
+
+    chain_id: ChainId
+    creator: Key32
+    model_hash: Hash32
+    data_hash: Hash32
+    hyper_hash: Hash32
+    steps: U64
+    units: Annotated[tuple[UnitTemplate, ...], MaxLen(4096)]
+    nonce: U64
+    signature: Sig64
+
+
+Tx = Union[Transfer, Register, Receipt, Verdict, InferencePayment, Job]
+TX_TYPES = (Transfer, Register, Receipt, Verdict, InferencePayment, Job)
+
+
+# -- signing helpers ------------------------------------------------------------
+
+
+@wire(9)
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """What a node key signs to agree to serve an account (``Register``)."""
+
+    chain_id: ChainId
+    account: Key32
+    node_key: Key32
+    peer_id: PeerId
+
+
+@wire(10)
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a server cosigns for a ``Charge``."""
+
+    chain_id: ChainId
+    session_id: Hash32
+    client: Key32
+    node_key: Key32
+    tokens: U64
+    amount: U64
+
+
+@wire(11)
+@dataclass(frozen=True, slots=True)
+class UnitId:
+    """The fields a compute block's id is the hash of."""
+
+    job_id: Hash32
+    step: U64
+    kind: U8
+    layer_start: U32
+    layer_end: U32
+    head_start: U32
+    head_end: U32
+
+
+# -- blocks ---------------------------------------------------------------------
+
+
+@wire(12)
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A block header; its hash (over the full encoding) names the block."""
+
+    chain_id: ChainId
+    height: U64
+    prev_hash: Hash32
+    time_ms: U64
+    producer: Key32
+    txs_root: Hash32
+    log_root: Hash32
+    log_size: U64
+    state_root: Hash32
+    signature: Sig64
+
+
+@wire(13)
+@dataclass(frozen=True, slots=True)
+class Block:
+    header: Header
+    txs: Annotated[tuple[Tx, ...], MaxLen(100_000)]
+
+
+@wire(14)
+@dataclass(frozen=True, slots=True)
+class Params:
+    """Chain-wide constants, fixed at genesis and committed in the state root."""
+
+    slot_ms: U32
+    max_future_ms: U32
+    min_bond: U64
+    reward: U64
+    challenge_window: U32
+    unit_timeout: U32
+    max_block_txs: U32
+    slash_bps: U32
+    verifier_bps: U32
+    job_authority: Key32
+
+
+@wire(15)
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    account: Key32
+    amount: U64
+
+
+@wire(16)
+@dataclass(frozen=True, slots=True)
+class Genesis:
+    """Everything a chain starts from; block 0 is derived from it."""
+
+    chain_id: ChainId
+    time_ms: U64
+    params: Params
+    allocations: tuple[Allocation, ...]
+    registrations: tuple[Register, ...]
+    jobs: tuple[Job, ...]
+
+
+# -- state records ----------------------------------------------------------------
+
+
+@wire(20)
+@dataclass(frozen=True, slots=True)
+class Account:
+    balance: U64
+    nonce: U64
+    bond: U64
+    last_served_height: U64
+
+
+@wire(21)
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    account: Key32
+    peer_id: PeerId
+    layer_start: U32
+    layer_end: U32
+
+
+@wire(22)
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    job: Job
+    step: U64  # the open step; == job.steps once the job is finished
+
+
+@wire(23)
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Who must execute one unit of an open step, and by when."""
+
+    job_id: Hash32
+    step: U64
+    index: U32
+    node_key: Key32
+    deadline: U64
+    done: bool
+
+
+@wire(24)
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """An accepted receipt whose reward waits for its challenge window."""
+
+    account: Key32
+    node_key: Key32
+    verifier: Key32  # all zeros when no other node could verify
+    final_height: U64
+    verified: bool
+
+
+@wire(25)
+@dataclass(frozen=True, slots=True)
+class Supply:
+    """Coin accounting: balances + bonds == premine + minted - burned."""
+
+    premine: U64
+    minted: U64
+    burned: U64
+
+
+@wire(26)
+@dataclass(frozen=True, slots=True)
+class LogState:
+    """The receipt log's size and the peaks of its Merkle frontier."""
+
+    size: U64
+    peaks: Annotated[tuple[Hash32, ...], MaxLen(64)]
+
+
+# -- hashes and signatures ----------------------------------------------------------
+
+_SIGN_DOMAIN = {Header: crypto.S_HEADER, **{t: crypto.S_TX for t in TX_TYPES}}
+
+
+def tx_hash(tx: Tx) -> bytes:
+    """The id of a transaction (also of a receipt in the log)."""
+    return crypto.domain_hash(crypto.H_TX, encode(tx))
+
+
+def block_hash(header: Header) -> bytes:
+    return crypto.domain_hash(crypto.H_HEADER, encode(header))
+
+
+def unit_id(job_id: bytes, step: int, t: UnitTemplate) -> bytes:
+    """Deterministic id of one compute block: (job, step, kind, layers, heads)."""
+    uid = UnitId(job_id, step, t.kind, t.layer_start, t.layer_end, t.head_start, t.head_end)
+    return crypto.domain_hash(crypto.H_UNIT, encode(uid))
+
+
+def signer_of(obj: Tx | Header) -> bytes:
+    """The public key whose signature ``obj`` must carry."""
+    if isinstance(obj, Transfer):
+        return obj.sender
+    if isinstance(obj, Register):
+        return obj.account
+    if isinstance(obj, (Receipt,)):
+        return obj.node_key
+    if isinstance(obj, Verdict):
+        return obj.verifier
+    if isinstance(obj, InferencePayment):
+        return obj.client
+    if isinstance(obj, Job):
+        return obj.creator
+    return obj.producer
+
+
+def sign(obj, key: crypto.SigningKey):
+    """Return ``obj`` with its signature filled in by ``key``."""
+    return replace(obj, signature=key.sign(_SIGN_DOMAIN[type(obj)], encode_unsigned(obj)))
+
+
+def signature_ok(obj: Tx | Header) -> bool:
+    """Whether ``obj.signature`` is the right key's signature of ``obj``."""
+    message = encode_unsigned(obj)
+    return crypto.verify(signer_of(obj), _SIGN_DOMAIN[type(obj)], message, obj.signature)
+
+
+def binding_signature(key: crypto.SigningKey, chain_id: str, account: bytes, peer_id: bytes) -> bytes:
+    return key.sign(crypto.S_BIND, encode(Binding(chain_id, account, key.public, peer_id)))
+
+
+def binding_ok(reg: Register) -> bool:
+    binding = Binding(reg.chain_id, reg.account, reg.node_key, reg.peer_id)
+    return crypto.verify(reg.node_key, crypto.S_BIND, encode(binding), reg.node_signature)
+
+
+def usage_signature(key: crypto.SigningKey, usage: Usage) -> bytes:
+    return key.sign(crypto.S_USAGE, encode(usage))
+
+
+def usage_ok(chain_id: str, payment: InferencePayment, charge: Charge) -> bool:
+    usage = Usage(chain_id, payment.session_id, payment.client, charge.node_key,
+                  charge.tokens, charge.amount)
+    return crypto.verify(charge.node_key, crypto.S_USAGE, encode(usage), charge.cosignature)
+
+
+ZERO_SIG = bytes(64)

@@ -1,0 +1,389 @@
+"""Block and transaction rules: every rejection has its own typed error."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ledger import errors as E
+from ledger import merkle
+from ledger.codec import encode
+from ledger.state import ACCOUNT, KEY_SUPPLY, PENDING, UNIT, check_supply
+from ledger.transition import validate_block
+from ledger.types import (
+    COIN, ZERO_SIG, Block, Charge, InferencePayment, Receipt, Usage, Verdict, sign, tx_hash,
+    usage_signature,
+)
+from tests.ledger.chainkit import (
+    CHAIN, grow, job, make_net, new_db, next_block, producer, receipts_due, registration,
+)
+
+
+@pytest.fixture
+def chain():
+    net = make_net()
+    return net, new_db(net)
+
+
+def balance(db, account: bytes) -> int:
+    record = db.state.get(ACCOUNT + account)
+    return 0 if record is None else record.balance
+
+
+def resign(block: Block, net, **fields) -> Block:
+    """The block with header fields changed and the header signed again."""
+    header = replace(block.header, **fields)
+    return replace(block, header=sign(header, net.node_key(header.producer)))
+
+
+def with_txs(block: Block, net, txs) -> Block:
+    root = merkle.merkle_root([encode(t) for t in txs])
+    return resign(replace(block, txs=tuple(txs)), net, txs_root=root)
+
+
+def check(db, block, now=None):
+    return validate_block(db.state, db.tip, block, now if now is not None else block.header.time_ms)
+
+
+# -- transactions ---------------------------------------------------------------------
+
+
+def test_transfer_moves_coins_and_conserves_supply(chain):
+    net, db = chain
+    alice, bob = net.users
+    grow(db, net, 1, [net.transfer(alice, bob.public, 7 * COIN)])
+    assert balance(db, alice.public) == 93 * COIN
+    assert balance(db, bob.public) == 107 * COIN
+    check_supply(db.state)
+
+
+def test_bad_signature_is_rejected(chain):
+    net, db = chain
+    alice, bob = net.users
+    tx = net.transfer(alice, bob.public, COIN)
+    forged = replace(tx, amount=50 * COIN)  # signature no longer covers the amount
+    block = with_txs(next_block(db, net).block, net, [forged])
+    with pytest.raises(E.BadSignature):
+        check(db, block)
+
+
+def test_wrong_chain_id_is_rejected(chain):
+    net, db = chain
+    alice, bob = net.users
+    tx = net.transfer(alice, bob.public, COIN, chain_id="other-chain")
+    block = with_txs(next_block(db, net).block, net, [tx])
+    with pytest.raises(E.WrongChainId):
+        check(db, block)
+
+
+@pytest.mark.parametrize("nonce, what", [(1, "out of order"), (5, "out of order")])
+def test_out_of_order_nonce_is_rejected(chain, nonce, what):
+    net, db = chain
+    alice, bob = net.users
+    block = with_txs(next_block(db, net).block, net, [net.transfer(alice, bob.public, 1, nonce)])
+    with pytest.raises(E.BadNonce, match=what):
+        check(db, block)
+
+
+def test_replayed_transaction_is_rejected(chain):
+    net, db = chain
+    alice, bob = net.users
+    tx = net.transfer(alice, bob.public, COIN)
+    grow(db, net, 1, [tx])
+    block = with_txs(next_block(db, net).block, net, [tx])
+    with pytest.raises(E.BadNonce, match="replayed"):
+        check(db, block)
+
+
+def test_same_nonce_twice_in_one_block_is_rejected(chain):
+    net, db = chain
+    alice, bob = net.users
+    a = net.transfer(alice, bob.public, COIN, nonce=0)
+    b = net.transfer(alice, net.users[0].public[::-1], COIN, nonce=0)
+    block = with_txs(next_block(db, net).block, net, [a, b])
+    with pytest.raises(E.BadNonce, match="tx 1"):
+        check(db, block)
+
+
+def test_overspend_is_rejected(chain):
+    net, db = chain
+    alice, bob = net.users
+    block = with_txs(next_block(db, net).block, net, [net.transfer(alice, bob.public, 101 * COIN)])
+    with pytest.raises(E.InsufficientFunds):
+        check(db, block)
+
+
+def test_double_spend_in_one_block_is_rejected(chain):
+    net, db = chain
+    alice, bob = net.users
+    spends = [net.transfer(alice, bob.public, 60 * COIN), net.transfer(alice, bob.public, 60 * COIN)]
+    block = with_txs(next_block(db, net).block, net, spends)
+    with pytest.raises(E.InsufficientFunds, match="tx 1"):
+        check(db, block)
+
+
+def test_producer_drops_invalid_transactions(chain):
+    net, db = chain
+    alice, bob = net.users
+    good = net.transfer(alice, bob.public, 60 * COIN)
+    bad = net.transfer(alice, bob.public, 60 * COIN)
+    applied = next_block(db, net, [good, bad])
+    assert applied.block.txs == (good,)
+    db.add_block(applied.block, now_ms=applied.block.header.time_ms)
+
+
+def test_zero_and_self_transfers_are_rejected(chain):
+    net, db = chain
+    alice, _ = net.users
+    for tx in (net.transfer(alice, net.users[1].public, 0, nonce=0),
+               net.transfer(alice, alice.public, 1, nonce=0)):
+        with pytest.raises(E.BadAmount):
+            check(db, with_txs(next_block(db, net).block, net, [tx]))
+
+
+# -- headers ----------------------------------------------------------------------------
+
+
+def test_wrong_prev_hash_is_rejected(chain):
+    net, db = chain
+    block = resign(next_block(db, net).block, net, prev_hash=b"\x07" * 32)
+    with pytest.raises(E.WrongPrevHash):
+        check(db, block)
+
+
+def test_wrong_height_is_rejected(chain):
+    net, db = chain
+    block = resign(next_block(db, net).block, net, height=5)
+    with pytest.raises(E.WrongHeight):
+        check(db, block)
+
+
+def test_unregistered_producer_is_rejected(chain):
+    net, db = chain
+    stranger = net.users[0]
+    block = next_block(db, net).block
+    header = sign(replace(block.header, producer=stranger.public), stranger)
+    with pytest.raises(E.WrongProducer):
+        check(db, replace(block, header=header))
+
+
+def test_producer_out_of_turn_is_rejected(chain):
+    net, db = chain
+    on_time = next_block(db, net, rank=2)  # after 2 slots, rank 2 may produce
+    check(db, on_time.block)
+    early = resign(on_time.block, net, time_ms=db.tip.time_ms + 1)  # before its slot
+    with pytest.raises(E.BadTime, match="rank-2"):
+        check(db, early)
+
+
+def test_header_signed_by_another_node_is_rejected(chain):
+    net, db = chain
+    block = next_block(db, net).block
+    other = producer(db, net, rank=1)
+    header = sign(block.header, other)
+    with pytest.raises(E.BadSignature):
+        check(db, replace(block, header=replace(header, producer=block.header.producer)))
+
+
+def test_time_too_far_in_future_is_rejected(chain):
+    net, db = chain
+    block = next_block(db, net).block
+    with pytest.raises(E.TimeInFuture):
+        check(db, block, now=block.header.time_ms - 16_000)
+
+
+def test_time_not_after_parent_is_rejected(chain):
+    net, db = chain
+    block = resign(next_block(db, net).block, net, time_ms=db.tip.time_ms)
+    with pytest.raises(E.BadTime):
+        check(db, block)
+
+
+@pytest.mark.parametrize("field, error", [
+    ("txs_root", E.BadTxsRoot), ("log_root", E.BadLogRoot), ("log_size", E.BadLogRoot),
+    ("state_root", E.BadStateRoot),
+])
+def test_bad_roots_are_rejected(chain, field, error):
+    net, db = chain
+    block = next_block(db, net).block
+    value = 1 if field == "log_size" else b"\x09" * 32
+    with pytest.raises(error):
+        check(db, resign(block, net, **{field: value}))
+
+
+def test_too_many_txs_is_rejected():
+    net = make_net(max_block_txs=2)
+    db = new_db(net)
+    alice, bob = net.users
+    txs = [net.transfer(alice, bob.public, 1) for _ in range(3)]
+    with pytest.raises(E.TooManyTxs):
+        check(db, with_txs(next_block(db, net).block, net, txs))
+
+
+# -- work, receipts and rewards -----------------------------------------------------------
+
+
+@pytest.fixture
+def job_chain():
+    net = make_net(with_job=True)
+    return net, new_db(net)
+
+
+def test_units_are_assigned_by_longest_wait(job_chain):
+    net, db = job_chain
+    assigned = [db.state.get(UNIT + u).node_key for u in db.state.ids(UNIT)]
+    assert len(assigned) == 2 and len(set(assigned)) == 2  # two units go to two nodes
+
+
+def test_receipt_for_unassigned_unit_is_rejected(job_chain):
+    net, db = job_chain
+    receipt = receipts_due(db, net)[0]
+    others = [k for k in net.nodes if k.public != receipt.node_key]
+    stolen = sign(replace(receipt, node_key=others[0].public), others[0])
+    with pytest.raises(E.UnassignedReceipt, match="assigned to"):
+        check(db, with_txs(next_block(db, net).block, net, [stolen]))
+    unknown = sign(replace(receipt, unit_id=b"\x05" * 32), net.node_key(receipt.node_key))
+    with pytest.raises(E.UnassignedReceipt, match="not an open unit"):
+        check(db, with_txs(next_block(db, net).block, net, [unknown]))
+
+
+def test_duplicate_receipt_is_rejected(job_chain):
+    net, db = job_chain
+    receipt = receipts_due(db, net)[0]
+    with pytest.raises(E.UnassignedReceipt, match="already"):
+        check(db, with_txs(next_block(db, net).block, net, [receipt, receipt]))
+
+
+def test_reward_is_minted_only_after_the_challenge_window(job_chain):
+    net, db = job_chain
+    receipt = receipts_due(db, net)[0]
+    owner = next(w for w, n in zip(net.wallets, net.nodes) if n.public == receipt.node_key)
+    before = balance(db, owner.public)
+    grow(db, net, 1, [receipt])
+    assert db.tip.log_size == 1
+    window = net.genesis.params.challenge_window
+    grow(db, net, window - 1)
+    assert balance(db, owner.public) == before  # still in its window
+    grow(db, net, 1)
+    assert balance(db, owner.public) == before + COIN
+    assert db.state.get(KEY_SUPPLY).minted == COIN
+    check_supply(db.state)
+
+
+def test_steps_advance_when_all_units_have_receipts(job_chain):
+    net, db = job_chain
+    first = set(db.state.ids(UNIT))
+    grow(db, net, 1, receipts_due(db, net))
+    second = set(db.state.ids(UNIT))
+    assert second and not (first & second)  # step 0 closed, step 1 assigned
+
+
+def test_timed_out_unit_passes_to_another_node(job_chain):
+    net, db = job_chain
+    uid = db.state.ids(UNIT)[0]
+    first = db.state.get(UNIT + uid).node_key
+    grow(db, net, net.genesis.params.unit_timeout + 1)
+    assert db.state.get(UNIT + uid).node_key != first
+
+
+def _pending_after_receipt(net, db):
+    receipt = receipts_due(db, net)[0]
+    grow(db, net, 1, [receipt])
+    rh = tx_hash(receipt)
+    return receipt, rh, db.state.get(PENDING + rh)
+
+
+def test_failed_verdict_burns_reward_and_slashes_bond(job_chain):
+    net, db = job_chain
+    receipt, rh, pending = _pending_after_receipt(net, db)
+    verifier = net.node_key(pending.verifier)
+    worker_before = db.state.get(ACCOUNT + pending.account)
+    verdict = sign(Verdict(CHAIN, verifier.public, rh, False, bytes(32), ZERO_SIG), verifier)
+    grow(db, net, 1, [verdict])
+    worker = db.state.get(ACCOUNT + pending.account)
+    slashed = worker_before.bond // 2
+    assert worker.bond == worker_before.bond - slashed
+    assert db.state.get(PENDING + rh) is None
+    grow(db, net, net.genesis.params.challenge_window + 1)
+    assert db.state.get(KEY_SUPPLY).minted == 0  # the reward was never paid
+    assert db.state.get(KEY_SUPPLY).burned == slashed - slashed // 2
+    check_supply(db.state)
+
+
+def test_verdict_from_unassigned_verifier_is_rejected(job_chain):
+    net, db = job_chain
+    receipt, rh, pending = _pending_after_receipt(net, db)
+    rogue = next(k for k in net.nodes if k.public not in (pending.verifier, receipt.node_key))
+    verdict = sign(Verdict(CHAIN, rogue.public, rh, False, bytes(32), ZERO_SIG), rogue)
+    with pytest.raises(E.BadVerdict, match="not the one assigned"):
+        check(db, with_txs(next_block(db, net).block, net, [verdict]))
+
+
+def test_second_verdict_is_rejected(job_chain):
+    net, db = job_chain
+    _, rh, pending = _pending_after_receipt(net, db)
+    verifier = net.node_key(pending.verifier)
+    ok = sign(Verdict(CHAIN, verifier.public, rh, True, bytes(32), ZERO_SIG), verifier)
+    grow(db, net, 1, [ok])
+    with pytest.raises(E.BadVerdict, match="already"):
+        check(db, with_txs(next_block(db, net).block, net, [ok]))
+
+
+def test_jobs_only_from_the_job_authority(chain):
+    net, db = chain
+    rogue_job = job(net.users[0])
+    with pytest.raises(E.BadJob, match="authority"):
+        check(db, with_txs(next_block(db, net).block, net, [rogue_job]))
+
+
+# -- registration and payments -------------------------------------------------------------
+
+
+def test_registration_needs_the_minimum_bond(chain):
+    net, db = chain
+    reg = registration(net.users[0], net.users[1], bond=COIN)
+    with pytest.raises(E.BadRegistration, match="minimum"):
+        check(db, with_txs(next_block(db, net).block, net, [reg]))
+
+
+def test_node_key_cannot_be_taken_from_another_account(chain):
+    net, db = chain
+    reg = registration(net.users[0], net.nodes[0])
+    with pytest.raises(E.BadRegistration, match="another account"):
+        check(db, with_txs(next_block(db, net).block, net, [reg]))
+
+
+def test_registration_binding_must_be_signed_by_the_node_key(chain):
+    net, db = chain
+    reg = registration(net.users[0], net.users[1])
+    forged = sign(replace(reg, node_key=net.users[0].public[::-1]), net.users[0])
+    with pytest.raises(E.BadSignature, match="binding"):
+        check(db, with_txs(next_block(db, net).block, net, [forged]))
+
+
+def test_new_node_joins_the_producer_rotation(chain):
+    net, db = chain
+    newcomer = net.users[1]
+    grow(db, net, 1, [registration(net.users[0], newcomer)])
+    net.nodes.append(newcomer)
+    producers = {a.block.header.producer for a in grow(db, net, 4)}
+    assert newcomer.public in producers
+    assert len(producers) == 4  # every node produced once
+
+
+def test_inference_payment_pays_servers(chain):
+    net, db = chain
+    client = net.users[0]
+    server = net.nodes[1]
+    session = b"\x11" * 32
+    usage = Usage(CHAIN, session, client.public, server.public, 64, 3 * COIN)
+    charge = Charge(server.public, 64, 3 * COIN, usage_signature(server, usage))
+    pay = sign(InferencePayment(CHAIN, client.public, session, (charge,), 0, ZERO_SIG), client)
+    before = balance(db, net.wallets[1].public)
+    grow(db, net, 1, [pay])
+    assert balance(db, net.wallets[1].public) == before + 3 * COIN
+    inflated = Charge(server.public, 64, 30 * COIN, charge.cosignature)
+    bad = sign(InferencePayment(CHAIN, client.public, session, (inflated,), 1, ZERO_SIG), client)
+    with pytest.raises(E.BadSignature, match="cosigned"):
+        check(db, with_txs(next_block(db, net).block, net, [bad]))
