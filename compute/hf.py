@@ -81,8 +81,10 @@ def model_state_from_hf(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], s
     """
     check_hf_tensors(cfg, tensors, source)
 
-    def t(name: str) -> torch.Tensor:
-        return tensors[name].to(torch.float32)
+    def t(name: str, copy: bool = True) -> torch.Tensor:
+        # The model adopts these tensors, so each gets storage of its own
+        # (torch.cat below copies already).
+        return tensors[name].to(torch.float32, memory_format=torch.contiguous_format, copy=copy)
 
     emb = t("model.embed_tokens.weight")
     sd = {"tok_emb.weight": emb, "norm.weight": t("model.norm.weight")}
@@ -91,10 +93,11 @@ def model_state_from_hf(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], s
         p, q = f"model.layers.{i}.", f"layers.{i}."
         sd[q + "attn_norm.weight"] = t(p + "input_layernorm.weight")
         sd[q + "mlp_norm.weight"] = t(p + "post_attention_layernorm.weight")
-        qkv = [t(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
+        qkv = [t(p + f"self_attn.{n}_proj.weight", copy=False) for n in "qkv"]
         sd[q + "attn.wqkv.weight"] = torch.cat(qkv, dim=0)
         sd[q + "attn.wo.weight"] = t(p + "self_attn.o_proj.weight")
-        sd[q + "mlp.w_gate_up.weight"] = torch.cat([t(p + "mlp.gate_proj.weight"), t(p + "mlp.up_proj.weight")], dim=0)
+        gate_up = [t(p + f"mlp.{n}_proj.weight", copy=False) for n in ("gate", "up")]
+        sd[q + "mlp.w_gate_up.weight"] = torch.cat(gate_up, dim=0)
         sd[q + "mlp.w_down.weight"] = t(p + "mlp.down_proj.weight")
     return sd
 
@@ -121,9 +124,7 @@ def hf_state_from_model(model: Transformer) -> dict[str, torch.Tensor]:
 
 def model_from_hf_tensors(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str = "checkpoint") -> Transformer:
     """Build a `Transformer(cfg)` holding HF-named weights (copied, float32)."""
-    model = Transformer(cfg)
-    model.load_state_dict(model_state_from_hf(cfg, tensors, source), strict=True)
-    return model.eval()
+    return Transformer.from_state_dict(cfg, model_state_from_hf(cfg, tensors, source))
 
 
 def config_from_hf(hf: Mapping, *, max_seq_len: int | None = None) -> ModelConfig:

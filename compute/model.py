@@ -203,12 +203,32 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.dim, _weight=torch.zeros(config.vocab_size, config.dim))
-        rope = Rope(config.head_dim, config.max_seq_len, config.rope_theta)
-        self.layers = nn.ModuleList(Block(config, i, rope) for i in range(config.n_layers))
+        self.rope = Rope(config.head_dim, config.max_seq_len, config.rope_theta)
+        self.layers = nn.ModuleList(Block(config, i, self.rope) for i in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.lm_head = Linear(config.dim, config.vocab_size)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+
+    @classmethod
+    def from_state_dict(cls, config: ModelConfig, state: dict[str, torch.Tensor]) -> Transformer:
+        """Build a model that adopts the tensors of `state` (no copy), in eval mode.
+
+        Faster than construct-then-load: the zero weights are never allocated.
+
+        Raises:
+            RuntimeError: from `load_state_dict` when names or shapes differ.
+        """
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_state_dict(state, strict=True, assign=True)
+        if config.tie_embeddings:  # assign made two Parameters; share one again
+            model.lm_head.weight = model.tok_emb.weight
+        device = model.tok_emb.weight.device
+        model.rope = Rope(config.head_dim, config.max_seq_len, config.rope_theta).to(device)
+        for block in model.layers:
+            block.attn.rope = model.rope
+        return model.eval()
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) int64 -> hidden states (B, T, C).

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ledger import merkle, schema
 from ledger.codec import decode, encode
+from ledger.types import encode_block
 from ledger.errors import StoreCorruptError, UnknownParent, ValidationError
 from ledger.schedule import is_better_tip
 from ledger.state import MemoryState, Overlay, StateReader, decode_record, flatten, state_root
@@ -168,7 +169,8 @@ class ChainDB:
                 for k, v in applied.writes.items()]
         ops += [(schema.height_key(applied.block.header.height), applied.hash),
                 (schema.TIP, applied.hash)]
-        ops += _mempool_removals(applied.block)
+        ops += [(schema.mempool_key(tx_hash(tx, raw)), None)
+                for tx, raw in zip(applied.block.txs, applied.encoded_txs)]
         self.store.write(ops, sync=self.sync)
         self.state.apply(applied.writes)
         self.tip_hash, self.tip = applied.hash, applied.block.header
@@ -297,7 +299,7 @@ def _block_ops(applied: Applied, weight: int, *, stored_only: bool = False) -> l
     h = applied.block.header
     meta = schema.BlockMeta(h.height, h.prev_hash, schema.weight_bytes(weight), applied.rank)
     ops: list[tuple[bytes, bytes | None]] = [
-        (schema.block_key(applied.hash), encode(applied.block)),
+        (schema.block_key(applied.hash), encode_block(applied.block.header, applied.encoded_txs)),
         (schema.meta_key(applied.hash), encode(meta)),
     ]
     if stored_only:
@@ -309,11 +311,7 @@ def _block_ops(applied: Applied, weight: int, *, stored_only: bool = False) -> l
     for i, leaf in enumerate(applied.log_appends):
         index = applied.log_start + i
         ops.append((schema.log_key(index), leaf))
-        ops.append((schema.receipt_key(tx_hash(decode(leaf, Receipt))), schema.u64(index)))
+        ops.append((schema.receipt_key(tx_hash(None, leaf)), schema.u64(index)))
     if h.height == 0:  # genesis state comes with block 0
         ops += [(schema.state_key(k), encode(v)) for k, v in applied.writes.items() if v is not None]
     return ops
-
-
-def _mempool_removals(block: Block) -> list:
-    return [(schema.mempool_key(tx_hash(tx)), None) for tx in block.txs]

@@ -28,8 +28,14 @@ from ledger.types import (
 U64_MAX = 2**64 - 1
 
 
-def apply_tx(st: Overlay, ctx: Any, tx: Any) -> None:
+def apply_tx(st: Overlay, ctx: Any, tx: Any, encoded: bytes | None = None) -> None:
     """Check one transaction against the state and apply it.
+
+    Args:
+        st: the state to change.
+        ctx: the block being applied.
+        tx: the transaction.
+        encoded: ``encode(tx)``, if the caller has it already.
 
     Raises:
         ValidationError: a subclass naming the broken rule; nothing written.
@@ -39,9 +45,10 @@ def apply_tx(st: Overlay, ctx: Any, tx: Any) -> None:
     handler = _HANDLERS.get(type(tx))
     if handler is None:  # the codec only builds known types; guard all the same
         raise BadAmount(f"not a transaction: {type(tx).__name__}")
-    if not signature_ok(tx):
+    encoded = encode(tx) if encoded is None else encoded
+    if not signature_ok(tx, encoded):
         raise BadSignature(f"{type(tx).__name__} signature does not verify")
-    handler(st, ctx, tx)
+    handler(st, ctx, tx, encoded)
 
 
 def candidates(st: Overlay) -> list[schedule.Candidate]:
@@ -72,7 +79,7 @@ def _credit(st: Overlay, account_id: bytes, amount: int) -> None:
     st.put_account(account_id, replace(account, balance=account.balance + amount))
 
 
-def _apply_transfer(st: Overlay, ctx: Any, tx: Transfer) -> None:
+def _apply_transfer(st: Overlay, ctx: Any, tx: Transfer, raw: bytes) -> None:
     _check_nonce(st, tx.sender, tx.nonce)
     if tx.amount == 0:
         raise BadAmount("transfer of 0")
@@ -88,7 +95,7 @@ def _apply_transfer(st: Overlay, ctx: Any, tx: Transfer) -> None:
     _credit(st, tx.recipient, tx.amount)
 
 
-def _apply_payment(st: Overlay, ctx: Any, tx: InferencePayment) -> None:
+def _apply_payment(st: Overlay, ctx: Any, tx: InferencePayment, raw: bytes) -> None:
     _check_nonce(st, tx.client, tx.nonce)
     if not tx.charges:
         raise BadAmount("a payment needs at least one charge")
@@ -113,7 +120,7 @@ def _apply_payment(st: Overlay, ctx: Any, tx: InferencePayment) -> None:
 # -- nodes -------------------------------------------------------------------------
 
 
-def _apply_register(st: Overlay, ctx: Any, tx: Register) -> None:
+def _apply_register(st: Overlay, ctx: Any, tx: Register, raw: bytes) -> None:
     _check_nonce(st, tx.account, tx.nonce)
     if not binding_ok(tx):
         raise BadSignature("node key did not sign the binding to this account")
@@ -150,7 +157,7 @@ def _node_of(st: Overlay, account_id: bytes) -> bytes | None:
 # -- compute work ------------------------------------------------------------------
 
 
-def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt) -> None:
+def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt, raw: bytes) -> None:
     assignment = st.get(UNIT + tx.unit_id)
     if assignment is None or assignment.job_id != tx.job_id:
         raise UnassignedReceipt(f"unit {tx.unit_id.hex()[:16]}.. is not an open unit of that job")
@@ -162,20 +169,19 @@ def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt) -> None:
     node = st.get(NODE + tx.node_key)
     if node is None:
         raise NotRegistered("receipt signer is no longer registered")
-    receipt_hash = tx_hash(tx)
+    receipt_hash = tx_hash(tx, raw)
     verifier = schedule.assigned_verifier(candidates(st), receipt_hash, tx.node_key)
     window = st.params().challenge_window
     st.put(UNIT + tx.unit_id, replace(assignment, done=True))
     st.put(PENDING + receipt_hash, Pending(node.account, tx.node_key, verifier or bytes(32),
                                            ctx.height + window, False))
-    leaf = encode(tx)
     log = st.log()
-    frontier = merkle.Frontier(log.size, log.peaks).append(merkle.leaf_hash(leaf))
+    frontier = merkle.Frontier(log.size, log.peaks).append(merkle.leaf_hash(raw))
     st.put(KEY_LOG, replace(log, size=frontier.size, peaks=frontier.peaks))
-    ctx.log_appends.append(leaf)
+    ctx.log_appends.append(raw)
 
 
-def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict) -> None:
+def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict, raw: bytes) -> None:
     pending = st.get(PENDING + tx.receipt_hash)
     if pending is None:
         raise BadVerdict("no receipt with that hash is waiting in its challenge window")
@@ -200,7 +206,7 @@ def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict) -> None:
     st.put(KEY_SUPPLY, replace(supply, burned=supply.burned + slashed - paid))
 
 
-def _apply_job(st: Overlay, ctx: Any, tx: Job) -> None:
+def _apply_job(st: Overlay, ctx: Any, tx: Job, raw: bytes) -> None:
     _check_nonce(st, tx.creator, tx.nonce)
     # Attack note: rewards are minted for work on jobs, so whoever may post a
     # job may also post busywork for their own nodes. Until jobs are paid for
@@ -217,7 +223,7 @@ def _apply_job(st: Overlay, ctx: Any, tx: Job) -> None:
         raise BadJob("a job lists the same unit twice")
     creator = st.account(tx.creator)
     st.put_account(tx.creator, replace(creator, nonce=creator.nonce + 1))
-    st.put(JOB + tx_hash(tx), JobRecord(job=tx, step=0))
+    st.put(JOB + tx_hash(tx, raw), JobRecord(job=tx, step=0))
 
 
 _HANDLERS = {

@@ -58,6 +58,7 @@ class Applied:
     log_start: int
     rank: int
     weight: int
+    encoded_txs: tuple[bytes, ...]  # encode(tx) of each tx, in block order
 
 
 def genesis_block(genesis: Genesis) -> Applied:
@@ -87,7 +88,7 @@ def genesis_block(genesis: Genesis) -> Applied:
     _finish(st, ctx)
     header = _header(st, ctx, (), time_ms=genesis.time_ms, producer=ZERO32, height=0)
     block = Block(header=header, txs=())
-    return _applied(block, st, ctx, log_start=0, rank=0)
+    return _applied(block, st, ctx, log_start=0, rank=0, encoded=())
 
 
 def validate_block(parent: StateReader, parent_header: Header, block: Block,
@@ -119,14 +120,14 @@ def validate_block(parent: StateReader, parent_header: Header, block: Block,
                            f"after local time {now_ms}")
     if len(block.txs) > params.max_block_txs:
         raise TooManyTxs(f"{len(block.txs)} txs, at most {params.max_block_txs}")
-    txs_root = merkle.merkle_root([encode(tx) for tx in block.txs])
-    if h.txs_root != txs_root:
+    encoded = [encode(tx) for tx in block.txs]
+    if h.txs_root != merkle.merkle_root(encoded):
         raise BadTxsRoot("txs_root does not match the block's transactions")
     st, ctx, rank = _begin(parent, parent_header, h.producer, h.time_ms)
     log_start = st.log().size
-    for i, tx in enumerate(block.txs):
+    for i, (tx, raw) in enumerate(zip(block.txs, encoded)):
         try:
-            apply_tx(st, ctx, tx)
+            apply_tx(st, ctx, tx, raw)
         except ValidationError as exc:
             raise type(exc)(f"tx {i} ({type(tx).__name__}): {exc}") from None
     _finish(st, ctx)
@@ -136,7 +137,7 @@ def validate_block(parent: StateReader, parent_header: Header, block: Block,
                          f"(size {log.size})")
     if h.state_root != state_root(st):
         raise BadStateRoot(f"state_root of block {h.height} does not match the state")
-    return _applied(block, st, ctx, log_start, rank)
+    return _applied(block, st, ctx, log_start, rank, encoded)
 
 
 def build_block(parent: StateReader, parent_header: Header, txs: Sequence[Any],
@@ -152,20 +153,22 @@ def build_block(parent: StateReader, parent_header: Header, txs: Sequence[Any],
     st, ctx, rank = _begin(parent, parent_header, key.public, time_ms)
     log_start = st.log().size
     limit = st.params().max_block_txs
-    included = []
+    included, encoded = [], []
     for tx in txs:
         if len(included) == limit:
             break
+        raw = encode(tx)
         try:
-            apply_tx(st, ctx, tx)
+            apply_tx(st, ctx, tx, raw)
         except ValidationError:
             continue
         included.append(tx)
+        encoded.append(raw)
     _finish(st, ctx)
-    header = _header(st, ctx, included, time_ms=time_ms, producer=key.public,
+    header = _header(st, ctx, encoded, time_ms=time_ms, producer=key.public,
                      height=ctx.height, prev_hash=ctx.prev_hash)
     block = Block(header=sign(header, key), txs=tuple(included))
-    return _applied(block, st, ctx, log_start, rank)
+    return _applied(block, st, ctx, log_start, rank, encoded)
 
 
 def producer_rank(parent: StateReader, parent_header: Header, producer: bytes) -> int | None:
@@ -207,20 +210,21 @@ def _finish(st: Overlay, ctx: Context) -> None:
     check_supply(st)
 
 
-def _header(st: Overlay, ctx: Context, txs: Sequence[Any], *, time_ms: int, producer: bytes,
-            height: int, prev_hash: bytes = ZERO32) -> Header:
+def _header(st: Overlay, ctx: Context, encoded_txs: Sequence[bytes], *, time_ms: int,
+            producer: bytes, height: int, prev_hash: bytes = ZERO32) -> Header:
     log = st.log()
     return Header(
         chain_id=ctx.chain_id, height=height, prev_hash=prev_hash, time_ms=time_ms,
-        producer=producer, txs_root=merkle.merkle_root([encode(tx) for tx in txs]),
+        producer=producer, txs_root=merkle.merkle_root(encoded_txs),
         log_root=merkle.Frontier(log.size, log.peaks).root(), log_size=log.size,
         state_root=state_root(st), signature=ZERO_SIG,
     )
 
 
-def _applied(block: Block, st: Overlay, ctx: Context, log_start: int, rank: int) -> Applied:
+def _applied(block: Block, st: Overlay, ctx: Context, log_start: int, rank: int,
+             encoded: Sequence[bytes]) -> Applied:
     return Applied(
         block=block, hash=block_hash(block.header), writes=dict(st.writes), undo=st.undo(),
         log_appends=tuple(ctx.log_appends), log_start=log_start, rank=rank,
-        weight=schedule.block_weight(rank),
+        weight=schedule.block_weight(rank), encoded_txs=tuple(encoded),
     )

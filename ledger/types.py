@@ -10,11 +10,12 @@ nothing on another. Amounts are integers in base units (``COIN`` per coin).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Annotated, Union
+from typing import Annotated, Sequence, Union
 
 from ledger import crypto
 from ledger.codec import (
-    U8, U32, U64, ChainId, Hash32, Key32, MaxLen, Sig64, encode, encode_unsigned, wire,
+    U8, U32, U64, ChainId, Hash32, Key32, MaxLen, Sig64, concat_array, encode,
+    encode_from_parts, encode_unsigned, wire,
 )
 
 COIN = 1_000_000
@@ -332,9 +333,14 @@ class LogState:
 _SIGN_DOMAIN = {Header: crypto.S_HEADER, **{t: crypto.S_TX for t in TX_TYPES}}
 
 
-def tx_hash(tx: Tx) -> bytes:
+def tx_hash(tx: Tx, encoded: bytes | None = None) -> bytes:
     """The id of a transaction (also of a receipt in the log)."""
-    return crypto.domain_hash(crypto.H_TX, encode(tx))
+    return crypto.domain_hash(crypto.H_TX, encode(tx) if encoded is None else encoded)
+
+
+def encode_block(header: Header, encoded_txs: Sequence[bytes]) -> bytes:
+    """``encode(Block(header, txs))`` from the txs' encodings, without re-encoding them."""
+    return encode_from_parts(Block, [encode(header), concat_array(list(encoded_txs))])
 
 
 def block_hash(header: Header) -> bytes:
@@ -369,9 +375,14 @@ def sign(obj, key: crypto.SigningKey):
     return replace(obj, signature=key.sign(_SIGN_DOMAIN[type(obj)], encode_unsigned(obj)))
 
 
-def signature_ok(obj: Tx | Header) -> bool:
-    """Whether ``obj.signature`` is the right key's signature of ``obj``."""
-    message = encode_unsigned(obj)
+def signature_ok(obj: Tx | Header, encoded: bytes | None = None) -> bool:
+    """Whether ``obj.signature`` is the right key's signature of ``obj``.
+
+    Args:
+        obj: a signed transaction or header.
+        encoded: ``encode(obj)``, if the caller has it already.
+    """
+    message = encode_unsigned(obj, encoded)
     return crypto.verify(signer_of(obj), _SIGN_DOMAIN[type(obj)], message, obj.signature)
 
 

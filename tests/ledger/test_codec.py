@@ -166,3 +166,16 @@ def test_from_json_rejects_unknown_and_missing_fields():
     del doc["nonce"]
     with pytest.raises(DecodeError, match="missing"):
         from_json(doc, Transfer)
+
+
+@given(blocks)
+def test_block_from_encoded_parts_is_byte_identical(block):
+    from ledger.types import encode_block
+    assert encode_block(block.header, [encode(t) for t in block.txs]) == encode(block)
+
+
+@given(txs)
+def test_unsigned_encoding_drops_exactly_the_signature(tx):
+    unsigned = codec.encode_unsigned(tx)
+    assert msgpack.unpackb(unsigned, use_list=False) == msgpack.unpackb(encode(tx), use_list=False)[:-1]
+    assert codec.encode_unsigned(tx, encode(tx)) == unsigned

