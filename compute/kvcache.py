@@ -73,13 +73,23 @@ class KVCache:
         """How many more tokens fit after `length`."""
         return self.max_len - self.length
 
-    def check_room(self, pos: int, n: int) -> None:
+    def check_room(self, pos: int, n: int, layers: range | None = None) -> None:
         """Raise unless n tokens can be written at positions [pos, pos + n).
+
+        Args:
+            pos: position of the first token.
+            n: number of tokens.
+            layers: the layers that will write (default: none checked).
 
         Raises:
             CacheFullError: pos + n exceeds the budget max_len.
-            CacheError: pos is negative or leaves a gap after `length`.
+            CacheError: pos is negative or leaves a gap after `length`, or a
+                layer is not held.
         """
+        if layers is not None and len(layers) and (layers.start < self.layers.start or layers.stop > self.layers.stop):
+            raise CacheError(
+                f"this cache holds layers {self.layers.start}..{self.layers.stop - 1}, got layers {layers.start}..{layers.stop - 1}"
+            )
         if pos + n > self.max_len:
             raise CacheFullError(
                 f"KV cache budget is {self.max_len} tokens; a step of {n} token(s) at position {pos} "

@@ -276,8 +276,9 @@ class Transformer(nn.Module):
             ShapeError: bad layer range, hidden-state shape or dtype, or a
                 position past the context limit.
             DeviceError: h is on another device than the weights.
-            CacheFullError: the cache budget has no room for T more tokens
-                (raised before any layer writes).
+            CacheFullError: the cache budget has no room for T more tokens.
+            CacheError: the cache lacks one of these layers or pos leaves a
+                gap (cache errors are raised before any layer writes).
         """
         if not 0 <= start <= end <= self.config.n_layers:
             raise ShapeError(f"expected layers 0 <= start <= end <= {self.config.n_layers}, got {start}..{end}")
@@ -288,7 +289,7 @@ class Transformer(nn.Module):
         if pos < 0 or pos + t > self.config.max_seq_len:
             raise ShapeError(f"positions {pos}..{pos + t - 1} exceed the context limit {self.config.max_seq_len}")
         if cache is not None:
-            cache.check_room(pos, t)
+            cache.check_room(pos, t, range(start, end))
         for i in range(start, end):
             h = self.layers[i](h, pos, cache)
         return h

@@ -21,11 +21,13 @@ from typing import Any, Callable, Iterator, Sequence
 from ledger import merkle, schema
 from ledger.codec import decode, encode
 from ledger.types import encode_block
-from ledger.errors import StoreCorruptError, UnknownParent, ValidationError
+from ledger.errors import DecodeError, StoreCorruptError, UnknownParent, ValidationError
+from ledger.proofs import ReceiptProof
 from ledger.schedule import is_better_tip
 from ledger.state import MemoryState, Overlay, StateReader, decode_record, flatten, state_root
 from ledger.store import KeyValueStore
-from ledger.transition import Applied, build_block, genesis_block, validate_block
+from ledger.rules import apply_tx
+from ledger.transition import Applied, Context, build_block, genesis_block, validate_block
 from ledger.types import TX_TYPES, Block, Genesis, Header, Receipt, block_hash, tx_hash
 
 EXTENDED, REORG, SIDE, KNOWN = "extended", "reorg", "side", "known"
@@ -57,12 +59,15 @@ class ChainDB:
         tip = store.get(schema.TIP)
         if raw_genesis is None or tip is None:
             raise StoreCorruptError("the store holds no chain (run `pnode init` first)")
-        self.genesis: Genesis = decode(raw_genesis, Genesis)
-        self.tip_hash: bytes = tip
-        self.tip: Header = self.block(tip).header
-        self.state = MemoryState()
-        self.state.apply({k[len(schema.STATE):]: decode_record(k[len(schema.STATE):], v)
-                          for k, v in store.iterate(schema.STATE)})
+        try:
+            self.genesis: Genesis = decode(raw_genesis, Genesis)
+            self.tip_hash: bytes = tip
+            self.tip: Header = self.block(tip).header
+            self.state = MemoryState()
+            self.state.apply({k[len(schema.STATE):]: decode_record(k[len(schema.STATE):], v)
+                              for k, v in store.iterate(schema.STATE)})
+        except (DecodeError, KeyError) as exc:
+            raise StoreCorruptError(f"undecodable chain record: {exc}") from None
         if state_root(self.state) != self.tip.state_root:
             raise StoreCorruptError(f"state does not match the tip at height {self.tip.height}")
 
@@ -129,6 +134,20 @@ class ChainDB:
     def receipt_index(self, receipt_hash: bytes) -> int | None:
         raw = self.store.get(schema.receipt_key(receipt_hash))
         return None if raw is None else int.from_bytes(raw, "big")
+
+    def receipt_proof(self, receipt_hash: bytes) -> ReceiptProof:
+        """A proof that a receipt is in the log committed by the tip header.
+
+        Raises:
+            KeyError: the receipt is not in the main chain's log.
+        """
+        index = self.receipt_index(receipt_hash)
+        if index is None:
+            raise KeyError(f"receipt {receipt_hash.hex()} is not in the log")
+        leaves = self.log_leaves()
+        receipt = decode(leaves[index], Receipt)
+        path = merkle.inclusion_proof(leaves, index)
+        return ReceiptProof(receipt, index, tuple(path), self.tip)
 
     # -- writing ----------------------------------------------------------------
 
@@ -251,19 +270,50 @@ class ChainDB:
 
     # -- mempool ----------------------------------------------------------------------
 
+    def admit(self, tx: Any) -> bytes:
+        """Check a transaction against the tip state and the mempool, then queue it.
+
+        Returns:
+            The transaction's hash.
+
+        Raises:
+            ValidationError: the transaction would not fit in the next block
+                (after the transactions already queued).
+        """
+        st = Overlay(self.state)
+        ctx = Context(height=self.height + 1, prev_hash=self.tip_hash, chain_id=self.chain_id)
+        for queued in self.mempool():
+            try:
+                apply_tx(st, ctx, queued)
+            except ValidationError:
+                continue  # stale; the producer will drop it
+        apply_tx(st, ctx, tx)
+        return self.add_to_mempool(tx)
+
     def add_to_mempool(self, tx: Any) -> bytes:
-        """Queue a transaction for a later block; returns its hash."""
+        """Queue a transaction for a later block, unchecked; returns its hash."""
         h = tx_hash(tx)
         self.store.write([(schema.mempool_key(h), encode(tx))], sync=self.sync)
         return h
 
     def mempool(self) -> list[Any]:
-        return [decode(v, TX_TYPES) for _, v in self.store.iterate(schema.MEMPOOL)]
+        """Queued transactions, in an order a block can take them: by nonce.
+
+        Receipts and verdicts (no nonce) come first; each account's
+        transactions come in nonce order, so none is dropped for a gap.
+        """
+        txs = [decode(v, TX_TYPES) for _, v in self.store.iterate(schema.MEMPOOL)]
+        return sorted(txs, key=lambda tx: getattr(tx, "nonce", -1))
 
     # -- audit ------------------------------------------------------------------------
 
-    def verify_chain(self, progress: Callable[[int], None] | None = None) -> None:
+    def verify_chain(self, progress: Callable[[int], None] | None = None,
+                     upto: int | None = None) -> None:
         """Re-validate every main-chain block from genesis, and the stored state.
+
+        Args:
+            progress: called with each height once it is validated.
+            upto: stop after this height (the stored-state check needs the tip).
 
         Raises:
             ValidationError: a block breaks a rule; the message starts with its height.
@@ -274,7 +324,8 @@ class ChainDB:
             raise StoreCorruptError("height 0: block 0 does not match the genesis")
         state = MemoryState(applied.writes)
         parent = applied.block.header
-        for height in range(1, self.height + 1):
+        last = self.height if upto is None else min(upto, self.height)
+        for height in range(1, last + 1):
             block = self.block_at(height)
             try:
                 applied = validate_block(state, parent, block, None)
@@ -284,6 +335,8 @@ class ChainDB:
             parent = block.header
             if progress:
                 progress(height)
+        if last < self.height:
+            return
         if state_root(state) != state_root(self.state):
             raise StoreCorruptError("the stored tip state differs from the replayed one")
         if merkle.merkle_root(self.log_leaves()) != self.tip.log_root:

@@ -87,7 +87,7 @@ def _apply_transfer(st: Overlay, ctx: Any, tx: Transfer, raw: bytes) -> None:
         raise BadAmount("transfer to self")
     sender = st.account(tx.sender)
     if sender.balance < tx.amount:
-        raise InsufficientFunds(f"balance {sender.balance}, transfer of {tx.amount}")
+        raise InsufficientFunds(f"balance {sender.balance} < transfer of {tx.amount} (base units)")
     if st.account(tx.recipient).balance + tx.amount > U64_MAX:
         raise BadAmount("recipient balance would overflow")
     st.put_account(tx.sender, replace(sender, balance=sender.balance - tx.amount,
@@ -102,7 +102,7 @@ def _apply_payment(st: Overlay, ctx: Any, tx: InferencePayment, raw: bytes) -> N
     total = sum(c.amount for c in tx.charges)
     client = st.account(tx.client)
     if client.balance < total:
-        raise InsufficientFunds(f"balance {client.balance}, payment of {total}")
+        raise InsufficientFunds(f"balance {client.balance} < payment of {total} (base units)")
     payees = []
     for charge in tx.charges:
         node = st.get(NODE + charge.node_key)
@@ -128,7 +128,7 @@ def _apply_register(st: Overlay, ctx: Any, tx: Register, raw: bytes) -> None:
         raise BadRegistration(f"layers [{tx.layer_start}, {tx.layer_end}) are empty")
     account = st.account(tx.account)
     if account.balance < tx.bond:
-        raise InsufficientFunds(f"balance {account.balance}, bond of {tx.bond}")
+        raise InsufficientFunds(f"balance {account.balance} < bond of {tx.bond} (base units)")
     taken = st.get(NODE + tx.node_key)
     if taken is not None and taken.account != tx.account:
         raise BadRegistration("node key is registered to another account")

@@ -1,0 +1,58 @@
+"""Light-client proofs: a receipt, its Merkle path, and the header that commits it.
+
+A ``ReceiptProof`` lets anyone holding a block header (or just trusting one
+block hash) check that a receipt is in the chain's append-only log, without
+the chain: the path proves the receipt is leaf ``index`` of the log of
+``header.log_size`` leaves whose root the header commits, and the two
+signatures prove who did the work and who sealed the block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from ledger import merkle
+from ledger.codec import U64, Hash32, MaxLen, encode, wire
+from ledger.errors import ValidationError
+from ledger.types import Header, Receipt, block_hash, signature_ok
+
+
+class BadProof(ValidationError):
+    """A receipt proof that does not check out."""
+
+
+@wire(40)
+@dataclass(frozen=True, slots=True)
+class ReceiptProof:
+    receipt: Receipt
+    index: U64
+    path: Annotated[tuple[Hash32, ...], MaxLen(64)]
+    header: Header
+
+
+def verify_receipt_proof(proof: ReceiptProof, trusted_block_hash: bytes | None = None) -> None:
+    """Check a receipt proof.
+
+    Args:
+        proof: the proof to check.
+        trusted_block_hash: if given, the header must be this block's.
+
+    Raises:
+        BadProof: naming the first check that fails.
+    """
+    header, receipt = proof.header, proof.receipt
+    if trusted_block_hash is not None and block_hash(header) != trusted_block_hash:
+        raise BadProof(f"header of height {header.height} is not the trusted block")
+    if receipt.chain_id != header.chain_id:
+        raise BadProof(f"receipt is for chain {receipt.chain_id!r}, header for {header.chain_id!r}")
+    if not signature_ok(header):
+        raise BadProof(f"header of height {header.height} is not signed by its producer")
+    if not signature_ok(receipt):
+        raise BadProof("receipt is not signed by its node key")
+    if not proof.index < header.log_size:
+        raise BadProof(f"index {proof.index} is outside a log of {header.log_size} leaves")
+    if not merkle.verify_inclusion(encode(receipt), proof.index, header.log_size,
+                                   list(proof.path), header.log_root):
+        raise BadProof(f"receipt is not leaf {proof.index} of the log committed at height "
+                       f"{header.height}")

@@ -1,0 +1,392 @@
+"""`pnode`: set up a node, produce blocks, inspect and verify the ledger.
+
+The commands only parse arguments, call into ledger/ and node/, and print;
+no rule lives here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ledger import crypto
+from ledger.chaindb import ChainDB
+from ledger.codec import from_json, to_json
+from ledger.errors import DecodeError, StoreError, ValidationError
+from ledger.proofs import ReceiptProof, verify_receipt_proof
+from ledger.state import ACCOUNT, KEY_PARAMS, NODE
+from ledger.store import LevelDBStore
+from ledger.transition import producer_rank
+from ledger.types import (
+    COIN, ZERO_SIG, Allocation, Genesis, Params, Register, binding_signature, block_hash, sign,
+)
+from node import cliutil
+from node.cliutil import (
+    EXIT_CHECK_FAILED, data_dir_option, emit, format_coins, json_option, passphrase_option,
+)
+from node.datadir import (
+    DataDir, libp2p_peer_id, read_genesis_file, write_genesis_file, write_seed_file,
+)
+from node.errors import ChainCorruptError, DataDirError, ProofError
+from wallet.keystore import read_public_key, write_key_file
+
+DEFAULT_PARAMS = dict(slot_ms=2000, max_future_ms=15_000, min_bond=10 * COIN, reward=COIN,
+                      challenge_window=10, unit_timeout=20, max_block_txs=5000, slash_bps=5000,
+                      verifier_bps=5000)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main_group() -> None:
+    """pnode: a node of the pnode compute ledger.
+
+    \b
+    Examples:
+      pnode init --data-dir ~/.pnode            # new private chain, keys, genesis
+      pnode init --data-dir D --genesis G.json  # join an existing chain
+      pnode produce --blocks 3                  # seal mempool txs into blocks
+      pnode ledger show 1 --json
+      pnode verify chain                        # exit 1 on the first bad block
+    """
+
+
+# -- init ---------------------------------------------------------------------------
+
+
+def _layers(text: str) -> tuple[int, int]:
+    try:
+        start, end = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not START:END") from None
+    if not 0 <= start < end:
+        raise click.BadParameter(f"layers {text!r}: need 0 <= START < END")
+    return start, end
+
+
+@main_group.command()
+@data_dir_option
+@click.option("--genesis", "genesis_file", type=click.Path(dir_okay=False),
+              help="Join the chain of this genesis file instead of starting a new one.")
+@click.option("--chain-id", help="Chain id of a new chain [default: pnode-<random>].")
+@click.option("--premine", default="1000", show_default=True,
+              help="Coins allocated to this node's wallet in a new chain.")
+@click.option("--alloc", multiple=True, metavar="ADDRESS=COINS",
+              help="Further genesis allocations of a new chain (repeatable).")
+@click.option("--bond", default="10", show_default=True, help="Coins this node bonds.")
+@click.option("--layers", default="0:30", show_default=True, help="Layers served, START:END.")
+@click.option("--slot-ms", type=click.IntRange(1, 600_000), default=DEFAULT_PARAMS["slot_ms"],
+              show_default=True, help="Producer slot (timeout ladder step) of a new chain.")
+@passphrase_option
+@json_option
+def init(data_dir, genesis_file, chain_id, premine, alloc, bond, layers, slot_ms,
+         passphrase_file, as_json) -> None:
+    """Create a data dir: node, peer and wallet keys, genesis, chain store.
+
+    \b
+    Examples:
+      PNODE_PASSPHRASE=secret pnode init --data-dir /tmp/n1 --chain-id mynet
+      pnode init --data-dir /tmp/n2 --genesis /tmp/n1/genesis.json
+    """
+    dd = DataDir(data_dir)
+    if dd.genesis_file.exists() or dd.chain_dir.exists():
+        raise DataDirError(f"{dd.path} is already initialised")
+    if genesis_file and (chain_id or alloc):
+        raise click.UsageError("--chain-id and --alloc make a new chain; not with --genesis")
+    layer_range = _layers(layers)
+    joined = read_genesis_file(Path(genesis_file)) if genesis_file else None
+    secret = cliutil.passphrase(passphrase_file, confirm=True)
+    dd.path.mkdir(parents=True, exist_ok=True)
+    node_key, peer_key, wallet = (crypto.SigningKey(os.urandom(32)) for _ in range(3))
+    genesis = joined or _new_genesis(chain_id, premine, alloc, bond, layer_range, slot_ms,
+                                     node_key, peer_key, wallet)
+    write_seed_file(dd.node_key_file, node_key)
+    write_seed_file(dd.peer_key_file, peer_key)
+    write_key_file(dd.wallet_file, wallet.seed(), secret)
+    write_genesis_file(dd.genesis_file, genesis)
+    db = ChainDB.create(LevelDBStore(dd.chain_dir), genesis)
+    info = {"data_dir": str(dd.path), "chain_id": genesis.chain_id,
+            "genesis_hash": db.tip_hash.hex(), "address": wallet.public.hex(),
+            "node_key": node_key.public.hex(), "peer_id": libp2p_peer_id(peer_key.public).hex(),
+            "joined": joined is not None}
+    db.store.close()
+    emit(as_json, info, lambda: "\n".join(f"{k:13} {v}" for k, v in info.items()))
+
+
+def _new_genesis(chain_id, premine, alloc, bond, layers, slot_ms, node_key, peer_key, wallet):
+    allocations = {wallet.public: cliutil.parse_coins(premine)}
+    for item in alloc:
+        address, _, coins = item.partition("=")
+        account = cliutil.parse_address(address)
+        if account in allocations:
+            raise click.BadParameter(f"{address} is allocated twice")
+        allocations[account] = cliutil.parse_coins(coins)
+    chain_id = chain_id or f"pnode-{os.urandom(4).hex()}"
+    if len(chain_id) > 64:
+        raise click.BadParameter("--chain-id is at most 64 characters")
+    params = Params(**{**DEFAULT_PARAMS, "slot_ms": slot_ms}, job_authority=wallet.public)
+    peer_id = libp2p_peer_id(peer_key.public)
+    reg = Register(chain_id, wallet.public, node_key.public, peer_id, layers[0], layers[1],
+                   cliutil.parse_coins(bond), 0,
+                   binding_signature(node_key, chain_id, wallet.public, peer_id), ZERO_SIG)
+    return Genesis(chain_id, now_ms(), params,
+                   tuple(Allocation(a, v) for a, v in allocations.items()), (sign(reg, wallet),), ())
+
+
+# -- produce ------------------------------------------------------------------------------
+
+
+@main_group.command()
+@data_dir_option
+@click.option("--blocks", type=click.IntRange(1, 1_000_000), default=1, show_default=True)
+@json_option
+def produce(data_dir, blocks, as_json) -> None:
+    """Seal mempool transactions into blocks, waiting for this node's slot.
+
+    Until the network layer lands this is how a local chain grows.
+
+    \b
+    Example:
+      pnode produce --data-dir /tmp/n1 --blocks 2
+    """
+    dd = DataDir(data_dir)
+    db, key = dd.open_chain(), dd.node_key()
+    made = []
+    try:
+        for _ in range(blocks):
+            rank = producer_rank(db.state, db.tip, key.public)
+            if rank is None:
+                raise DataDirError("this node is not a registered, bonded producer on this chain")
+            earliest = db.tip.time_ms + rank * db.state.get(KEY_PARAMS).slot_ms
+            while now_ms() < earliest:
+                time.sleep(min(0.2, (earliest - now_ms()) / 1000))
+            applied = db.build(db.mempool(), key, max(now_ms(), db.tip.time_ms + 1))
+            db.add_block(applied.block, now_ms=now_ms())
+            made.append({"height": db.height, "hash": db.tip_hash.hex(),
+                         "txs": len(applied.block.txs), "rank": applied.rank})
+            if not as_json:
+                click.echo(f"block {db.height} {db.tip_hash.hex()[:16]}  txs={len(applied.block.txs)}"
+                           f"  rank={applied.rank}")
+    finally:
+        db.store.close()
+    if as_json:
+        emit(True, {"blocks": made}, "")
+
+
+# -- ledger show / status / proof ------------------------------------------------------------
+
+
+@main_group.group()
+def ledger() -> None:
+    """Inspect the local ledger."""
+
+
+@ledger.command("show")
+@click.argument("height", type=click.IntRange(0), required=False)
+@data_dir_option
+@json_option
+def ledger_show(height, data_dir, as_json) -> None:
+    """Show a block (default: the tip) with its header and transactions.
+
+    \b
+    Examples:
+      pnode ledger show            # the tip
+      pnode ledger show 0 --json   # genesis block as JSON
+    """
+    db = DataDir(data_dir).open_chain()
+    try:
+        height = db.height if height is None else height
+        if height > db.height:
+            raise click.BadParameter(f"no block at height {height}: the tip is {db.height}")
+        block = db.block_at(height)
+        doc = {"hash": block_hash(block.header).hex(), **to_json(block)}
+    finally:
+        db.store.close()
+    emit(as_json, doc, lambda: _describe_block(doc))
+
+
+def _describe_block(doc: dict) -> str:
+    h = doc["header"]
+    lines = [f"block {h['height']}  {doc['hash']}",
+             f"  prev      {h['prev_hash']}", f"  time_ms   {h['time_ms']}",
+             f"  producer  {h['producer']}", f"  txs_root  {h['txs_root']}",
+             f"  log       {h['log_size']} receipts, root {h['log_root']}",
+             f"  state     {h['state_root']}", f"  txs       {len(doc['txs'])}"]
+    lines += [f"    {tx['type']}" for tx in doc["txs"][:20]]
+    return "\n".join(lines)
+
+
+@main_group.command()
+@data_dir_option
+@json_option
+def status(data_dir, as_json) -> None:
+    """Tip, balance and registration of this node.
+
+    \b
+    Example:
+      pnode status --json
+    """
+    dd = DataDir(data_dir)
+    db = dd.open_chain()
+    try:
+        node_key = dd.node_key().public
+        wallet = read_public_key(dd.wallet_file)
+        account = db.state.get(ACCOUNT + wallet)
+        node = db.state.get(NODE + node_key)
+        info = {"chain_id": db.chain_id, "height": db.height, "tip": db.tip_hash.hex(),
+                "address": wallet.hex(), "node_key": node_key.hex(),
+                "balance": account.balance if account else 0,
+                "bond": account.bond if account else 0,
+                "registered": node is not None,
+                "layers": [node.layer_start, node.layer_end] if node else None,
+                "mempool": len(db.mempool())}
+    finally:
+        db.store.close()
+    emit(as_json, info, lambda: "\n".join(
+        f"{k:10} {format_coins(v) if k in ('balance', 'bond') else v}" for k, v in info.items()))
+
+
+@main_group.command()
+@click.argument("receipt_id")
+@data_dir_option
+def proof(receipt_id, data_dir) -> None:
+    """Write the inclusion proof of a receipt (JSON) to stdout.
+
+    \b
+    Example:
+      pnode proof 3fa1...c9 --data-dir D > receipt.proof
+      pnode verify proof receipt.proof
+    """
+    receipt_hash = cliutil.parse_address(receipt_id)
+    db = DataDir(data_dir).open_chain()
+    try:
+        doc = to_json(db.receipt_proof(receipt_hash))
+    except KeyError:
+        raise ProofError(f"receipt {receipt_id} is not in this chain's log") from None
+    finally:
+        db.store.close()
+    click.echo(json.dumps(doc, indent=2))
+
+
+# -- verify -------------------------------------------------------------------------------------
+
+
+@main_group.group()
+def verify() -> None:
+    """Check the ledger or a proof; exit 0 if it holds, 1 if it does not."""
+
+
+@verify.command("chain")
+@data_dir_option
+@json_option
+def verify_chain(data_dir, as_json) -> None:
+    """Re-validate every block from genesis, the supply and the stored state.
+
+    \b
+    Example:
+      pnode verify chain --data-dir D && echo ok
+    """
+    _verify(data_dir, as_json, upto=None)
+
+
+def _verify(data_dir: str, as_json: bool, upto: int | None) -> None:
+    try:
+        db = DataDir(data_dir).open_chain()
+    except ChainCorruptError as exc:
+        db, result = None, {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
+    if db is not None:
+        try:
+            if upto is not None and upto > db.height:
+                raise click.BadParameter(f"no block at height {upto}: the tip is {db.height}")
+            _verify_with_progress(db, as_json, upto)
+            height = db.height if upto is None else upto
+            result = {"ok": True, "height": height, "tip": db.hash_at(height).hex()}
+        except (ValidationError, StoreError) as exc:
+            result = {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
+        finally:
+            db.store.close()
+    if result["ok"]:
+        emit(as_json, result, f"ok: {result['height'] + 1} blocks valid, up to "
+                              f"{result['tip'][:16]}")
+    else:
+        emit(as_json, result, f"FAIL {result['error']}: {result['reason']}")
+        sys.exit(EXIT_CHECK_FAILED)
+
+
+def _verify_with_progress(db: ChainDB, quiet: bool, upto: int | None) -> None:
+    from rich.progress import Progress
+
+    total = db.height if upto is None else upto
+    with Progress(transient=True, disable=quiet or not sys.stderr.isatty()) as bar:
+        task = bar.add_task("verifying blocks", total=max(total, 1))
+        db.verify_chain(progress=lambda h: bar.update(task, completed=h), upto=upto)
+
+
+@verify.command("block")
+@click.argument("height", type=click.IntRange(0))
+@data_dir_option
+@json_option
+def verify_block(height, data_dir, as_json) -> None:
+    """Re-validate the chain from genesis up to block HEIGHT.
+
+    \b
+    Example:
+      pnode verify block 42 --data-dir D
+    """
+    _verify(data_dir, as_json, upto=height)
+
+
+@verify.command("proof")
+@click.argument("proof_file", type=click.Path(dir_okay=False))
+@click.option("--block-hash", help="Also require the proof's header to be this block.")
+@click.option("--data-dir", type=click.Path(file_okay=False),
+              help="Also require the proof's header to be on this node's main chain.")
+@json_option
+def verify_proof(proof_file, block_hash, data_dir, as_json) -> None:
+    """Check a receipt proof written by `pnode proof`.
+
+    \b
+    Examples:
+      pnode verify proof receipt.proof
+      pnode verify proof receipt.proof --data-dir D   # header must be on our chain
+    """
+    try:
+        proof_obj = from_json(json.loads(Path(proof_file).read_text()), ReceiptProof)
+    except (OSError, ValueError, DecodeError) as exc:
+        raise ProofError(f"cannot read proof file {proof_file}: {exc}") from None
+    trusted = cliutil.parse_address(block_hash) if block_hash else None
+    if data_dir:
+        db = DataDir(data_dir).open_chain()
+        try:
+            trusted = db.hash_at(proof_obj.header.height)
+        finally:
+            db.store.close()
+        if trusted is None:
+            trusted = b"\x00" * 32  # above our tip: cannot be on our chain
+    try:
+        verify_receipt_proof(proof_obj, trusted)
+        result = {"ok": True, "height": proof_obj.header.height, "index": proof_obj.index}
+    except ValidationError as exc:
+        result = {"ok": False, "reason": str(exc)}
+    if result["ok"]:
+        emit(as_json, result, f"ok: receipt is leaf {proof_obj.index} of the log at height "
+                              f"{proof_obj.header.height}")
+    else:
+        emit(as_json, result, f"FAIL: {result['reason']}")
+        sys.exit(EXIT_CHECK_FAILED)
+
+
+def main() -> None:
+    """Console entry point."""
+    cliutil.run(main_group)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""What `pnode` and `pwallet` share: error handling, options, passphrases, coins.
+
+Every expected failure (bad argument, missing data dir, corrupt file, wrong
+passphrase, rejected transaction) ends as one line on stderr and exit code
+2, never a traceback. `verify` commands use exit code 1 for "checked, and it
+is wrong", so scripts can tell a failed check from a failed invocation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from decimal import Decimal, InvalidOperation
+from typing import Any, Callable
+
+import click
+
+from ledger.errors import LedgerError
+from ledger.types import COIN
+from node.datadir import DEFAULT_DATA_DIR, DataDir
+from node.errors import NodeError
+from wallet.errors import WalletError
+
+EXIT_USAGE = 2
+EXIT_CHECK_FAILED = 1
+
+data_dir_option = click.option(
+    "--data-dir", "data_dir", type=click.Path(file_okay=False), default=str(DEFAULT_DATA_DIR),
+    show_default=True, envvar="PNODE_DATA_DIR", help="Node data directory.")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+
+def run(group: click.Group) -> None:
+    """Run a click group, turning expected errors into one line and exit 2."""
+    try:
+        group.main(standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(EXIT_USAGE)
+    except click.UsageError as exc:  # one line, with where to look for help
+        where = exc.ctx.command_path if exc.ctx else group.name
+        click.echo(f"error: {exc.format_message()} (see '{where} --help')", err=True)
+        sys.exit(EXIT_USAGE)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(EXIT_USAGE)
+    except (LedgerError, WalletError, NodeError, OSError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+def emit(as_json: bool, data: dict[str, Any], text: Callable[[], str] | str) -> None:
+    """Print ``data`` as JSON, or the human-readable ``text``."""
+    if as_json:
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        click.echo(text() if callable(text) else text)
+
+
+def passphrase(passphrase_file: str | None, *, confirm: bool = False) -> str:
+    """The wallet passphrase: from a file, $PNODE_PASSPHRASE, or a prompt.
+
+    Raises:
+        click.UsageError: none given and there is no terminal to ask on.
+    """
+    if passphrase_file:
+        try:
+            with open(passphrase_file, encoding="utf-8") as f:
+                return f.read().rstrip("\n")
+        except OSError as exc:
+            raise click.UsageError(f"cannot read passphrase file: {exc}") from None
+    if "PNODE_PASSPHRASE" in os.environ:
+        return os.environ["PNODE_PASSPHRASE"]
+    if not sys.stdin.isatty():
+        raise click.UsageError("no passphrase: pass --passphrase-file or set PNODE_PASSPHRASE")
+    return click.prompt("Wallet passphrase", hide_input=True, confirmation_prompt=confirm)
+
+
+passphrase_option = click.option(
+    "--passphrase-file", type=click.Path(dir_okay=False),
+    help="File holding the wallet passphrase (else $PNODE_PASSPHRASE, else a prompt).")
+
+
+def parse_coins(text: str) -> int:
+    """'2.5' coins -> base units. At most 6 decimals, more than zero.
+
+    Raises:
+        click.BadParameter: not a positive amount with at most 6 decimals.
+    """
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise click.BadParameter(f"{text!r} is not a number of coins") from None
+    units = value * COIN
+    if not value.is_finite() or units != units.to_integral_value() or units <= 0:
+        raise click.BadParameter(f"{text!r}: amounts are positive, with at most 6 decimals")
+    if units >= 2**64:
+        raise click.BadParameter(f"{text!r} is more coins than can exist")
+    return int(units)
+
+
+def format_coins(units: int) -> str:
+    whole, frac = divmod(units, COIN)
+    return f"{whole}.{frac:06d}".rstrip("0").rstrip(".")
+
+
+def parse_address(text: str) -> bytes:
+    """A hex account id (32 bytes).
+
+    Raises:
+        click.BadParameter: not 64 hex digits.
+    """
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise click.BadParameter(f"{text!r} is not an address (64 hex digits)")
+    return raw
+
+
+def datadir(path: str) -> DataDir:
+    return DataDir(path)

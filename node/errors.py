@@ -1,0 +1,19 @@
+"""Every error the node package raises, under one root, `NodeError`."""
+
+from __future__ import annotations
+
+
+class NodeError(Exception):
+    """Root of every error raised by the node package."""
+
+
+class DataDirError(NodeError):
+    """A data directory that is missing, uninitialised, locked or damaged."""
+
+
+class ChainCorruptError(DataDirError):
+    """A chain store that opens but contradicts itself (damaged or tampered)."""
+
+
+class ProofError(NodeError):
+    """A proof file that cannot be read, or a receipt that is not in the log."""

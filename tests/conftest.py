@@ -1,0 +1,3 @@
+"""Fixtures shared by every test package."""
+
+from tests.clikit import pnode, pwallet  # noqa: F401  (fixtures)

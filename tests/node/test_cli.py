@@ -1,0 +1,163 @@
+"""`pnode` from the command line: init, produce, show, status, proof, verify."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from ledger import schema
+from ledger.chaindb import ChainDB
+from ledger.codec import decode, encode
+from ledger.store import LevelDBStore
+from ledger.types import Receipt, tx_hash
+from node.datadir import DataDir, write_genesis_file
+from tests.ledger.chainkit import grow, make_net, receipts_due
+
+
+@pytest.fixture
+def node_dir(tmp_path, pnode):
+    d = tmp_path / "n1"
+    r = pnode("init", "--data-dir", str(d), "--chain-id", "t1", "--slot-ms", "50", "--json")
+    assert r.code == 0, r.err
+    return d, r.json()
+
+
+def test_init_writes_keys_genesis_and_chain(node_dir):
+    d, info = node_dir
+    for name in ("node.key", "peer.key", "wallet.json"):
+        assert stat.S_IMODE(os.stat(d / name).st_mode) == 0o600
+    assert info["chain_id"] == "t1" and len(info["address"]) == 64
+    genesis = json.loads((d / "genesis.json").read_text())
+    assert genesis["chain_id"] == "t1"
+    assert genesis["registrations"][0]["node_key"] == info["node_key"]
+
+
+def test_join_with_a_genesis_file_gives_the_same_chain(node_dir, pnode, tmp_path):
+    d, info = node_dir
+    r = pnode("init", "--data-dir", str(tmp_path / "n2"), "--genesis", str(d / "genesis.json"),
+              "--json")
+    assert r.code == 0, r.err
+    assert r.json()["genesis_hash"] == info["genesis_hash"] and r.json()["joined"]
+
+
+def test_init_twice_is_refused(node_dir, pnode):
+    d, _ = node_dir
+    r = pnode("init", "--data-dir", str(d))
+    assert r.code == 2 and "already initialised" in r.err
+
+
+def test_produce_show_status_and_verify(node_dir, pnode):
+    d, info = node_dir
+    r = pnode("produce", "--data-dir", str(d), "--blocks", "3", "--json")
+    assert r.code == 0, r.err
+    assert [b["height"] for b in r.json()["blocks"]] == [1, 2, 3]
+    show = pnode("ledger", "show", "2", "--data-dir", str(d), "--json").json()
+    assert show["header"]["height"] == 2 and show["hash"] == r.json()["blocks"][1]["hash"]
+    status = pnode("status", "--data-dir", str(d), "--json").json()
+    assert status["height"] == 3 and status["registered"] and status["address"] == info["address"]
+    ok = pnode("verify", "chain", "--data-dir", str(d), "--json")
+    assert ok.code == 0 and ok.json()["ok"]
+
+
+def _flip_byte(d, height: int, offset: int) -> None:
+    store = LevelDBStore(d / "chain")
+    try:
+        h = store.get(schema.height_key(height))
+        raw = bytearray(store.get(schema.block_key(h)))
+        raw[offset] ^= 1
+        store.write([(schema.block_key(h), bytes(raw))])
+    finally:
+        store.close()
+
+
+def test_verify_chain_exits_1_on_a_tampered_block(node_dir, pnode):
+    d, _ = node_dir
+    pnode("produce", "--data-dir", str(d), "--blocks", "3")
+    _flip_byte(d, 2, -2)  # last byte of block 2's header signature (then an empty tx list)
+    r = pnode("verify", "chain", "--data-dir", str(d), "--json")
+    assert r.code == 1
+    assert r.json()["ok"] is False and "height 2" in r.json()["reason"]
+
+
+def test_verify_block_checks_up_to_that_height(node_dir, pnode):
+    d, _ = node_dir
+    pnode("produce", "--data-dir", str(d), "--blocks", "3")
+    _flip_byte(d, 3, -2)
+    assert pnode("verify", "block", "2", "--data-dir", str(d)).code == 0
+    r = pnode("verify", "block", "3", "--data-dir", str(d), "--json")
+    assert r.code == 1 and "height 3" in r.json()["reason"]
+    assert pnode("verify", "block", "9", "--data-dir", str(d)).code == 2
+
+
+def test_verify_chain_exits_1_on_a_damaged_tip(node_dir, pnode):
+    d, _ = node_dir
+    pnode("produce", "--data-dir", str(d), "--blocks", "2")
+    _flip_byte(d, 2, -1)  # the tip no longer decodes
+    r = pnode("verify", "chain", "--data-dir", str(d), "--json")
+    assert r.code == 1 and "damaged" in r.json()["reason"]
+    assert pnode("status", "--data-dir", str(d)).code == 2  # other commands refuse it
+
+
+@pytest.fixture
+def chain_with_receipts(tmp_path):
+    """A data dir whose chain holds receipts (mining comes with a later issue)."""
+    net = make_net(with_job=True)
+    dd = DataDir(tmp_path / "r")
+    dd.path.mkdir()
+    write_genesis_file(dd.genesis_file, net.genesis)
+    db = ChainDB.create(LevelDBStore(dd.chain_dir), net.genesis)
+    for _ in range(3):
+        grow(db, net, 1, receipts_due(db, net))
+    receipt_ids = [tx_hash(decode(leaf, Receipt)).hex() for leaf in db.log_leaves()]
+    db.store.close()
+    return dd, receipt_ids
+
+
+def test_proof_round_trip_through_files(chain_with_receipts, pnode, tmp_path):
+    dd, receipt_ids = chain_with_receipts
+    r = pnode("proof", receipt_ids[2], "--data-dir", str(dd.path))
+    assert r.code == 0, r.err
+    proof_file = tmp_path / "receipt.proof"
+    proof_file.write_text(r.out)
+    ok = pnode("verify", "proof", str(proof_file), "--data-dir", str(dd.path), "--json")
+    assert ok.code == 0 and ok.json() == {"ok": True, "height": 3, "index": 2}
+    doc = json.loads(r.out)
+    doc["receipt"]["output_hash"] = "11" * 32
+    proof_file.write_text(json.dumps(doc))
+    bad = pnode("verify", "proof", str(proof_file))
+    assert bad.code == 1 and "FAIL" in bad.out
+
+
+def test_proof_of_unknown_receipt_is_a_clear_error(chain_with_receipts, pnode):
+    dd, _ = chain_with_receipts
+    r = pnode("proof", "ab" * 32, "--data-dir", str(dd.path))
+    assert r.code == 2 and "not in this chain's log" in r.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["verify", "chain", "--data-dir", "/nonexistent/pnode"], "does not exist"),
+    (["ledger", "show", "-3", "--data-dir", "/tmp"], "-3"),
+    (["init", "--data-dir", "{tmp}/x", "--layers", "5:2"], "START < END"),
+    (["init", "--data-dir", "{tmp}/x", "--premine", "-1"], "positive"),
+    (["init", "--data-dir", "{tmp}/x", "--genesis", "{tmp}/garbage.json"], "not valid"),
+    (["verify", "proof", "{tmp}/garbage.json"], "cannot read proof"),
+    (["nonsense"], "No such command"),
+])
+def test_bad_input_is_one_line_and_exit_2(pnode, tmp_path, args, message):
+    (tmp_path / "garbage.json").write_text("{not json")
+    r = pnode(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert r.code == 2
+    assert message in r.err and len(r.err.strip().splitlines()) == 1
+    assert "Traceback" not in r.err
+
+
+@pytest.mark.parametrize("command", [
+    ["init"], ["produce"], ["status"], ["proof"], ["ledger", "show"], ["verify", "chain"], ["verify", "block"],
+    ["verify", "proof"],
+])
+def test_every_command_has_help_with_examples(pnode, command):
+    r = pnode(*command, "--help")
+    assert r.code == 0 and "Example" in r.out

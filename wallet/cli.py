@@ -1,0 +1,194 @@
+"""`pwallet`: wallet keys, balances, transfers and history.
+
+Works against a local data dir: `send` checks the transfer against the
+chain and queues it in the node's mempool (network submission comes with
+the swarm). No rule lives here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from ledger.codec import to_json
+from ledger.crypto import SigningKey
+from ledger.state import ACCOUNT, NODE
+from ledger.types import ZERO_SIG, InferencePayment, Register, Transfer, sign, tx_hash
+from node import cliutil
+from node.cliutil import (
+    data_dir_option, emit, format_coins, json_option, parse_address, parse_coins,
+    passphrase_option,
+)
+from node.datadir import DataDir
+from wallet.keystore import read_key_file, read_public_key, write_key_file
+
+wallet_option = click.option("--wallet", "wallet_name", metavar="NAME",
+                             help="Use wallets/NAME.json instead of the default wallet.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main_group() -> None:
+    """pwallet: spend and track pnode coins.
+
+    \b
+    Examples:
+      pwallet create --name bob                 # a new encrypted key
+      pwallet balance --json
+      pwallet send 5e3c...a1 2.5                # send 2.5 coins
+      pwallet history
+    """
+
+
+@main_group.command()
+@data_dir_option
+@click.option("--name", required=True, help="Wallet name: stored as wallets/NAME.json.")
+@passphrase_option
+@json_option
+def create(data_dir, name, passphrase_file, as_json) -> None:
+    """Create a new wallet key, encrypted with a passphrase.
+
+    \b
+    Example:
+      PNODE_PASSPHRASE=secret pwallet create --name savings
+    """
+    dd = DataDir(data_dir)
+    if not dd.path.is_dir():
+        raise click.UsageError(f"data dir {dd.path} does not exist (run `pnode init` first)")
+    path = dd.wallet_path(name)
+    path.parent.mkdir(exist_ok=True)
+    key = SigningKey(os.urandom(32))
+    write_key_file(path, key.seed(), cliutil.passphrase(passphrase_file, confirm=True))
+    emit(as_json, {"name": name, "address": key.public.hex(), "file": str(path)},
+         f"created wallet {name}: {key.public.hex()}")
+
+
+@main_group.command()
+@click.argument("address", required=False)
+@data_dir_option
+@wallet_option
+@json_option
+def balance(address, data_dir, wallet_name, as_json) -> None:
+    """Balance and bond of an address (default: this wallet).
+
+    \b
+    Examples:
+      pwallet balance
+      pwallet balance 5e3c...a1 --json
+    """
+    dd = DataDir(data_dir)
+    account_id = parse_address(address) if address else read_public_key(dd.wallet_path(wallet_name))
+    db = dd.open_chain()
+    try:
+        account = db.state.get(ACCOUNT + account_id)
+        info = {"address": account_id.hex(), "height": db.height,
+                "balance": account.balance if account else 0, "bond": account.bond if account else 0,
+                "nonce": account.nonce if account else 0}
+    finally:
+        db.store.close()
+    emit(as_json, info, f"{format_coins(info['balance'])} coins (bond {format_coins(info['bond'])})"
+                        f" at height {info['height']}")
+
+
+@main_group.command()
+@click.argument("recipient")
+@click.argument("amount")
+@data_dir_option
+@wallet_option
+@passphrase_option
+@json_option
+def send(recipient, amount, data_dir, wallet_name, passphrase_file, as_json) -> None:
+    """Send AMOUNT coins to RECIPIENT (queued for the next block).
+
+    \b
+    Example:
+      pwallet send 5e3c...a1 2.5 --passphrase-file pass.txt
+    """
+    to, units = parse_address(recipient), parse_coins(amount)
+    dd = DataDir(data_dir)
+    key = SigningKey(read_key_file(dd.wallet_path(wallet_name),
+                                   cliutil.passphrase(passphrase_file)))
+    db = dd.open_chain()
+    try:
+        account = db.state.get(ACCOUNT + key.public)
+        queued = [t for t in db.mempool() if getattr(t, "sender", None) == key.public]
+        nonce = (account.nonce if account else 0) + len(queued)
+        tx = sign(Transfer(db.chain_id, key.public, to, units, nonce, ZERO_SIG), key)
+        txid = db.admit(tx)
+    finally:
+        db.store.close()
+    emit(as_json, {"txid": txid.hex(), "nonce": nonce, "amount": units},
+         f"queued {format_coins(units)} coins to {recipient[:16]}..  txid {txid.hex()}")
+
+
+@main_group.command()
+@click.argument("address", required=False)
+@data_dir_option
+@wallet_option
+@json_option
+def history(address, data_dir, wallet_name, as_json) -> None:
+    """Transactions that moved coins of an address, oldest first, then queued ones.
+
+    \b
+    Example:
+      pwallet history --json
+    """
+    dd = DataDir(data_dir)
+    account_id = parse_address(address) if address else read_public_key(dd.wallet_path(wallet_name))
+    db = dd.open_chain()
+    try:
+        nodes = {k for k in db.state.ids(NODE) if db.state.get(NODE + k).account == account_id}
+        rows = _genesis_rows(db.genesis, account_id)
+        rows += [dict(height=b.header.height, **_row(tx, account_id, nodes))
+                for b in db.iter_blocks() for tx in b.txs if _involves(tx, account_id, nodes)]
+        rows += [dict(height=None, **_row(tx, account_id, nodes))
+                 for tx in db.mempool() if _involves(tx, account_id, nodes)]
+    finally:
+        db.store.close()
+    emit(as_json, {"address": account_id.hex(), "history": rows}, lambda: "\n".join(
+        f"{'queued' if r['height'] is None else r['height']:>7}  {r['type']:17} "
+        f"{_signed_coins(r['delta']):>14}  {r['txid'][:16]}" for r in rows) or "no transactions")
+
+
+def _genesis_rows(genesis, account: bytes) -> list[dict]:
+    rows = [{"height": 0, "type": "Allocation", "txid": "genesis", "delta": a.amount,
+             "tx": to_json(a)} for a in genesis.allocations if a.account == account]
+    rows += [dict(height=0, **_row(r, account, set())) for r in genesis.registrations
+             if r.account == account]
+    return rows
+
+
+def _signed_coins(units: int) -> str:
+    return ("-" if units < 0 else "+") + format_coins(abs(units))
+
+
+def _involves(tx, account: bytes, nodes: set[bytes]) -> bool:
+    if isinstance(tx, Transfer):
+        return account in (tx.sender, tx.recipient)
+    if isinstance(tx, Register):
+        return tx.account == account
+    if isinstance(tx, InferencePayment):
+        return tx.client == account or any(c.node_key in nodes for c in tx.charges)
+    return False
+
+
+def _row(tx, account: bytes, nodes: set[bytes]) -> dict:
+    """Type, txid, and the change to the balance (base units) of ``account``."""
+    if isinstance(tx, Transfer):
+        delta = (tx.amount if tx.recipient == account else 0) - (tx.amount if tx.sender == account else 0)
+    elif isinstance(tx, Register):
+        delta = -tx.bond
+    else:
+        delta = sum(c.amount for c in tx.charges if c.node_key in nodes)
+        delta -= sum(c.amount for c in tx.charges) if tx.client == account else 0
+    return {"type": type(tx).__name__, "txid": tx_hash(tx).hex(), "delta": delta,
+            "tx": to_json(tx)}
+
+
+def main() -> None:
+    """Console entry point."""
+    cliutil.run(main_group)
+
+
+if __name__ == "__main__":
+    main()
