@@ -15,13 +15,10 @@ import pytest
 import torch
 
 from compute.gguf import find_gguf, load_gguf, open_gguf
-from compute.model import ModelConfig
 from compute.tokenizer import Tokenizer
 
 # Fixed thread count: the timings and rounding the tests see stay comparable.
 torch.set_num_threads(2)
-
-TINY = ModelConfig(vocab_size=96, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=160, rope_theta=10000.0, max_seq_len=64)
 
 
 def _offline() -> mock._patch:

@@ -9,8 +9,7 @@ import torch
 from compute.errors import CacheFullError, ConfigError, ShapeError
 from compute.generate import Sampling, generate, next_token, stream
 from compute.kvcache import KVCache
-from tests.compute.conftest import TINY
-from tests.compute.test_model import random_ids, tiny_model
+from tests.compute.helpers import TINY, random_ids, tiny_model
 
 
 @pytest.fixture

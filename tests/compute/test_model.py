@@ -16,24 +16,9 @@ from compute.hf import config_from_hf, hf_state_from_model, model_from_hf_tensor
 from compute.kvcache import KVCache
 from compute.linear import Linear
 from compute.model import ModelConfig, Transformer
-from tests.compute.conftest import TINY
+from tests.compute.helpers import TINY, random_ids, tiny_model
 
 ATOL = 1e-4  # logits reach about 10 here; float32 differences measured <= 2.3e-5
-
-
-def tiny_model(generator: torch.Generator, cfg: ModelConfig = TINY) -> Transformer:
-    """A random model whose logits are far from uniform (std 0.3, non-unit norms)."""
-    model = Transformer(cfg).eval()
-    model.init_weights(generator, std=0.3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.add_(0.2 * torch.randn(p.shape, generator=generator))
-    return model
-
-
-def random_ids(generator: torch.Generator, shape: tuple[int, int], cfg: ModelConfig = TINY) -> torch.Tensor:
-    return torch.randint(0, cfg.vocab_size, shape, generator=generator)
 
 
 def hf_llama(cfg: ModelConfig):
