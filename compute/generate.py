@@ -44,7 +44,9 @@ class Sampling:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
-def next_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:
+def next_token(
+    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+) -> torch.Tensor:
     """Pick a token id from logits of shape (V,); returns a 0-d int64 tensor."""
     if sampling.greedy:
         return logits.argmax()
@@ -88,17 +90,34 @@ def stream(
         raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     # The last new token is never fed back, so it needs no cache slot.
     need = ids.shape[1] + max(max_new_tokens - 1, 0)
-    if need > model.config.max_seq_len or (cache is not None and need > cache.max_len - cache.length):
+    if need > model.config.max_seq_len or (
+        cache is not None and need > cache.max_len - cache.length
+    ):
         budget = model.config.max_seq_len if cache is None else cache.max_len - cache.length
-        raise CacheFullError(f"prompt of {ids.shape[1]} + {max_new_tokens} new tokens needs {need} cache slots, budget is {budget}")
+        raise CacheFullError(
+            f"prompt of {ids.shape[1]} + {max_new_tokens} new tokens needs {need} cache slots, "
+            f"budget is {budget}"
+        )
     if max_new_tokens == 0:
         return
-    yield from _decode(model, ids, max_new_tokens, sampling, frozenset(stop_ids), cache or KVCache(model.config, need))
+    yield from _decode(
+        model,
+        ids,
+        max_new_tokens,
+        sampling,
+        frozenset(stop_ids),
+        cache or KVCache(model.config, need),
+    )
 
 
 @torch.inference_mode()
 def _decode(
-    model: Transformer, ids: torch.Tensor, max_new_tokens: int, sampling: Sampling, stop: frozenset[int], cache: KVCache
+    model: Transformer,
+    ids: torch.Tensor,
+    max_new_tokens: int,
+    sampling: Sampling,
+    stop: frozenset[int],
+    cache: KVCache,
 ) -> Iterator[int]:
     generator = None
     if not sampling.greedy:
@@ -135,7 +154,9 @@ def generate(
     Raises: as `stream` and `Sampling`.
     """
     sampling = Sampling(greedy=greedy, temperature=temperature, top_p=top_p, seed=seed)
-    return list(stream(model, prompt, max_new_tokens, sampling=sampling, stop_ids=stop_ids, cache=cache))
+    return list(
+        stream(model, prompt, max_new_tokens, sampling=sampling, stop_ids=stop_ids, cache=cache)
+    )
 
 
 def _prompt_tensor(model: Transformer, prompt: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -144,5 +165,7 @@ def _prompt_tensor(model: Transformer, prompt: Sequence[int] | torch.Tensor) -> 
     if ids.dim() == 2 and ids.shape[0] == 1:
         ids = ids[0]
     if ids.dim() != 1 or ids.numel() == 0:
-        raise ShapeError(f"expected a non-empty 1-D prompt of token ids, got shape {tuple(ids.shape)}")
+        raise ShapeError(
+            f"expected a non-empty 1-D prompt of token ids, got shape {tuple(ids.shape)}"
+        )
     return ids.view(1, -1)  # (1, T)

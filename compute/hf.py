@@ -38,7 +38,10 @@ _SAFETENSORS_DTYPES = {
 def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every HF tensor name of a Llama checkpoint with its expected shape."""
     c, hd, f = cfg.dim, cfg.head_dim, cfg.ffn_dim
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, c), "model.norm.weight": (c,)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (cfg.vocab_size, c),
+        "model.norm.weight": (c,),
+    }
     if not cfg.tie_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, c)
     for i in range(cfg.n_layers):
@@ -67,13 +70,19 @@ def check_hf_tensors(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], sour
     missing = sorted(set(shapes) - set(tensors))
     unexpected = sorted(set(tensors) - set(shapes) - {"lm_head.weight"})
     if missing or unexpected:
-        raise ModelFileError(f"{source}: expected Llama tensors; missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ModelFileError(
+            f"{source}: expected Llama tensors; missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     for name, shape in shapes.items():
         if tuple(tensors[name].shape) != shape:
-            raise ModelFileError(f"{source}: tensor {name} expected shape {shape}, got {tuple(tensors[name].shape)}")
+            raise ModelFileError(
+                f"{source}: tensor {name} expected shape {shape}, got {tuple(tensors[name].shape)}"
+            )
 
 
-def model_state_from_hf(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str = "checkpoint") -> dict[str, torch.Tensor]:
+def model_state_from_hf(
+    cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str = "checkpoint"
+) -> dict[str, torch.Tensor]:
     """Convert HF-named tensors into a float32 state dict for `Transformer(cfg)`.
 
     Raises:
@@ -107,14 +116,21 @@ def hf_state_from_model(model: Transformer) -> dict[str, torch.Tensor]:
     cfg = model.config
     nq, nkv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     sd = model.state_dict()
-    out = {"model.embed_tokens.weight": sd["tok_emb.weight"], "model.norm.weight": sd["norm.weight"]}
+    out = {
+        "model.embed_tokens.weight": sd["tok_emb.weight"],
+        "model.norm.weight": sd["norm.weight"],
+    }
     out["lm_head.weight"] = sd["lm_head.weight"]
     for i in range(cfg.n_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
         out[p + "input_layernorm.weight"] = sd[q + "attn_norm.weight"]
         out[p + "post_attention_layernorm.weight"] = sd[q + "mlp_norm.weight"]
         wq, wk, wv = sd[q + "attn.wqkv.weight"].split([nq, nkv, nkv], dim=0)
-        out[p + "self_attn.q_proj.weight"], out[p + "self_attn.k_proj.weight"], out[p + "self_attn.v_proj.weight"] = wq, wk, wv
+        (
+            out[p + "self_attn.q_proj.weight"],
+            out[p + "self_attn.k_proj.weight"],
+            out[p + "self_attn.v_proj.weight"],
+        ) = wq, wk, wv
         out[p + "self_attn.o_proj.weight"] = sd[q + "attn.wo.weight"]
         gate, up = sd[q + "mlp.w_gate_up.weight"].chunk(2, dim=0)
         out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
@@ -122,7 +138,9 @@ def hf_state_from_model(model: Transformer) -> dict[str, torch.Tensor]:
     return out
 
 
-def model_from_hf_tensors(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str = "checkpoint") -> Transformer:
+def model_from_hf_tensors(
+    cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str = "checkpoint"
+) -> Transformer:
     """Build a `Transformer(cfg)` holding HF-named weights (copied, float32)."""
     return Transformer.from_state_dict(cfg, model_state_from_hf(cfg, tensors, source))
 
@@ -179,7 +197,9 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         n = int.from_bytes(data[:8], "little")
         header = json.loads(data[8 : 8 + n])
     except (ValueError, UnicodeDecodeError) as e:
-        raise ModelFileError(f"{path}: expected a safetensors JSON header, got unparsable bytes") from e
+        raise ModelFileError(
+            f"{path}: expected a safetensors JSON header, got unparsable bytes"
+        ) from e
     base, out = 8 + n, {}
     for name, info in header.items():
         if name != "__metadata__":
@@ -187,7 +207,9 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def _safetensors_tensor(data: bytearray, base: int, name: str, info: Mapping, path: Path) -> torch.Tensor:
+def _safetensors_tensor(
+    data: bytearray, base: int, name: str, info: Mapping, path: Path
+) -> torch.Tensor:
     dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
     if dtype is None:
         raise ModelFileError(f"{path}: tensor {name} has unsupported dtype {info.get('dtype')!r}")
@@ -197,7 +219,9 @@ def _safetensors_tensor(data: bytearray, base: int, name: str, info: Mapping, pa
         count *= d
     nbytes = count * torch.empty((), dtype=dtype).element_size()
     if end - start != nbytes or base + end > len(data):
-        raise ModelFileError(f"{path}: tensor {name} expected {nbytes} bytes of data, header or file says otherwise")
+        raise ModelFileError(
+            f"{path}: tensor {name} expected {nbytes} bytes of data, header or file says otherwise"
+        )
     if count == 0:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(data, dtype=dtype, count=count, offset=base + start).reshape(shape)

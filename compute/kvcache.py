@@ -52,8 +52,16 @@ class KVCache:
             raise ConfigError(f"KV cache max_len must be in 1..{config.max_seq_len}, got {max_len}")
         if batch < 1:
             raise ConfigError(f"KV cache batch must be >= 1, got {batch}")
-        if layers.step != 1 or len(layers) == 0 or layers.start < 0 or layers.stop > config.n_layers:
-            raise ConfigError(f"KV cache layers must be a non-empty contiguous range in 0..{config.n_layers}, got {layers}")
+        if (
+            layers.step != 1
+            or len(layers) == 0
+            or layers.start < 0
+            or layers.stop > config.n_layers
+        ):
+            raise ConfigError(
+                "KV cache layers must be a non-empty contiguous range in "
+                f"0..{config.n_layers}, got {layers}"
+            )
         self.config = config
         self.max_len = max_len
         self.batch = batch
@@ -67,6 +75,10 @@ class KVCache:
     def length(self) -> int:
         """Number of leading positions that every held layer has filled."""
         return min(self._filled)
+
+    def filled(self, layer: int) -> int:
+        """Number of leading positions that layer (absolute index) has filled."""
+        return self._filled[self._index(layer)]
 
     @property
     def room(self) -> int:
@@ -86,19 +98,28 @@ class KVCache:
             CacheError: pos is negative or leaves a gap after `length`, or a
                 layer is not held.
         """
-        if layers is not None and len(layers) and (layers.start < self.layers.start or layers.stop > self.layers.stop):
+        if (
+            layers is not None
+            and len(layers)
+            and (layers.start < self.layers.start or layers.stop > self.layers.stop)
+        ):
             raise CacheError(
-                f"this cache holds layers {self.layers.start}..{self.layers.stop - 1}, got layers {layers.start}..{layers.stop - 1}"
+                f"this cache holds layers {self._held()}, "
+                f"got layers {layers.start}..{layers.stop - 1}"
             )
         if pos + n > self.max_len:
             raise CacheFullError(
-                f"KV cache budget is {self.max_len} tokens; a step of {n} token(s) at position {pos} "
-                f"needs {pos + n}"
+                f"KV cache budget is {self.max_len} tokens; a step of {n} token(s) "
+                f"at position {pos} needs {pos + n}"
             )
         if not 0 <= pos <= self.length:
-            raise CacheError(f"expected a write position in 0..{self.length} (filled length), got {pos}")
+            raise CacheError(
+                f"expected a write position in 0..{self.length} (filled length), got {pos}"
+            )
 
-    def update(self, layer: int, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, layer: int, pos: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v of shape (B, n_kv_heads, T, head_dim) at positions [pos, pos + T).
 
         Args:
@@ -115,13 +136,13 @@ class KVCache:
             CacheError: the layer is not held, or pos leaves a gap.
             ShapeError: k's batch size differs from the cache's.
         """
-        j = layer - self.layers.start
-        if not 0 <= j < len(self._filled):
-            raise CacheError(f"this cache holds layers {self.layers.start}..{self.layers.stop - 1}, got layer {layer}")
+        j = self._index(layer)
         end = pos + k.shape[2]
         if end > self.max_len or not 0 <= pos <= self._filled[j]:
             self.check_room(pos, k.shape[2])
-            raise CacheError(f"layer {layer}: expected a write position in 0..{self._filled[j]}, got {pos}")
+            raise CacheError(
+                f"layer {layer}: expected a write position in 0..{self._filled[j]}, got {pos}"
+            )
         if k.shape[0] != self.batch:
             raise ShapeError(f"KV cache holds batch {self.batch}, got keys for batch {k.shape[0]}")
         kc, vc = self.k[j], self.v[j]
@@ -135,6 +156,15 @@ class KVCache:
         if length < 0:
             raise CacheError(f"expected a length >= 0, got {length}")
         self._filled = [min(f, length) for f in self._filled]
+
+    def _index(self, layer: int) -> int:
+        j = layer - self.layers.start
+        if not 0 <= j < len(self._filled):
+            raise CacheError(f"this cache holds layers {self._held()}, got layer {layer}")
+        return j
+
+    def _held(self) -> str:
+        return f"{self.layers.start}..{self.layers.stop - 1}"
 
     def reset(self) -> None:
         """Forget everything; the next write starts at position 0."""

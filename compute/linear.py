@@ -25,9 +25,8 @@ def _mkldnn_linear_available() -> bool:
     """True when this torch build has oneDNN and its prepacked linear op."""
     if not torch.backends.mkldnn.is_available():
         return False
-    try:
-        torch.ops.mkldnn._reorder_linear_weight
-        torch.ops.mkldnn._linear_pointwise
+    try:  # looking an op up is the probe: a missing one raises
+        _ = (torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise)
     except (AttributeError, RuntimeError):
         return False
     return True
@@ -90,7 +89,9 @@ class Linear(nn.Module):
                 self.pack_cpu = False
                 return F.linear(x, w)
             self._packed_key = key
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(1, self.in_features), self._packed, None, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(1, self.in_features), self._packed, None, "none", [], ""
+        )
         return y.view(*x.shape[:-1], self.out_features)
 
     def __getstate__(self) -> dict:
@@ -101,4 +102,4 @@ class Linear(nn.Module):
         return state
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, pack_cpu={self.pack_cpu}"
+        return f"in={self.in_features}, out={self.out_features}, pack_cpu={self.pack_cpu}"

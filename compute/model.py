@@ -54,17 +54,22 @@ class ModelConfig:
     tie_embeddings: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len"):
+        sizes = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len")
+        for name in sizes:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.dim % self.n_heads:
             raise ConfigError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
-            raise ConfigError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+            raise ConfigError(
+                f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}"
+            )
         if self.head_dim % 2:
             raise ConfigError(f"rotary embedding needs an even head size, got {self.head_dim}")
         if not (self.rope_theta > 0 and self.norm_eps > 0):
-            raise ConfigError(f"rope_theta and norm_eps must be > 0, got {self.rope_theta}, {self.norm_eps}")
+            raise ConfigError(
+                f"rope_theta and norm_eps must be > 0, got {self.rope_theta}, {self.norm_eps}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -101,9 +106,11 @@ class Rope(nn.Module):
     def __init__(self, head_dim: int, max_seq_len: int, theta: float) -> None:
         super().__init__()
         half = head_dim // 2
-        # Same float32 recipe as transformers' LlamaRotaryEmbedding, so tables match bit for bit.
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        freqs = torch.outer(torch.arange(max_seq_len, dtype=torch.int64).float(), inv_freq)  # (L, hd/2)
+        # Same float32 recipe as transformers' LlamaRotaryEmbedding: the tables match bit for bit.
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        inv_freq = 1.0 / (theta**exponents)  # (hd/2,)
+        positions = torch.arange(max_seq_len, dtype=torch.int64).float()
+        freqs = torch.outer(positions, inv_freq)  # (L, hd/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (L, hd)
         sin = emb.sin()
         sin[:, :half] = -sin[:, :half]
@@ -135,8 +142,8 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.wqkv(x)  # (B, T, (nh + 2 nkv) hd)
-        # Rotate queries and keys together: one rope call instead of two.
-        qk = self.rope(qkv[..., : (nh + nkv) * hd].view(b, t, nh + nkv, hd), pos)  # (B, T, nh + nkv, hd)
+        qk = qkv[..., : (nh + nkv) * hd].view(b, t, nh + nkv, hd)  # (B, T, nh + nkv, hd)
+        qk = self.rope(qk, pos)  # queries and keys rotate together: one call, not two
         q = qk[:, :, :nh].transpose(1, 2)  # (B, nh, T, hd)
         k = qk[:, :, nh:].transpose(1, 2)  # (B, nkv, T, hd)
         v = qkv[..., (nh + nkv) * hd :].view(b, t, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
@@ -181,13 +188,18 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, h: torch.Tensor, pos: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, pos: int | None = None, cache: KVCache | None = None
+    ) -> torch.Tensor:
         """Map hidden states (B, T, C) of tokens at positions [pos, pos + T) to (B, T, C).
 
         With a cache, keys and values of earlier positions come from it and
         this layer's new ones are written to it; without one, attention sees
-        only these T tokens.
+        only these T tokens. pos defaults to what the cache holds for this
+        layer, or 0 without a cache.
         """
+        if pos is None:
+            pos = cache.filled(self.attn.layer_idx) if cache is not None else 0
         h = h + self.attn(self.attn_norm(h), pos, cache)
         return h + self.mlp(self.mlp_norm(h))
 
@@ -202,7 +214,9 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.tok_emb = nn.Embedding(config.vocab_size, config.dim, _weight=torch.zeros(config.vocab_size, config.dim))
+        self.tok_emb = nn.Embedding(
+            config.vocab_size, config.dim, _weight=torch.zeros(config.vocab_size, config.dim)
+        )
         self.rope = Rope(config.head_dim, config.max_seq_len, config.rope_theta)
         self.layers = nn.ModuleList(Block(config, i, self.rope) for i in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
@@ -238,12 +252,19 @@ class Transformer(nn.Module):
             DeviceError: ids on another device than the weights.
         """
         if ids.dim() != 2 or ids.shape[1] == 0 or ids.dtype not in (torch.int64, torch.int32):
-            raise ShapeError(f"expected token ids of shape (B, T>0) and integer dtype, got {tuple(ids.shape)} {ids.dtype}")
+            raise ShapeError(
+                "expected token ids of shape (B, T>0) and integer dtype, "
+                f"got {tuple(ids.shape)} {ids.dtype}"
+            )
         if ids.device != self.tok_emb.weight.device:
-            raise DeviceError(f"weights are on {self.tok_emb.weight.device}, token ids on {ids.device}")
+            raise DeviceError(
+                f"weights are on {self.tok_emb.weight.device}, token ids on {ids.device}"
+            )
         lo, hi = (int(x) for x in torch.aminmax(ids))
         if lo < 0 or hi >= self.config.vocab_size:
-            raise ShapeError(f"expected token ids in 0..{self.config.vocab_size - 1}, got range {lo}..{hi}")
+            raise ShapeError(
+                f"expected token ids in 0..{self.config.vocab_size - 1}, got range {lo}..{hi}"
+            )
         return self.tok_emb(ids)
 
     def layer(self, i: int) -> Block:
@@ -281,13 +302,17 @@ class Transformer(nn.Module):
                 gap (cache errors are raised before any layer writes).
         """
         if not 0 <= start <= end <= self.config.n_layers:
-            raise ShapeError(f"expected layers 0 <= start <= end <= {self.config.n_layers}, got {start}..{end}")
+            raise ShapeError(
+                f"expected layers 0 <= start <= end <= {self.config.n_layers}, got {start}..{end}"
+            )
         self._check_hidden(h)
         t = h.shape[1]
         if pos is None:
             pos = cache.length if cache is not None else 0
         if pos < 0 or pos + t > self.config.max_seq_len:
-            raise ShapeError(f"positions {pos}..{pos + t - 1} exceed the context limit {self.config.max_seq_len}")
+            raise ShapeError(
+                f"positions {pos}..{pos + t - 1} exceed the context limit {self.config.max_seq_len}"
+            )
         if cache is not None:
             cache.check_room(pos, t, range(start, end))
         for i in range(start, end):
@@ -331,6 +356,9 @@ class Transformer(nn.Module):
     def _check_hidden(self, h: torch.Tensor) -> None:
         w = self.norm.weight
         if h.dim() != 3 or h.shape[2] != self.config.dim or h.shape[1] == 0 or h.dtype != w.dtype:
-            raise ShapeError(f"expected hidden states (B, T>0, {self.config.dim}) {w.dtype}, got {tuple(h.shape)} {h.dtype}")
+            raise ShapeError(
+                f"expected hidden states (B, T>0, {self.config.dim}) {w.dtype}, "
+                f"got {tuple(h.shape)} {h.dtype}"
+            )
         if h.device != w.device:
             raise DeviceError(f"weights are on {w.device}, hidden states on {h.device}")

@@ -29,7 +29,8 @@ from compute.errors import TokenizerError
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
 _LLAMA3_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 # llama.cpp pre-tokenizer names whose regex is "each digit apart, then GPT-2's".
 _DIGITS_THEN_GPT2 = {"smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva"}
@@ -59,8 +60,13 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     if pre in ("llama-bpe", "llama3"):
         split = pre_tokenizers.Split(Regex(_LLAMA3_REGEX), behavior="isolated")
-        return pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    raise TokenizerError(f"expected a supported pre-tokenizer (gpt2, llama-bpe, {sorted(_DIGITS_THEN_GPT2)}), got {pre!r}")
+        return pre_tokenizers.Sequence(
+            [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+    raise TokenizerError(
+        "expected a supported pre-tokenizer "
+        f"(gpt2, llama-bpe, {sorted(_DIGITS_THEN_GPT2)}), got {pre!r}"
+    )
 
 
 def _build_backend(spec: TokenizerSpec) -> HFTokenizer:
@@ -98,7 +104,9 @@ class Tokenizer:
 
     def __init__(self, spec: TokenizerSpec) -> None:
         if len(spec.token_types) != len(spec.tokens):
-            raise TokenizerError(f"expected {len(spec.tokens)} token types, got {len(spec.token_types)}")
+            raise TokenizerError(
+                f"expected {len(spec.tokens)} token types, got {len(spec.token_types)}"
+            )
         self.spec = spec
         self._tk = _build_backend(spec)
         self._plain: HFTokenizer | None = None  # built on first use, see encode(special=False)
@@ -185,7 +193,13 @@ class Tokenizer:
         """A decoder for ids that arrive one by one (UTF-8 split across tokens handled)."""
         return TextStream(self._tk, skip_special)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True, **extra: Any) -> str:
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        add_generation_prompt: bool = True,
+        **extra: Any,
+    ) -> str:
         """The prompt text for a conversation, as the model's template renders it.
 
         Args:
@@ -198,17 +212,28 @@ class Tokenizer:
         """
         if self._template is None:
             raise TokenizerError("this model file has no tokenizer.chat_template")
-        variables = {"bos_token": self._token_or_empty(self.spec.bos_id), "eos_token": self._token_or_empty(self.spec.eos_id)}
+        variables = {
+            "bos_token": self._token_or_empty(self.spec.bos_id),
+            "eos_token": self._token_or_empty(self.spec.eos_id),
+        }
         try:
             return self._template.render(
-                messages=list(messages), add_generation_prompt=add_generation_prompt, **variables, **extra
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+                **extra,
             )
         except jinja2.TemplateError as e:
             raise TokenizerError(f"chat template failed: {e}") from e
 
-    def encode_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+    ) -> list[int]:
         """Token ids of the rendered conversation (control tokens read as such)."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt), add_bos=False)
+        return self.encode(
+            self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt),
+            add_bos=False,
+        )
 
     def _plain_backend(self) -> HFTokenizer:
         if self._plain is None:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ledger import merkle, schema
 from ledger.codec import decode, encode
 from ledger.types import encode_block
-from ledger.errors import DecodeError, StoreCorruptError, UnknownParent, ValidationError
+from ledger.errors import DecodeError, ForkTooDeep, StoreCorruptError, UnknownParent, ValidationError
 from ledger.proofs import ReceiptProof
 from ledger.schedule import is_better_tip
 from ledger.state import MemoryState, Overlay, StateReader, decode_record, flatten, state_root
@@ -31,6 +31,12 @@ from ledger.transition import Applied, Context, build_block, genesis_block, vali
 from ledger.types import TX_TYPES, Block, Genesis, Header, Receipt, block_hash, tx_hash
 
 EXTENDED, REORG, SIDE, KNOWN = "extended", "reorg", "side", "known"
+
+#: Deepest reorg a node performs. Attack note: replaying a side branch costs
+#: its depth in block validations for each block that arrives on it, so an
+#: unbounded depth lets any producer make every node do quadratic work; and
+#: a branch forking further back than this is a history rewrite, not a race.
+MAX_REORG_DEPTH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +185,7 @@ class ChainDB:
         if not is_better_tip(weight, applied.hash, self.meta(self.tip_hash).weight, self.tip_hash):
             self.store.write(_block_ops(applied, weight, stored_only=True), sync=self.sync)
             return AddResult(SIDE, applied.hash, block.header.height)
-        depth = self._reorg(base, [*branch, applied], weight)
+        depth = self._reorg([*branch, applied], weight)
         return AddResult(REORG, applied.hash, block.header.height, depth)
 
     def _extend(self, applied: Applied, weight: int) -> None:
@@ -199,6 +205,10 @@ class ChainDB:
         if block_hash == self.tip_hash:
             return self.state, []
         fork, side = self._fork_point(block_hash)
+        depth = self.height - self.meta(fork).height
+        if depth > MAX_REORG_DEPTH:
+            raise ForkTooDeep(f"branch forks {depth} blocks below the tip; at most "
+                              f"{MAX_REORG_DEPTH} are reorganised")
         rewound = Overlay(self.state)
         rewound.writes = flatten(self._undo(h) for h in self._main_since(fork))
         state: StateReader = rewound
@@ -213,14 +223,20 @@ class ChainDB:
             branch.append(applied)
         return state, branch
 
-    def _reorg(self, base: StateReader, branch: list[Applied], weight: int) -> int:
-        """Switch the main chain to ``branch`` (fork point .. new tip) in one batch."""
+    def _reorg(self, branch: list[Applied], weight: int) -> int:
+        """Switch the main chain to ``branch`` (fork point .. new tip) in one batch.
+
+        Transactions of the abandoned blocks go back to the mempool (the
+        producer drops those that no longer apply); those of the new branch
+        leave it.
+        """
         fork_hash = branch[0].block.header.prev_hash
         old_main = self._main_since(fork_hash)  # tip first
         fork_header = self.block(fork_hash).header
         ops: list[tuple[bytes, bytes | None]] = []
         for old_hash in old_main:
             old = self.block(old_hash)
+            ops += [(schema.mempool_key(tx_hash(tx)), encode(tx)) for tx in old.txs]
             ops.append((schema.undo_key(old_hash), None))
             ops.append((schema.height_key(old.header.height), None))
             ops += [(schema.receipt_key(tx_hash(tx)), None)
@@ -235,6 +251,8 @@ class ChainDB:
             block_weight = weight if i == len(branch) - 1 else parent_weight + applied.weight
             ops += _block_ops(applied, block_weight)
             ops.append((schema.height_key(applied.block.header.height), applied.hash))
+            ops += [(schema.mempool_key(tx_hash(tx, raw)), None)
+                    for tx, raw in zip(applied.block.txs, applied.encoded_txs)]
         ops += [(schema.state_key(k), None if v is None else encode(v))
                 for k, v in final.writes.items()]
         ops.append((schema.TIP, branch[-1].hash))

@@ -42,7 +42,7 @@ class Size:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MaxLen:
-    """Annotation: a bytes, str or tuple field of at most ``n`` items."""
+    """Annotation: a bytes or tuple field of at most ``n`` items; str: UTF-8 bytes."""
 
     n: int
 
@@ -287,10 +287,16 @@ def _sized_checker(kind: type, limits: list) -> _Check:
     def check(value: Any, where: str) -> Any:
         if type(value) is not kind:
             raise DecodeError(f"{where}: expected {kind.__name__}, got {type(value).__name__}")
-        if exact is not None and len(value) != exact:
-            raise DecodeError(f"{where}: expected {exact} bytes, got {len(value)}")
-        if len(value) > most:
-            raise DecodeError(f"{where}: length {len(value)} exceeds {most}")
+        size = len(value)
+        if kind is str:  # limits count UTF-8 bytes, as on the wire
+            try:
+                size = len(value.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise DecodeError(f"{where}: text is not valid UTF-8") from None
+        if exact is not None and size != exact:
+            raise DecodeError(f"{where}: expected {exact} bytes, got {size}")
+        if size > most:
+            raise DecodeError(f"{where}: length {size} exceeds {most}")
         return value
 
     return check

@@ -80,8 +80,61 @@ class SigningKey:
         )
 
 
+# Curve25519 in Edwards form (RFC 8032 section 5.1).
+_P = 2**255 - 19
+_D = -121665 * pow(121666, _P - 2, _P) % _P
+_SQRT_M1 = pow(2, (_P - 1) // 4, _P)
+
+
+def _decode_point(raw: bytes) -> tuple[int, int] | None:
+    """RFC 8032 5.1.3 point decoding; None for a non-canonical or off-curve key."""
+    y = int.from_bytes(raw, "little") & ((1 << 255) - 1)
+    sign = raw[31] >> 7
+    if y >= _P:
+        return None
+    u, v = (y * y - 1) % _P, (_D * y * y + 1) % _P
+    x = u * pow(v, 3, _P) * pow(u * pow(v, 7, _P), (_P - 5) // 8, _P) % _P
+    if (v * x * x - u) % _P != 0:
+        x = x * _SQRT_M1 % _P
+        if (v * x * x - u) % _P != 0:
+            return None
+    if x == 0 and sign:
+        return None
+    if x & 1 != sign:
+        x = _P - x
+    return x, y
+
+
+def _double(x: int, y: int) -> tuple[int, int]:
+    """Affine Edwards doubling: 2(x, y)."""
+    xy, xx, yy = x * y % _P, x * x % _P, y * y % _P
+    dxxyy = _D * xx * yy % _P
+    return (2 * xy * pow(1 + dxxyy, _P - 2, _P) % _P,
+            (yy + xx) * pow(1 - dxxyy, _P - 2, _P) % _P)
+
+
+def is_weak_public_key(raw: bytes) -> bool:
+    """True for keys a signature must never be accepted under.
+
+    Attack note: OpenSSL's Ed25519 verify accepts public keys of small order
+    (8P = identity), for which signatures can be forged without a secret,
+    and non-canonical encodings (y >= p). An account, node key or verifier
+    with such a key could be impersonated by anyone; a strict verifier
+    (libsodium) would also disagree with OpenSSL on them and split
+    consensus. So pnode refuses them everywhere.
+    """
+    point = _decode_point(raw)
+    if point is None:
+        return True
+    for _ in range(3):
+        point = _double(*point)
+    return point == (0, 1)
+
+
 @functools.lru_cache(maxsize=65536)
 def _public_key(raw: bytes) -> Ed25519PublicKey | None:
+    if is_weak_public_key(raw):
+        return None
     try:
         return Ed25519PublicKey.from_public_bytes(raw)
     except ValueError:
@@ -91,7 +144,8 @@ def _public_key(raw: bytes) -> Ed25519PublicKey | None:
 def verify(public_key: bytes, domain: bytes, message: bytes, signature: bytes) -> bool:
     """Check an Ed25519 signature over ``domain || message``.
 
-    Returns False (never raises) for a malformed key or signature.
+    Returns False (never raises) for a malformed key or signature, and for
+    weak public keys (see ``is_weak_public_key``).
     """
     if not isinstance(public_key, bytes) or len(public_key) != 32:
         return False

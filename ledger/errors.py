@@ -134,5 +134,9 @@ class UnknownParent(ValidationError):
     """A block whose parent this node does not have (sync first)."""
 
 
+class ForkTooDeep(ValidationError):
+    """A side branch that forks further back than a node will reorganise."""
+
+
 class SupplyMismatch(ValidationError):
     """Balances and bonds do not add up to the coins minted by rule."""

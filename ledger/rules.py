@@ -111,6 +111,11 @@ def _apply_payment(st: Overlay, ctx: Any, tx: InferencePayment, raw: bytes) -> N
         if not usage_ok(ctx.chain_id, tx, charge):
             raise BadSignature(f"usage of node {charge.node_key.hex()[:16]}.. is not cosigned")
         payees.append((node.account, charge.amount))
+    credits: dict[bytes, int] = {}
+    for account_id, amount in payees:
+        credits[account_id] = credits.get(account_id, st.account(account_id).balance) + amount
+    if any(balance > U64_MAX for balance in credits.values()):
+        raise BadAmount("a payee's balance would overflow")
     st.put_account(tx.client, replace(client, balance=client.balance - total,
                                       nonce=client.nonce + 1))
     for account_id, amount in payees:
@@ -170,7 +175,9 @@ def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt, raw: bytes) -> None:
     if node is None:
         raise NotRegistered("receipt signer is no longer registered")
     receipt_hash = tx_hash(tx, raw)
-    verifier = schedule.assigned_verifier(candidates(st), receipt_hash, tx.node_key)
+    # Seeded by the unit id, fixed at assignment: a worker cannot grind its
+    # receipt (e.g. vary cert_hash) until a colluding verifier comes up.
+    verifier = schedule.assigned_verifier(candidates(st), tx.unit_id, tx.node_key)
     window = st.params().challenge_window
     st.put(UNIT + tx.unit_id, replace(assignment, done=True))
     st.put(PENDING + receipt_hash, Pending(node.account, tx.node_key, verifier or bytes(32),
@@ -185,6 +192,8 @@ def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict, raw: bytes) -> None:
     pending = st.get(PENDING + tx.receipt_hash)
     if pending is None:
         raise BadVerdict("no receipt with that hash is waiting in its challenge window")
+    if pending.verifier == bytes(32):
+        raise BadVerdict("no verifier was assigned to that receipt")
     if tx.verifier != pending.verifier:
         raise BadVerdict(f"verifier {tx.verifier.hex()[:16]}.. is not the one assigned")
     if pending.verified:
@@ -216,7 +225,8 @@ def _apply_job(st: Overlay, ctx: Any, tx: Job, raw: bytes) -> None:
     if tx.steps == 0 or not tx.units:
         raise BadJob("a job needs at least one step and one unit")
     for t in tx.units:
-        if t.kind not in UNIT_KINDS or not t.layer_start < t.layer_end or t.head_start > t.head_end:
+        heads_ok = t.head_start < t.head_end or t.head_start == t.head_end == 0
+        if t.kind not in UNIT_KINDS or not t.layer_start < t.layer_end or not heads_ok:
             raise BadJob(f"malformed unit {t}")
     if len({(t.kind, t.layer_start, t.layer_end, t.head_start, t.head_end) for t in tx.units}) \
             != len(tx.units):

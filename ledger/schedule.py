@@ -97,18 +97,19 @@ def assign_units(
     return chosen
 
 
-def assigned_verifier(candidates: Iterable[Candidate], receipt_hash: bytes, signer: bytes) -> bytes | None:
-    """The node that may judge a receipt: not its signer, picked by receipt hash.
+def assigned_verifier(candidates: Iterable[Candidate], seed: bytes, signer: bytes) -> bytes | None:
+    """The node that may judge a receipt: not its signer, picked by ``seed`` (the unit id).
 
     Attack note: letting any node file a failing verdict would let a rival
     slash honest workers at will; pinning one verifier per receipt, chosen
-    by a hash the worker cannot steer after the fact, bounds that to the
-    one node the lottery picked (and PoL evidence checks bound it further).
+    by a hash neither worker nor verifier can steer (the unit id, fixed when
+    the unit was assigned), bounds that to the one node the lottery picked
+    (and PoL evidence checks bound it further).
     """
     others = [c.node_key for c in candidates if c.node_key != signer]
     if not others:
         return None
-    return min(others, key=lambda k: tiebreak(receipt_hash, k))
+    return min(others, key=lambda k: tiebreak(seed, k))
 
 
 def block_weight(rank: int) -> int:

@@ -33,6 +33,10 @@ _KIND_TYPES: dict[bytes, tuple[type, ...]] = {
     PENDING: (Pending,), META: (Params, Supply, LogState),
 }
 
+_META_TYPES: dict[bytes, tuple[type, ...]] = {
+    KEY_PARAMS: (Params,), KEY_SUPPLY: (Supply,), KEY_LOG: (LogState,),
+}
+
 EMPTY_ACCOUNT = Account(balance=0, nonce=0, bond=0, last_served_height=0)
 
 
@@ -42,9 +46,9 @@ def decode_record(key: bytes, data: bytes) -> Any:
     Raises:
         DecodeError: unknown kind or a record of the wrong type.
     """
-    kinds = _KIND_TYPES.get(key[:1])
+    kinds = _META_TYPES.get(key) if key[:1] == META else _KIND_TYPES.get(key[:1])
     if kinds is None:
-        raise DecodeError(f"unknown state key kind {key[:1]!r}")
+        raise DecodeError(f"unknown state key {key[:16]!r}")
     return decode(data, kinds)
 
 

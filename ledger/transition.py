@@ -29,7 +29,7 @@ from ledger.errors import (
     BadGenesis, BadLogRoot, BadStateRoot, BadTime, BadTxsRoot, TimeInFuture, TooManyTxs,
     ValidationError, WrongChainId, WrongHeight, WrongPrevHash, WrongProducer, BadSignature,
 )
-from ledger.rules import apply_tx, candidates, finalize_rewards, open_steps, reassign_timeouts
+from ledger.rules import U64_MAX, apply_tx, candidates, finalize_rewards, open_steps, reassign_timeouts
 from ledger.state import NODE, KEY_LOG, KEY_PARAMS, KEY_SUPPLY, MemoryState, Overlay, StateReader, check_supply, state_root
 from ledger.types import (
     ZERO_SIG, Block, Genesis, Header, LogState, Supply, block_hash, sign, signature_ok,
@@ -68,9 +68,12 @@ def genesis_block(genesis: Genesis) -> Applied:
         BadGenesis: duplicate allocations, an empty producer set, or a bad
             registration or job (with the underlying reason).
     """
+    _check_params(genesis.params)
     st = Overlay(MemoryState())
     ctx = Context(height=0, prev_hash=ZERO32, chain_id=genesis.chain_id)
     premine = sum(a.amount for a in genesis.allocations)
+    if premine > U64_MAX:
+        raise BadGenesis(f"allocations total {premine}, more than a U64 can hold")
     if len({a.account for a in genesis.allocations}) != len(genesis.allocations):
         raise BadGenesis("an account is allocated twice")
     st.put(KEY_PARAMS, genesis.params)
@@ -89,6 +92,25 @@ def genesis_block(genesis: Genesis) -> Applied:
     header = _header(st, ctx, (), time_ms=genesis.time_ms, producer=ZERO32, height=0)
     block = Block(header=header, txs=())
     return _applied(block, st, ctx, log_start=0, rank=0, encoded=())
+
+
+#: Largest encoded block (well under the codec's 32 MiB decode limit).
+MAX_BLOCK_BYTES = 16 * 1024 * 1024
+#: Largest max_block_txs a chain may set (Block.txs holds at most 100,000).
+MAX_TXS_LIMIT = 100_000
+
+
+def _check_params(p) -> None:
+    """Raises BadGenesis for parameters under which the rules break down."""
+    problems = []
+    if not 1 <= p.max_block_txs <= MAX_TXS_LIMIT:
+        problems.append(f"max_block_txs {p.max_block_txs} not in [1, {MAX_TXS_LIMIT}]")
+    if p.slash_bps > 10_000 or p.verifier_bps > 10_000:
+        problems.append("slash_bps and verifier_bps are basis points: at most 10000")
+    if p.unit_timeout < 1 or p.challenge_window < 1 or p.slot_ms < 1:
+        problems.append("unit_timeout, challenge_window and slot_ms must be at least 1")
+    if problems:
+        raise BadGenesis("; ".join(problems))
 
 
 def validate_block(parent: StateReader, parent_header: Header, block: Block,
@@ -121,6 +143,9 @@ def validate_block(parent: StateReader, parent_header: Header, block: Block,
     if len(block.txs) > params.max_block_txs:
         raise TooManyTxs(f"{len(block.txs)} txs, at most {params.max_block_txs}")
     encoded = [encode(tx) for tx in block.txs]
+    size = sum(map(len, encoded))
+    if size > MAX_BLOCK_BYTES:
+        raise TooManyTxs(f"{size} bytes of transactions, at most {MAX_BLOCK_BYTES}")
     if h.txs_root != merkle.merkle_root(encoded):
         raise BadTxsRoot("txs_root does not match the block's transactions")
     st, ctx, rank = _begin(parent, parent_header, h.producer, h.time_ms)
@@ -153,17 +178,20 @@ def build_block(parent: StateReader, parent_header: Header, txs: Sequence[Any],
     st, ctx, rank = _begin(parent, parent_header, key.public, time_ms)
     log_start = st.log().size
     limit = st.params().max_block_txs
-    included, encoded = [], []
+    included, encoded, size = [], [], 0
     for tx in txs:
         if len(included) == limit:
             break
         raw = encode(tx)
+        if size + len(raw) > MAX_BLOCK_BYTES:
+            continue
         try:
             apply_tx(st, ctx, tx, raw)
         except ValidationError:
             continue
         included.append(tx)
         encoded.append(raw)
+        size += len(raw)
     _finish(st, ctx)
     header = _header(st, ctx, encoded, time_ms=time_ms, producer=key.public,
                      height=ctx.height, prev_hash=ctx.prev_hash)

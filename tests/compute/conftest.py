@@ -49,7 +49,9 @@ def hf_smol():
     pytest.importorskip("accelerate")
     path = find_gguf()
     with _offline():
-        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        )
     return model.eval()
 
 

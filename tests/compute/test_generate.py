@@ -45,7 +45,9 @@ def test_sampling_is_reproducible_from_the_seed_alone(model):
 
 def test_tiny_top_p_is_greedy(model):
     prompt = [9, 8, 7]
-    assert generate(model, prompt, 15, greedy=False, top_p=1e-6, seed=3) == generate(model, prompt, 15)
+    assert generate(model, prompt, 15, greedy=False, top_p=1e-6, seed=3) == generate(
+        model, prompt, 15
+    )
 
 
 def test_top_p_keeps_the_smallest_nucleus():

@@ -15,27 +15,8 @@ from compute.errors import CacheError, CacheFullError, ConfigError, DeviceError,
 from compute.hf import config_from_hf, hf_state_from_model, model_from_hf_tensors
 from compute.kvcache import KVCache
 from compute.linear import Linear
-from compute.model import ModelConfig, Transformer
-from tests.compute.helpers import TINY, random_ids, tiny_model
-
-ATOL = 1e-4  # logits reach about 10 here; float32 differences measured <= 2.3e-5
-
-
-def hf_llama(cfg: ModelConfig):
-    transformers = pytest.importorskip("transformers")
-    hf_cfg = transformers.LlamaConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.dim,
-        intermediate_size=cfg.ffn_dim,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_kv_heads,
-        rope_theta=cfg.rope_theta,
-        rms_norm_eps=cfg.norm_eps,
-        max_position_embeddings=cfg.max_seq_len,
-        tie_word_embeddings=cfg.tie_embeddings,
-    )
-    return transformers.LlamaForCausalLM(hf_cfg).eval()
+from compute.model import Transformer
+from tests.compute.helpers import ATOL, TINY, hf_llama, random_ids, tiny_model
 
 
 @pytest.mark.parametrize("tie", [True, False])

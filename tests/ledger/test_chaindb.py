@@ -75,7 +75,8 @@ def test_reorg_of_depth_5_and_back(store_factory):
     # A grows heavier again: the chain switches back, replaying undone blocks.
     more_a = branch(db_a, net, 2, rank=1, spend_to=bob, nonce=1, amount=30 * COIN)
     statuses = [main.add_block(b, now_ms=None).status for b in more_a]
-    assert statuses[-1] == REORG
+    # A6 ties B on weight (the lower tip hash wins the tie); A7 outweighs B.
+    assert REORG in statuses and main.tip_hash == db_a.tip_hash
     _assert_same_chain(main, db_a, fork_height)
     assert balance(main, bob) == 190 * COIN and balance(main, alice) == 10 * COIN
     main.verify_chain()
@@ -162,3 +163,31 @@ def test_verify_chain_finds_a_tampered_block():
     db.store.write([(schema.block_key(db.hash_at(2)), encode(forged))])
     with pytest.raises(E.BadSignature, match="height 2"):
         db.verify_chain()
+
+
+def test_reorg_moves_transactions_between_mempool_and_chain():
+    net = make_net()
+    main = new_db(net)
+    db_b = copy_chain(net, main)
+    bob = net.users[1].public
+    abandoned = branch(main, net, 1, rank=1, spend_to=bob, nonce=0, amount=7 * COIN)[0]
+    winner = branch(db_b, net, 1, rank=0, spend_to=bob, nonce=0, amount=9 * COIN)[0]
+    main.add_to_mempool(winner.txs[0])  # also queued locally
+    assert main.add_block(winner, now_ms=None).status == REORG
+    queued = main.mempool()
+    assert abandoned.txs[0] in queued       # back in the mempool ...
+    assert winner.txs[0] not in queued      # ... and the winner's tx left it
+    applied = next_block(main, net, queued)
+    assert abandoned.txs[0] not in applied.block.txs  # same nonce: now stale
+
+
+def test_forks_deeper_than_the_limit_are_refused(monkeypatch):
+    import ledger.chaindb as chaindb
+    monkeypatch.setattr(chaindb, "MAX_REORG_DEPTH", 3)
+    net = make_net()
+    main = new_db(net)
+    side = copy_chain(net, main)
+    grow(main, net, 4)
+    fork_block = next_block(side, net, rank=1).block
+    with pytest.raises(E.ForkTooDeep):
+        main.add_block(fork_block, now_ms=None)

@@ -17,7 +17,7 @@ b32 = st.binary(min_size=32, max_size=32)
 b64 = st.binary(min_size=64, max_size=64)
 u64 = st.integers(0, 2**64 - 1)
 u32 = st.integers(0, 2**32 - 1)
-chain = st.text(max_size=64).filter(lambda s: len(s) <= 64)
+chain = st.text(max_size=64).filter(lambda s: len(s.encode("utf-8")) <= 64)
 
 transfers = st.builds(Transfer, chain, b32, b32, u64, u64, b64)
 templates = st.builds(UnitTemplate, st.integers(0, 255), u32, u32, u32, u32)
@@ -179,3 +179,10 @@ def test_unsigned_encoding_drops_exactly_the_signature(tx):
     unsigned = codec.encode_unsigned(tx)
     assert msgpack.unpackb(unsigned, use_list=False) == msgpack.unpackb(encode(tx), use_list=False)[:-1]
     assert codec.encode_unsigned(tx, encode(tx)) == unsigned
+
+
+def test_text_limits_count_utf8_bytes():
+    with pytest.raises(EncodeError, match="exceeds 64"):
+        encode(Transfer("é" * 40, b"\x01" * 32, b"\x02" * 32, 1, 0, ZERO_SIG))  # 80 bytes
+    with pytest.raises(EncodeError, match="UTF-8"):
+        encode(Transfer("\ud800", b"\x01" * 32, b"\x02" * 32, 1, 0, ZERO_SIG))

