@@ -312,12 +312,17 @@ def _verify(data_dir: str, as_json: bool, upto: int | None) -> None:
             result = {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
         finally:
             db.store.close()
+    _report(as_json, result, lambda: f"ok: {result['height'] + 1} blocks valid, up to "
+                                     f"{result['tip'][:16]}")
+
+
+def _report(as_json: bool, result: dict, ok_text) -> None:
+    """Print a check's result; exit 1 when it failed."""
     if result["ok"]:
-        emit(as_json, result, f"ok: {result['height'] + 1} blocks valid, up to "
-                              f"{result['tip'][:16]}")
-    else:
-        emit(as_json, result, f"FAIL {result['error']}: {result['reason']}")
-        sys.exit(EXIT_CHECK_FAILED)
+        emit(as_json, result, ok_text)
+        return
+    emit(as_json, result, f"FAIL {result['error']}: {result['reason']}")
+    sys.exit(EXIT_CHECK_FAILED)
 
 
 def _verify_with_progress(db: ChainDB, quiet: bool, upto: int | None) -> None:
@@ -374,13 +379,9 @@ def verify_proof(proof_file, block_hash, data_dir, as_json) -> None:
         verify_receipt_proof(proof_obj, trusted)
         result = {"ok": True, "height": proof_obj.header.height, "index": proof_obj.index}
     except ValidationError as exc:
-        result = {"ok": False, "reason": str(exc)}
-    if result["ok"]:
-        emit(as_json, result, f"ok: receipt is leaf {proof_obj.index} of the log at height "
-                              f"{proof_obj.header.height}")
-    else:
-        emit(as_json, result, f"FAIL: {result['reason']}")
-        sys.exit(EXIT_CHECK_FAILED)
+        result = {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
+    _report(as_json, result, lambda: f"ok: receipt is leaf {proof_obj.index} of the log at "
+                                     f"height {proof_obj.header.height}")
 
 
 def main() -> None:

@@ -77,7 +77,7 @@ def balance(address, data_dir, wallet_name, as_json) -> None:
       pwallet balance 5e3c...a1 --json
     """
     dd = DataDir(data_dir)
-    account_id = parse_address(address) if address else read_public_key(dd.wallet_path(wallet_name))
+    account_id = _account(dd, address, wallet_name)
     db = dd.open_chain()
     try:
         account = db.state.get(ACCOUNT + account_id)
@@ -134,7 +134,7 @@ def history(address, data_dir, wallet_name, as_json) -> None:
       pwallet history --json
     """
     dd = DataDir(data_dir)
-    account_id = parse_address(address) if address else read_public_key(dd.wallet_path(wallet_name))
+    account_id = _account(dd, address, wallet_name)
     db = dd.open_chain()
     try:
         nodes = {k for k in db.state.ids(NODE) if db.state.get(NODE + k).account == account_id}
@@ -148,6 +148,11 @@ def history(address, data_dir, wallet_name, as_json) -> None:
     emit(as_json, {"address": account_id.hex(), "history": rows}, lambda: "\n".join(
         f"{'queued' if r['height'] is None else r['height']:>7}  {r['type']:17} "
         f"{_signed_coins(r['delta']):>14}  {r['txid'][:16]}" for r in rows) or "no transactions")
+
+
+def _account(dd: DataDir, address: str | None, wallet_name: str | None) -> bytes:
+    """The account named on the command line, else the wallet's own."""
+    return parse_address(address) if address else read_public_key(dd.wallet_path(wallet_name))
 
 
 def _genesis_rows(genesis, account: bytes) -> list[dict]:
