@@ -111,7 +111,7 @@ def _apply_payment(st: Overlay, ctx: Any, tx: InferencePayment, raw: bytes) -> N
         if not usage_ok(ctx.chain_id, tx, charge):
             raise BadSignature(f"usage of node {charge.node_key.hex()[:16]}.. is not cosigned")
         payees.append((node.account, charge.amount))
-    credits: dict[bytes, int] = {}
+    credits = {tx.client: client.balance - total}  # a client may pay its own node
     for account_id, amount in payees:
         credits[account_id] = credits.get(account_id, st.account(account_id).balance) + amount
     if any(balance > U64_MAX for balance in credits.values()):
@@ -146,7 +146,9 @@ def _apply_register(st: Overlay, ctx: Any, tx: Register, raw: bytes) -> None:
     # A newly registered node queues behind those already waiting; else a
     # node could jump the longest-wait queue by re-registering a fresh key.
     served = account.last_served_height if previous is not None else ctx.height
-    st.put(NODE + tx.node_key, NodeRecord(tx.account, tx.peer_id, tx.layer_start, tx.layer_end))
+    since = taken.registered_height if taken is not None else ctx.height
+    st.put(NODE + tx.node_key, NodeRecord(tx.account, tx.peer_id, tx.layer_start, tx.layer_end,
+                                          since))
     st.put_account(tx.account, replace(
         account, balance=account.balance - tx.bond, bond=account.bond + tx.bond,
         nonce=account.nonce + 1, last_served_height=served))
@@ -175,9 +177,8 @@ def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt, raw: bytes) -> None:
     if node is None:
         raise NotRegistered("receipt signer is no longer registered")
     receipt_hash = tx_hash(tx, raw)
-    # Seeded by the unit id, fixed at assignment: a worker cannot grind its
-    # receipt (e.g. vary cert_hash) until a colluding verifier comes up.
-    verifier = schedule.assigned_verifier(candidates(st), tx.unit_id, tx.node_key)
+    verifier = schedule.assigned_verifier(_mature(st, ctx.height), ctx.prev_hash + tx.unit_id,
+                                          tx.node_key)
     window = st.params().challenge_window
     st.put(UNIT + tx.unit_id, replace(assignment, done=True))
     st.put(PENDING + receipt_hash, Pending(node.account, tx.node_key, verifier or bytes(32),
@@ -186,6 +187,22 @@ def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt, raw: bytes) -> None:
     frontier = merkle.Frontier(log.size, log.peaks).append(merkle.leaf_hash(raw))
     st.put(KEY_LOG, replace(log, size=frontier.size, peaks=frontier.peaks))
     ctx.log_appends.append(raw)
+
+
+def _mature(st: Overlay, height: int) -> list[schedule.Candidate]:
+    """Candidates registered before ``height``: only they may be drawn as verifiers.
+
+    Attack note: the draw is seeded by the parent block's hash and the unit
+    id. A worker cannot grind the draw through its receipt (the receipt is
+    not in the seed), and a key registered after the seed is known cannot
+    take part; so an attacker must get a colluding key drawn among nodes
+    that were registered before the parent block existed. A producer who
+    colludes can still grind its own block hash (tx order, time) to steer
+    the next draw; removing that needs verifiable randomness (a VRF or
+    commit-reveal beacon), planned with Proof-of-Learning verification.
+    """
+    return [c for c in candidates(st)
+            if st.get(NODE + c.node_key).registered_height < height]
 
 
 def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict, raw: bytes) -> None:
@@ -246,17 +263,23 @@ _HANDLERS = {
 
 
 def finalize_rewards(st: Overlay, ctx: Any) -> None:
-    """Mint the reward of every receipt whose challenge window has closed."""
+    """Mint the reward of every receipt whose challenge window has closed.
+
+    Minting never takes the supply past U64_MAX (so no balance can
+    overflow); a reward that would is forfeited.
+    """
     reward = st.params().reward
+    supply = st.get(KEY_SUPPLY)
+    room = U64_MAX - (supply.premine + supply.minted - supply.burned)
     minted = 0
     for receipt_hash in st.ids(PENDING):
         pending = st.get(PENDING + receipt_hash)
         if pending.final_height <= ctx.height:
-            _credit(st, pending.account, reward)
+            if minted + reward <= room:
+                _credit(st, pending.account, reward)
+                minted += reward
             st.delete(PENDING + receipt_hash)
-            minted += reward
     if minted:
-        supply = st.get(KEY_SUPPLY)
         st.put(KEY_SUPPLY, replace(supply, minted=supply.minted + minted))
 
 

@@ -98,13 +98,13 @@ def assign_units(
 
 
 def assigned_verifier(candidates: Iterable[Candidate], seed: bytes, signer: bytes) -> bytes | None:
-    """The node that may judge a receipt: not its signer, picked by ``seed`` (the unit id).
+    """The node that may judge a receipt: not its signer, the lowest H(seed || key).
 
     Attack note: letting any node file a failing verdict would let a rival
-    slash honest workers at will; pinning one verifier per receipt, chosen
-    by a hash neither worker nor verifier can steer (the unit id, fixed when
-    the unit was assigned), bounds that to the one node the lottery picked
-    (and PoL evidence checks bound it further).
+    slash honest workers at will; pinning one verifier per receipt, drawn
+    by a seed the worker cannot grind, bounds that to the one node the draw
+    picked (and PoL evidence checks bound it further). The caller chooses
+    seed and candidates: see ``ledger.rules._mature``.
     """
     others = [c.node_key for c in candidates if c.node_key != signer]
     if not others:

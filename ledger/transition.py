@@ -94,8 +94,11 @@ def genesis_block(genesis: Genesis) -> Applied:
     return _applied(block, st, ctx, log_start=0, rank=0, encoded=())
 
 
-#: Largest encoded block (well under the codec's 32 MiB decode limit).
+#: Most bytes of encoded transactions in one block (the header adds < 1 KiB;
+#: well under the codec's 32 MiB decode limit).
 MAX_BLOCK_BYTES = 16 * 1024 * 1024
+#: Largest reward per compute block a chain may set (a million coins).
+MAX_REWARD = 10**12
 #: Largest max_block_txs a chain may set (Block.txs holds at most 100,000).
 MAX_TXS_LIMIT = 100_000
 
@@ -109,6 +112,8 @@ def _check_params(p) -> None:
         problems.append("slash_bps and verifier_bps are basis points: at most 10000")
     if p.unit_timeout < 1 or p.challenge_window < 1 or p.slot_ms < 1:
         problems.append("unit_timeout, challenge_window and slot_ms must be at least 1")
+    if not 1 <= p.reward <= MAX_REWARD:
+        problems.append(f"reward {p.reward} not in [1, {MAX_REWARD}]")
     if problems:
         raise BadGenesis("; ".join(problems))
 

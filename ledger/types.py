@@ -275,6 +275,7 @@ class NodeRecord:
     peer_id: PeerId
     layer_start: U32
     layer_end: U32
+    registered_height: U64  # height at which this node key was first registered
 
 
 @wire(22)

@@ -433,3 +433,35 @@ def test_no_verdict_without_an_assigned_verifier():
     verdict = sign(Verdict(CHAIN, node.public, tx_hash(receipt), False, bytes(32), ZERO_SIG), node)
     with pytest.raises(E.BadVerdict, match="no verifier"):
         check(db, with_txs(next_block(db, net).block, net, [verdict]))
+
+
+def test_verifier_must_have_registered_before_the_receipts_block():
+    net = make_net(n_nodes=1, with_job=True)
+    db = new_db(net)
+    newcomer = net.users[1]
+    receipt = receipts_due(db, net)[0]
+    grow(db, net, 1, [registration(net.users[0], newcomer), receipt])
+    assert db.state.get(PENDING + tx_hash(receipt)).verifier == bytes(32)  # newcomer too new
+    net.nodes.append(newcomer)
+    later = receipts_due(db, net)[0]
+    grow(db, net, 1, [later])
+    assert db.state.get(PENDING + tx_hash(later)).verifier == newcomer.public
+
+
+def test_reward_must_be_in_range():
+    with pytest.raises(E.BadGenesis, match="reward"):
+        new_db(make_net(reward=0))
+
+
+def test_minting_stops_at_the_u64_supply_cap():
+    from ledger.types import Allocation
+    net = make_net(with_job=True)
+    room = COIN // 2  # less than one reward left under the cap
+    held = sum(a.amount for a in net.genesis.allocations)
+    whale = Allocation(b"\x77" * 32, 2**64 - 1 - held - room)
+    net.genesis = replace(net.genesis, allocations=net.genesis.allocations + (whale,))
+    db = new_db(net)
+    grow(db, net, 1, receipts_due(db, net))
+    grow(db, net, net.genesis.params.challenge_window + 1)
+    assert db.state.get(KEY_SUPPLY).minted == 0 and not db.state.ids(PENDING)
+    check_supply(db.state)
