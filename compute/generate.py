@@ -77,13 +77,16 @@ def stream(
         max_new_tokens: how many tokens at most.
         sampling: greedy or sampling parameters.
         stop_ids: stop after yielding one of these (it is yielded).
-        cache: an empty cache to use (e.g. a larger budget kept for later);
-            default: a new one sized prompt + max_new_tokens.
+        cache: continue after what this cache holds (e.g. earlier turns of a
+            chat; the last token a previous call yielded is not in it, so
+            the prompt starts with that token); default: a new cache sized
+            prompt + max_new_tokens.
 
-    Raises:
+    Raises (at the call, before any work):
         ShapeError: empty or malformed prompt.
+        ConfigError: negative max_new_tokens.
         CacheFullError: prompt + max_new_tokens exceeds the cache budget or
-            the model's context (raised before any work).
+            the model's context.
     """
     ids = _prompt_tensor(model, prompt)
     if max_new_tokens < 0:
@@ -99,15 +102,9 @@ def stream(
             f"budget is {budget}"
         )
     if max_new_tokens == 0:
-        return
-    yield from _decode(
-        model,
-        ids,
-        max_new_tokens,
-        sampling,
-        frozenset(stop_ids),
-        cache or KVCache(model.config, need),
-    )
+        return iter(())
+    cache = cache if cache is not None else KVCache(model.config, need, device=ids.device)
+    return _decode(model, ids, max_new_tokens, sampling, frozenset(stop_ids), cache)
 
 
 @torch.inference_mode()

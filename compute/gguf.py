@@ -117,25 +117,17 @@ def config_from_gguf(reader: gguf_lib.GGUFReader, *, max_seq_len: int | None = N
     arch = field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelFileError(f"expected architecture in {SUPPORTED_ARCHITECTURES}, got {arch!r}")
-    if field(reader, f"{arch}.rope.scaling.type", "none") not in (
-        "none",
-        "linear",
-    ) or "rope_freqs.weight" in _names(reader):
-        raise ModelFileError("RoPE scaling is not supported")
-    if field(reader, f"{arch}.rope.scaling.factor", 1.0) != 1.0:
-        raise ModelFileError("RoPE scaling is not supported")
-    dim, n_heads = (
-        field(reader, f"{arch}.embedding_length"),
-        field(reader, f"{arch}.attention.head_count"),
-    )
+    _check_plain_rope(reader, arch)
+    dim = field(reader, f"{arch}.embedding_length")
+    n_heads = field(reader, f"{arch}.attention.head_count")
     rope_dims = field(reader, f"{arch}.rope.dimension_count", dim // n_heads)
     if rope_dims != dim // n_heads:
         raise ModelFileError(
             f"expected RoPE over the whole head ({dim // n_heads}), got {rope_dims} dimensions"
         )
-    vocab = field(reader, f"{arch}.vocab_size", None) or len(
-        reader.fields["tokenizer.ggml.tokens"].data
-    )
+    vocab = field(reader, f"{arch}.vocab_size", None)
+    if vocab is None:  # older files: the vocabulary's length
+        vocab = len(field(reader, "tokenizer.ggml.tokens"))
     return ModelConfig(
         vocab_size=int(vocab),
         dim=int(dim),
@@ -221,6 +213,14 @@ def load_gguf(
         hf_tensors_from_gguf(reader, cfg),
         source=str(getattr(reader.data, "filename", "GGUF file")),
     )
+
+
+def _check_plain_rope(reader: gguf_lib.GGUFReader, arch: str) -> None:
+    # Scaled RoPE variants (llama3 frequency factors, YaRN, ...) are not implemented.
+    kind = field(reader, f"{arch}.rope.scaling.type", "none")
+    factor = field(reader, f"{arch}.rope.scaling.factor", 1.0)
+    if kind not in ("none", "linear") or factor != 1.0 or "rope_freqs.weight" in _names(reader):
+        raise ModelFileError(f"expected plain RoPE, got scaling {kind!r} x{factor}")
 
 
 def _names(reader: gguf_lib.GGUFReader) -> set[str]:

@@ -12,10 +12,11 @@ share of its KV head's k/v rows (exact: 2 * dim * head_dim is a multiple of
 the group size), so every query head is a unit, as eq. 9-10 split attention;
 a node running some heads of a group holds that group's k/v rows, and the k/v
 gradients of the group's pieces are summed. The attention input norm counts
-with head 0, the MLP input norm with slice 0. An MLP slice holds the gate/up
-rows and the down columns of a run of ffn columns. Both kinds of piece add
-into the layer's residual stream, so a layer's pieces run separately and
-their outputs are summed.
+with head 0, the MLP input norm with slice 0. MLP slice s of M holds the
+gate/up rows and down columns of ffn columns [ffn*s // M, ffn*(s+1) // M).
+Head pieces add up to the attention output (the W^O aggregation), slice
+pieces to the MLP output; MLP pieces need the whole attention sum first, so
+a layer's pieces run side by side within each half, and the halves in order.
 
 Embedding, final norm and LM head stay with the client (DESIGN.md section 7,
 as in Petals): `client_params` counts them (a tied head once); no section
@@ -41,6 +42,7 @@ from typing import Sequence
 from compute.errors import ComputeError
 
 KINDS = ("forward", "backward", "attention_heads")
+UNIT_KINDS = ("head", "mlp")
 KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 UNIT_DOMAIN = b"pnode:unit:"
 _U32 = 1 << 32
@@ -114,15 +116,13 @@ class BlockSpec:
             raise PartitionError(f"kind must be one of {KINDS}, got {self.kind!r}")
         fields = (self.layer_start, self.layer_end, self.head_start, self.head_end)
         if not all(isinstance(v, int) and 0 <= v < _U32 for v in fields):
-            raise PartitionError(
-                f"layer and head bounds must be integers in [0, 2^32), got {fields}"
-            )
+            raise PartitionError(f"layer and head bounds must be u32 integers, got {fields}")
         if self.layer_start >= self.layer_end or self.head_start > self.head_end:
             raise PartitionError(f"expected non-empty layers and ordered heads, got {fields}")
+        if self.head_end and self.head_start == self.head_end:
+            raise PartitionError(f"empty head/slot range: {fields}")
         if self.head_end and self.layer_end != self.layer_start + 1:
-            raise PartitionError(
-                f"a head/slot range must lie in one layer, got layers {fields[:2]}"
-            )
+            raise PartitionError(f"a head/slot range must lie in one layer, got {fields}")
         if self.kind == "attention_heads" and not self.head_end:
             raise PartitionError("an attention_heads block needs a head range")
 
@@ -142,22 +142,19 @@ def block_id(job_id: bytes, step: int, spec: BlockSpec) -> bytes:
     Returns:
         32 bytes.
     Raises:
-        PartitionError: job_id not bytes or step out of range.
+        PartitionError: job_id not bytes, step out of range, spec not a BlockSpec.
     """
     if not isinstance(job_id, bytes) or not isinstance(step, int) or not 0 <= step < _U64:
         raise PartitionError(
             f"expected job_id bytes and 0 <= step < 2^64, got {type(job_id).__name__}, {step!r}"
         )
+    if not isinstance(spec, BlockSpec):
+        raise PartitionError(f"expected a BlockSpec, got {type(spec).__name__}")
     tail = bytearray(step.to_bytes(8, "big"))
     tail.append(KIND_CODES[spec.kind])
     for v in (spec.layer_start, spec.layer_end, spec.head_start, spec.head_end):
         tail += v.to_bytes(4, "big")
     return hashlib.sha256(UNIT_DOMAIN + job_id + bytes(tail)).digest()
-
-
-def _spread(total: int, parts: int, i: int) -> int:
-    """Size of part i when total is spread over parts, the first ones one larger."""
-    return total // parts + (1 if i < total % parts else 0)
 
 
 def model_units(
@@ -186,9 +183,7 @@ def model_units(
     """
     sizes = (n_layers, dim, n_heads, n_kv_heads, ffn_dim, vocab_size)
     if min(sizes) < 1 or dim % n_heads or n_heads % n_kv_heads:
-        raise PartitionError(
-            f"inconsistent sizes (layers, dim, heads, kv heads, ffn, vocab) = {sizes}"
-        )
+        raise PartitionError(f"inconsistent (layers, dim, heads, kv, ffn, vocab): {sizes}")
     head_dim = dim // n_heads
     rep = n_heads // n_kv_heads
     if mlp_slices is None:
@@ -201,7 +196,8 @@ def model_units(
             params = 2 * dim * head_dim + 2 * dim * head_dim // rep + (dim if h == 0 else 0)
             units.append(Unit(layer, h, "head", h, params))
         for s in range(mlp_slices):
-            params = 3 * dim * _spread(ffn_dim, mlp_slices, s) + (dim if s == 0 else 0)
+            columns = ffn_dim * (s + 1) // mlp_slices - ffn_dim * s // mlp_slices
+            params = 3 * dim * columns + (dim if s == 0 else 0)
             units.append(Unit(layer, n_heads + s, "mlp", s, params))
     return units
 
@@ -221,30 +217,41 @@ class _Layer:
     params: int
 
 
+def _check_unit(i: int, u: Unit, prev: Unit | None) -> None:
+    """Raise PartitionError unless u may follow prev inside one layer.
+
+    Heads come first, then MLP slices, each numbered from 0, so an
+    attention_heads block's slot range is its head range.
+    """
+    if not isinstance(u.params, int) or u.params < 1 or u.kind not in UNIT_KINDS:
+        raise PartitionError(f"unit {i}: expected params >= 1 and kind in {UNIT_KINDS}, got {u}")
+    same = prev is not None and prev.layer == u.layer
+    if same and prev.kind == "mlp" and u.kind == "head":
+        raise PartitionError(f"unit {i}: a head after an MLP slice in layer {u.layer}")
+    want = prev.index + 1 if same and prev.kind == u.kind else 0
+    if u.index != want:
+        raise PartitionError(f"unit {i}: expected {u.kind} {want} in layer {u.layer}, got {u}")
+
+
 def _layers(units: Sequence[Unit]) -> list[_Layer]:
     """Group the units by layer, checking model order.
 
     Raises:
-        PartitionError: no units, a unit with params < 1, layers not
-            consecutive, or slots of a layer not 0, 1, 2, ... in order.
+        PartitionError: no units, a malformed unit (see `_check_unit`), layers
+            not consecutive, or slots of a layer not 0, 1, 2, ... in order.
     """
     if not units:
         raise PartitionError("no units to partition")
     out: list[_Layer] = []
     for i, u in enumerate(units):
-        if not isinstance(u.params, int) or u.params < 1:
-            raise PartitionError(f"unit {i} has {u.params!r} parameters, expected >= 1")
+        _check_unit(i, u, units[i - 1] if i else None)
         if out and u.layer == out[-1].layer:
             if u.slot != i - out[-1].lo:
-                raise PartitionError(
-                    f"unit {i}: expected slot {i - out[-1].lo} of layer {u.layer}, got {u.slot}"
-                )
+                raise PartitionError(f"unit {i}: expected slot {i - out[-1].lo}, got {u}")
             last = out[-1]
             out[-1] = _Layer(last.layer, last.lo, i + 1, last.params + u.params)
         elif u.slot != 0 or (out and u.layer != out[-1].layer + 1):
-            raise PartitionError(
-                f"unit {i}: expected slot 0 of layer {out[-1].layer + 1 if out else u.layer}, got {u}"
-            )
+            raise PartitionError(f"unit {i}: expected slot 0 of the next layer, got {u}")
         else:
             out.append(_Layer(u.layer, i, i + 1, u.params))
     return out
@@ -287,11 +294,6 @@ def _greedy(units: Sequence[Unit], layers: list[_Layer], cap: int) -> list[tuple
     return runs
 
 
-def _best_cut(pre: list[int], cuts: Sequence[int], start: int, end: int) -> int:
-    """The cut among `cuts` that leaves the smaller larger half (earliest on ties)."""
-    return min(cuts, key=lambda c: (max(pre[c] - pre[start], pre[end] - pre[c]), c))
-
-
 def _split_to(
     units: Sequence[Unit], pre: list[int], runs: list[tuple[int, int]], k: int
 ) -> list[tuple[int, int]]:
@@ -312,7 +314,8 @@ def _split_to(
                 best = (key, i, bounds or range(s + 1, e))
         _, i, cuts = best  # k <= len(units) guarantees a splittable run
         s, e = runs[i]
-        c = _best_cut(pre, cuts, s, e)
+        # The cut that leaves the smaller larger half (earliest on ties).
+        c = min(cuts, key=lambda c: (max(pre[c] - pre[s], pre[e] - pre[c]), c))
         runs[i : i + 1] = [(s, c), (c, e)]
     return runs
 
@@ -368,8 +371,8 @@ def partition(units: Sequence[Unit], k: int) -> Partition:
     """Cut units into k contiguous sections with the smallest possible largest one.
 
     Sections are runs of whole layers or pieces of one layer (see the module
-    docstring). Binary search over the bottleneck with a greedy count: about
-    n * log2(total) steps for n units.
+    docstring). Binary search over the bottleneck with a greedy count, about
+    n * log2(total) steps for n units, then up to k - 1 splits of O(n) each.
 
     Args:
         units: the model's units in model order (`model_units`).
@@ -382,9 +385,7 @@ def partition(units: Sequence[Unit], k: int) -> Partition:
     """
     layers = _layers(units)
     if not isinstance(k, int) or not 1 <= k <= len(units):
-        raise PartitionError(
-            f"k must be in 1..{len(units)} (one unit per section at most), got {k!r}"
-        )
+        raise PartitionError(f"k must be in 1..{len(units)} (the unit count), got {k!r}")
     pre = [0]
     for u in units:
         pre.append(pre[-1] + u.params)

@@ -49,7 +49,6 @@ class TokenizerSpec:
     add_bos: bool = False
     eot_id: int | None = None
     chat_template: str | None = None
-    extra_stop_ids: tuple[int, ...] = ()
 
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
@@ -160,7 +159,7 @@ class Tokenizer:
     @property
     def stop_ids(self) -> frozenset[int]:
         """Ids that end a generated turn (end of sequence, end of turn)."""
-        ids = {self.spec.eos_id, self.spec.eot_id, *self.spec.extra_stop_ids}
+        ids = {self.spec.eos_id, self.spec.eot_id}
         return frozenset(i for i in ids if i is not None)
 
     def encode(self, text: str, *, special: bool = True, add_bos: bool | None = None) -> list[int]:

@@ -9,6 +9,7 @@ when it is not installed. Everything loads from the local GGUF file, offline.
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager
 from unittest import mock
 
 import pytest
@@ -21,7 +22,7 @@ from compute.tokenizer import Tokenizer
 torch.set_num_threads(2)
 
 
-def _offline() -> mock._patch:
+def _offline() -> AbstractContextManager:
     # Nothing may reach the network: transformers must read the local file.
     return mock.patch.dict(os.environ, {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 

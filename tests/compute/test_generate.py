@@ -92,3 +92,16 @@ def test_bad_prompts(model):
         generate(model, [], 3)
     with pytest.raises(ShapeError):
         generate(model, [[1, 2], [3, 4]], 3)
+
+
+def test_stream_checks_its_arguments_at_the_call(model):
+    with pytest.raises(CacheFullError):
+        stream(model, list(range(60)), 6)  # raised without iterating
+
+
+def test_continuing_with_a_cache_equals_a_fresh_prompt(model):
+    cache = KVCache(TINY, 40)
+    first = generate(model, [1, 2, 3], 5, cache=cache)
+    assert cache.length == 3 + 4  # the last yielded token was never fed back
+    second = generate(model, [first[-1], 7, 8], 6, cache=cache)
+    assert second == generate(model, [1, 2, 3, *first, 7, 8], 6)

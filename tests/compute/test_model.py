@@ -159,6 +159,8 @@ def test_packed_linear_tracks_weight_updates(generator):
         lin.weight.mul_(2.0)  # as an optimizer step would: in place
     with torch.inference_mode():
         torch.testing.assert_close(lin(x), F.linear(x, lin.weight), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # a copy packed under inference_mode also serves plain no_grad
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight), atol=1e-5, rtol=1e-5)
     lin.unpack()
     assert lin._packed is None
 

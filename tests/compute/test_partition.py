@@ -32,7 +32,7 @@ SMOL_LAYER = 576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536 + 2 * 576  # 3,540,0
 
 def units_of(layers: list[list[int]]) -> list[Unit]:
     """Units from per-layer lists of parameter counts (all called heads)."""
-    return [Unit(l, s, "head", s, p) for l, sizes in enumerate(layers) for s, p in enumerate(sizes)]
+    return [Unit(i, s, "head", s, p) for i, sizes in enumerate(layers) for s, p in enumerate(sizes)]
 
 
 def section_is_valid(units: list[Unit], s: int, e: int) -> bool:
@@ -54,9 +54,8 @@ def brute_force(units: list[Unit], k: int, constrained: bool) -> int:
     return best
 
 
-layer_lists = st.lists(st.lists(st.integers(1, 30), min_size=1, max_size=4), min_size=1, max_size=5).filter(
-    lambda ls: sum(map(len, ls)) <= 9
-)
+one_layer = st.lists(st.integers(1, 30), min_size=1, max_size=4)
+layer_lists = st.lists(one_layer, min_size=1, max_size=5).filter(lambda ls: sum(map(len, ls)) <= 9)
 
 
 @st.composite
@@ -156,6 +155,10 @@ def test_k_out_of_range_is_refused(k):
     [Unit(0, 0, "head", 0, 5), Unit(2, 0, "head", 0, 5)],  # layer 1 missing
     [Unit(0, 0, "head", 0, 5), Unit(0, 2, "head", 2, 5)],  # slot 1 missing
     [Unit(1, 0, "head", 0, 5), Unit(0, 0, "head", 0, 5)],  # out of order
+    [Unit(0, 0, "attn", 0, 5)],  # unknown kind
+    [Unit(0, 0, "mlp", 0, 5), Unit(0, 1, "head", 0, 5)],  # head after MLP
+    [Unit(0, 0, "head", 0, 5), Unit(0, 1, "head", 2, 5)],  # head 1 missing
+    [Unit(0, 0, "head", 0, 5), Unit(0, 1, "mlp", 1, 5)],  # MLP slice 0 missing
 ])
 def test_malformed_units_are_refused(units):
     with pytest.raises(PartitionError) as info:
@@ -182,7 +185,7 @@ def test_smollm2_counts():
 def test_uneven_mlp_slices_spread_columns():
     units = model_units(1, 8, 2, 1, 10, 5, mlp_slices=3)
     mlp = [u.params for u in units if u.kind == "mlp"]
-    assert mlp == [3 * 8 * 4 + 8, 3 * 8 * 3, 3 * 8 * 3]
+    assert mlp == [3 * 8 * 3 + 8, 3 * 8 * 3, 3 * 8 * 4]  # columns [0, 3), [3, 6), [6, 10)
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -193,8 +196,10 @@ def test_counts_match_the_torch_model(tie):
     net = model.Transformer(cfg)
     units = model_units(3, 24, 6, 2, 40, 50, tie, mlp_slices=7)
     for i in range(3):
-        assert sum(u.params for u in units if u.layer == i) == sum(p.numel() for p in net.layer(i).parameters())
-    assert sum(u.params for u in units) + client_params(24, 50, tie) == sum(p.numel() for p in net.parameters())
+        layer = sum(p.numel() for p in net.layer(i).parameters())
+        assert sum(u.params for u in units if u.layer == i) == layer
+    everything = sum(p.numel() for p in net.parameters())  # a tied head is counted once
+    assert sum(u.params for u in units) + client_params(24, 50, tie) == everything
 
 
 @pytest.mark.parametrize("args", [
@@ -228,7 +233,8 @@ def label(s) -> str:
     (4, ["0-7", "8-15", "16-23", "24-29"], 8 / 7.5),
     (8, ["0-3", "4-7", "8-11", "12-15", "16-19", "20-23", "24-27", "28-29"], 4 / 3.75),
     (30, [f"{i}-{i}" for i in range(30)], 1.0),
-    (60, [f"{i}[{a}:{b}]" for i in range(30) for a, b in ((0, 17), (17, 33))], 1_770_624 / 1_770_048),
+    (60, [f"{i}[{a}:{b}]" for i in range(30) for a, b in ((0, 17), (17, 33))],
+     1_770_624 / 1_770_048),
 ])
 def test_smollm2_partitions(k, labels, imbalance):
     p = partition(model_units(**SMOL), k)
@@ -261,10 +267,12 @@ def test_blocks_of_whole_layers():
 def test_block_id_encoding():
     job = bytes(range(32))
     spec = BlockSpec("attention_heads", 5, 6, 3, 9)
-    want = hashlib.sha256(b"pnode:unit:" + job + struct.pack(">QB4I", 2**40 + 3, 2, 5, 6, 3, 9)).digest()
+    tail = struct.pack(">QB4I", 2**40 + 3, 2, 5, 6, 3, 9)
+    want = hashlib.sha256(b"pnode:unit:" + job + tail).digest()
     assert block_id(job, 2**40 + 3, spec) == want
     assert block_id(job, 0, BlockSpec("forward", 0, 30)).hex() == (
-        hashlib.sha256(b"pnode:unit:" + job + bytes(9) + struct.pack(">4I", 0, 30, 0, 0)).hexdigest()
+        hashlib.sha256(b"pnode:unit:" + job + bytes(9) + struct.pack(">4I", 0, 30, 0, 0))
+        .hexdigest()
     )
 
 
@@ -274,8 +282,9 @@ def test_block_id_changes_with_every_field():
     others = [
         block_id(b"\x02" * 32, 9, spec), block_id(job, 10, spec),
         block_id(job, 9, BlockSpec("forward", 2, 4)), block_id(job, 9, BlockSpec("backward", 1, 4)),
-        block_id(job, 9, BlockSpec("backward", 2, 5)), block_id(job, 9, BlockSpec("backward", 2, 3, 0, 1)),
-        block_id(job, 9, BlockSpec("backward", 2, 3, 1, 1)),
+        block_id(job, 9, BlockSpec("backward", 2, 5)),
+        block_id(job, 9, BlockSpec("backward", 2, 3, 0, 1)),
+        block_id(job, 9, BlockSpec("backward", 2, 3, 1, 2)),
     ]
     assert len({base, *others}) == 1 + len(others)
 
@@ -284,6 +293,7 @@ def test_block_id_changes_with_every_field():
     ("sideways", 0, 1, 0, 0), ("forward", 1, 1, 0, 0), ("forward", 2, 1, 0, 0),
     ("forward", 0, 1, 3, 2), ("forward", 0, 2, 0, 1), ("attention_heads", 0, 1, 0, 0),
     ("forward", -1, 1, 0, 0), ("forward", 0, 2**32, 0, 0), ("forward", 0, 1.0, 0, 0),
+    ("backward", 2, 3, 1, 1),
 ])
 def test_bad_block_specs_are_refused(args):
     with pytest.raises(PartitionError):
@@ -294,6 +304,8 @@ def test_bad_block_specs_are_refused(args):
 def test_bad_block_id_inputs_are_refused(job, step):
     with pytest.raises(PartitionError):
         block_id(job, step, BlockSpec("forward", 0, 1))
+    with pytest.raises(PartitionError):
+        block_id(b"j", 0, ("forward", 0, 1, 0, 0))
 
 
 def test_kinds_have_the_documented_codes():
