@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import click
 
+from compute.errors import ComputeError
 from ledger.errors import LedgerError
 from ledger.types import COIN
 from node.datadir import DEFAULT_DATA_DIR, DataDir
@@ -47,7 +48,7 @@ def run(group: click.Group) -> None:
     except click.ClickException as exc:
         click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(EXIT_USAGE)
-    except (LedgerError, WalletError, NodeError, OSError) as exc:
+    except (LedgerError, WalletError, NodeError, ComputeError, OSError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:

