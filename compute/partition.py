@@ -2,8 +2,11 @@
 
 Owns the partition of a training step into compute blocks: how a model's
 parameters are counted (`model_units`), how they are cut into k contiguous
-sections (`partition`), which blocks a step consists of (`Partition.blocks`),
-and the deterministic id of a block (`block_id`). Pure core: stdlib only.
+sections (`partition`) and which blocks a step consists of (`Partition.blocks`).
+Pure core: stdlib only. A block's id on chain is the ledger's
+`unit_id(job_id, step, UnitTemplate(kind code, layers, slots))`: the ledger
+owns that definition, and compute (which may not import the ledger) names a
+block by its `BlockSpec`, whose fields map one to one onto a `UnitTemplate`.
 
 Units. A layer is a sequence of *slots*, the smallest pieces a cut may
 separate: first its query heads (slots 0..H-1), then its MLP column slices
@@ -35,7 +38,6 @@ are all the same size, where it costs nothing.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -44,9 +46,7 @@ from compute.errors import ComputeError
 KINDS = ("forward", "backward", "attention_heads")
 UNIT_KINDS = ("head", "mlp")
 KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
-UNIT_DOMAIN = b"pnode:unit:"
 _U32 = 1 << 32
-_U64 = 1 << 64
 
 
 class PartitionError(ComputeError, ValueError):
@@ -125,36 +125,6 @@ class BlockSpec:
             raise PartitionError(f"a head/slot range must lie in one layer, got {fields}")
         if self.kind == "attention_heads" and not self.head_end:
             raise PartitionError("an attention_heads block needs a head range")
-
-
-def block_id(job_id: bytes, step: int, spec: BlockSpec) -> bytes:
-    """SHA-256 id of one block of one training step.
-
-    Encoding: b"pnode:unit:" || job_id || step (u64 big-endian) || kind code
-    (u8: 0 forward, 1 backward, 2 attention_heads) || layer_start, layer_end,
-    head_start, head_end (u32 big-endian each). The tail is 25 bytes, so the
-    encoding is injective for job ids of any length.
-
-    Args:
-        job_id: the job's id (normally 32 bytes).
-        step: training step, 0 <= step < 2^64.
-        spec: the block.
-    Returns:
-        32 bytes.
-    Raises:
-        PartitionError: job_id not bytes, step out of range, spec not a BlockSpec.
-    """
-    if not isinstance(job_id, bytes) or not isinstance(step, int) or not 0 <= step < _U64:
-        raise PartitionError(
-            f"expected job_id bytes and 0 <= step < 2^64, got {type(job_id).__name__}, {step!r}"
-        )
-    if not isinstance(spec, BlockSpec):
-        raise PartitionError(f"expected a BlockSpec, got {type(spec).__name__}")
-    tail = bytearray(step.to_bytes(8, "big"))
-    tail.append(KIND_CODES[spec.kind])
-    for v in (spec.layer_start, spec.layer_end, spec.head_start, spec.head_end):
-        tail += v.to_bytes(4, "big")
-    return hashlib.sha256(UNIT_DOMAIN + job_id + bytes(tail)).digest()
 
 
 def model_units(
