@@ -119,9 +119,11 @@ class InferencePayment:
 @wire(7)
 @dataclass(frozen=True, slots=True)
 class UnitTemplate:
-    """One compute block of every step: kind, layers [start, end), heads [start, end).
+    """One compute block of every step: kind, layers [start, end), slots [start, end).
 
-    ``head_start == head_end == 0`` means all heads of those layers.
+    ``head_start == head_end == 0`` means whole layers. Otherwise the unit is
+    a piece of one layer: a range of its slots, query heads first, then MLP
+    column slices (see compute/partition.py; the ledger only needs the range).
     """
 
     kind: U8
