@@ -1,0 +1,99 @@
+"""compute.device: device names, a missing GPU, and the deterministic settings."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from compute.device import (
+    CUBLAS_WORKSPACE,
+    DeviceSpecError,
+    DeviceUnavailableError,
+    Settings,
+    apply_settings,
+    current_settings,
+    deterministic,
+    resolve_device,
+)
+from compute.errors import ComputeError, DeviceError
+
+
+@pytest.fixture
+def restore_settings():
+    before = current_settings()
+    yield before
+    apply_settings(before)
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """Pretend torch sees one CUDA device named "Fake GPU"."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "Fake GPU")
+
+
+@pytest.mark.parametrize("spec", [None, "cpu", torch.device("cpu")])
+def test_cpu(spec):
+    assert resolve_device(spec) == torch.device("cpu")
+
+
+BAD = ["gpu", "cuda:-1", "cuda:x", "cuda:0 ", " cpu", "CPU", "mps", "", -1, True, 1.5]
+
+
+@pytest.mark.parametrize("spec", BAD)
+def test_bad_device_names_are_refused(spec):
+    with pytest.raises(DeviceSpecError, match="expected") as info:
+        resolve_device(spec)
+    assert isinstance(info.value, DeviceError) and isinstance(info.value, ComputeError)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("spec", ["cuda:0", "cuda", 0, torch.device("cuda", 0), "cuda:3"])
+def test_a_missing_gpu_is_an_error_not_a_cpu_fallback(spec):
+    want = r"cuda:\d requested .* but torch sees no CUDA device"
+    with pytest.raises(DeviceUnavailableError, match=want):
+        resolve_device(spec)
+
+
+def test_a_gpu_index_past_the_last_names_the_ones_that_exist(fake_gpus):
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert resolve_device(0) == resolve_device("cuda") == torch.device("cuda", 0)
+    want = r"cuda:1 requested .* sees only cuda:0 \(Fake GPU\)"
+    with pytest.raises(DeviceUnavailableError, match=want):
+        resolve_device(1)
+
+
+def test_deterministic_applies_every_setting(restore_settings, monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    previous = deterministic(1, warn_only=False)
+    assert previous == restore_settings
+    assert current_settings() == Settings(
+        threads=1, default_dtype=torch.float32, matmul_tf32=False, cudnn_tf32=False,
+        matmul_precision="highest", cudnn_deterministic=True, cudnn_benchmark=False,
+        deterministic_algorithms=True, warn_only=False,
+    )
+    assert torch.get_num_threads() == 1
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert torch.backends.cudnn.allow_tf32 is False
+    assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.is_deterministic_algorithms_warn_only_enabled()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
+    deterministic(2)
+    assert torch.is_deterministic_algorithms_warn_only_enabled()  # the default: warn, run
+    apply_settings(previous)
+    assert current_settings() == restore_settings
+
+
+def test_deterministic_keeps_a_cublas_setting_already_made(restore_settings, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    deterministic(2)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+
+
+@pytest.mark.parametrize("threads", [0, -2, True, 1.0])
+def test_deterministic_refuses_a_bad_thread_count(threads):
+    with pytest.raises(DeviceSpecError, match="thread count"):
+        deterministic(threads)
