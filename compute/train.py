@@ -31,7 +31,7 @@ and is re-exported here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -374,6 +374,7 @@ class TrainResult:
 def train_local(
     job: JobConfig, steps: int | None = None,
     *, decomposed: bool = False, corpus: Corpus | None = None,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> TrainResult:
     """Train the job on this machine from its initial model.
 
@@ -383,6 +384,7 @@ def train_local(
         decomposed: run each step block by block (as the network does)
             instead of whole-model.
         corpus: the job's corpus, if already loaded.
+        on_step: called with (step, loss) after each step (progress display).
     """
     corpus = load_corpus(job.data) if corpus is None else corpus
     model = make_model(job)
@@ -395,4 +397,6 @@ def train_local(
             losses.append(train_step_decomposed(model, sections, ids, targets))
         else:
             losses.append(train_step_whole(model, optimizer, ids, targets))
+        if on_step is not None:
+            on_step(step, losses[-1])
     return TrainResult(model, tuple(losses))

@@ -53,6 +53,7 @@ def main_group() -> None:
       pnode init --data-dir ~/.pnode            # new private chain, keys, genesis
       pnode init --data-dir D --genesis G.json  # join an existing chain
       pnode produce --blocks 3                  # seal mempool txs into blocks
+      pnode train --steps 200                   # train the default job locally
       pnode ledger show 1 --json
       pnode verify chain                        # exit 1 on the first bad block
     """
@@ -178,6 +179,66 @@ def produce(data_dir, blocks, as_json) -> None:
         db.store.close()
     if as_json:
         emit(True, {"blocks": made}, "")
+
+
+# -- train ------------------------------------------------------------------------------------
+
+
+@main_group.command()
+@click.option("--data", "data_file", type=click.Path(dir_okay=False),
+              help="A UTF-8 text file to train on [default: text generated from --seed].")
+@click.option("--steps", type=click.IntRange(1, 1_000_000), default=200, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True,
+              help="Seeds the weights, the generated text and the batches.")
+@click.option("--sections", "k", type=click.IntRange(1, 10_000), default=2, show_default=True,
+              help="Sections of the partition (with --decomposed).")
+@click.option("--decomposed", is_flag=True,
+              help="Run each step block by block, as the swarm does, instead of whole-model.")
+@click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Torch threads (the default tiny model runs fastest on one).")
+@json_option
+def train(data_file, steps, seed, k, decomposed, threads, as_json) -> None:
+    """Train the default job (a small byte-level model) on this machine.
+
+    The same job the swarm trains: same model, data draw and optimizer, so
+    its loss curve is the local reference for the network's.
+
+    \b
+    Examples:
+      pnode train --steps 200                   # generated text; loss falls in a minute
+      pnode train --data notes.txt --steps 500 --json
+      pnode train --decomposed --sections 4     # block by block, as nodes run it
+    """
+    from compute.data import DataSpec, JobConfig
+    from compute.device import deterministic
+    from compute.train import train_local
+
+    spec = DataSpec("file", path=data_file) if data_file else DataSpec("synthetic", seed=seed)
+    job = JobConfig(data=spec, steps=steps, seed=seed, k=k)
+    deterministic(threads)
+    started = time.monotonic()
+    result = _train_with_progress(job, decomposed, quiet=as_json, train_local=train_local)
+    losses = result.losses
+    head = sum(losses[:10]) / len(losses[:10])
+    tail = sum(losses[-10:]) / len(losses[-10:])
+    summary = {"steps": steps, "loss_first": losses[0], "loss_last": losses[-1],
+               "loss_first10_mean": head, "loss_last10_mean": tail,
+               "seconds": round(time.monotonic() - started, 2), "decomposed": decomposed,
+               "data": data_file or f"generated (seed {seed})", "losses": list(losses)}
+    emit(as_json, summary, f"loss {losses[0]:.3f} -> {losses[-1]:.3f} (mean of first 10 "
+                           f"{head:.3f}, last 10 {tail:.3f}) in {summary['seconds']} s")
+
+
+def _train_with_progress(job, decomposed: bool, *, quiet: bool, train_local):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("training"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+               TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn())
+    with Progress(*columns, disable=quiet, transient=True) as bar:
+        task = bar.add_task("train", total=job.steps, loss="-")
+        return train_local(job, decomposed=decomposed,
+                           on_step=lambda i, loss: bar.update(task, completed=i + 1,
+                                                             loss=f"{loss:.3f}"))
 
 
 # -- ledger show / status / proof ------------------------------------------------------------
