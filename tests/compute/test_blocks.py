@@ -46,13 +46,7 @@ UNITS = TINY.n_layers * (TINY.n_heads + 10)  # 10 MLP slices per layer (ffn 160 
 KS = (1, 2, 3, 5, UNITS)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one thread skips thread hand-offs, which stall on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -63,13 +63,7 @@ WEIGHT_ATOL = 2e-3
 DISTANCE_RTOL = 5e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one thread skips thread hand-offs, which stall on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def weights(model) -> dict[str, torch.Tensor]:
