@@ -190,8 +190,9 @@ def produce(data_dir, blocks, as_json) -> None:
 @click.option("--steps", type=click.IntRange(1, 1_000_000), default=200, show_default=True)
 @click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True,
               help="Seeds the weights, the generated text and the batches.")
-@click.option("--sections", "k", type=click.IntRange(1, 10_000), default=2, show_default=True,
-              help="Sections of the partition (with --decomposed).")
+@click.option("--sections", "k", type=click.IntRange(1, 2048), default=2, show_default=True,
+              help="Sections of the partition (with --decomposed); 2k units must fit a "
+                   "ledger job (at most 4,096).")
 @click.option("--decomposed", is_flag=True,
               help="Run each step block by block, as the swarm does, instead of whole-model.")
 @click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True,
