@@ -1,0 +1,209 @@
+"""Length-framed messages over a byte stream (a libp2p stream, usually).
+
+This module owns the wire framing of every request/response protocol of the
+node (``/pnode/<name>/1.0.0``, DESIGN.md section 7): one frame is a 4-byte
+big-endian unsigned length followed by that many payload bytes. Tensors and
+other large payloads travel this way, never over gossipsub.
+
+Reading is defensive, since the other end is untrusted:
+
+- the length prefix is checked against the caller's ``max_size`` before a
+  single body byte is read, and the body buffer grows only with bytes that
+  actually arrived (a peer that announces 16 MiB and sends 1 byte costs 1 byte);
+- a stream that ends before the first byte of a frame is a clean end
+  (`FrameEOF`); one that ends anywhere inside a frame is `FrameTruncated`;
+- an optional ``timeout`` bounds the whole frame (``trio.fail_after``), so a
+  peer that drips one byte at a time cannot hold a reader forever.
+
+The stream only needs ``await read(n) -> bytes`` (at most ``n`` bytes; an
+empty result or ``EOFError``/libp2p ``StreamEOF`` at end of stream) and
+``await write(data)``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+import trio
+from libp2p.io.exceptions import IOException
+
+from node.errors import NodeError
+
+HEADER_SIZE = 4
+MAX_LENGTH = 2**32 - 1  # what the 4-byte prefix can express
+DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024  # 16 MiB: a large hidden-state batch
+READ_CHUNK = 256 * 1024  # the most one read() asks for (bounds each allocation)
+
+_HEADER = struct.Struct(">I")
+
+
+class ByteStream(Protocol):
+    """What framing needs from a stream (libp2p's INetStream fits)."""
+
+    async def read(self, n: int | None = None) -> bytes: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+
+class FramingError(NodeError):
+    """Root of the framing errors: the stream must not be read further."""
+
+
+class FrameTooLarge(FramingError):
+    """A frame longer than the reader (or writer) allows.
+
+    Attributes:
+        size: the announced (or attempted) payload length.
+        max_size: the limit it broke.
+    """
+
+    def __init__(self, size: int, max_size: int):
+        super().__init__(f"frame of {size} bytes exceeds the limit of {max_size} bytes")
+        self.size = size
+        self.max_size = max_size
+
+
+class FrameTruncated(FramingError):
+    """The stream ended inside a frame (in its length prefix or its body).
+
+    Attributes:
+        expected: bytes the frame part needed.
+        received: bytes that arrived before the end.
+    """
+
+    def __init__(self, part: str, expected: int, received: int):
+        super().__init__(f"stream ended inside a frame {part}: {received} of {expected} bytes")
+        self.expected = expected
+        self.received = received
+
+
+class FrameEOF(FramingError):
+    """The stream ended cleanly between frames (no byte of a next frame)."""
+
+
+class FrameTimeout(FramingError):
+    """A frame did not arrive (or could not be sent) within the timeout."""
+
+
+class FrameStreamError(FramingError):
+    """The stream broke (reset, closed for writing, connection lost)."""
+
+
+async def write_frame(
+    stream: ByteStream,
+    payload: bytes,
+    *,
+    max_size: int = MAX_LENGTH,
+    timeout: float | None = None,
+) -> None:
+    """Write one frame: 4-byte big-endian length, then ``payload``.
+
+    Args:
+        stream: where to write.
+        payload: the frame body.
+        max_size: refuse payloads longer than this (the peer's known limit).
+        timeout: seconds the whole write may take; None waits forever.
+
+    Raises:
+        FrameTooLarge: ``payload`` is longer than ``max_size`` (or 2**32-1).
+        FrameTimeout: the write did not finish within ``timeout``.
+        FrameStreamError: the stream broke.
+    """
+    size = len(payload)
+    if size > min(max_size, MAX_LENGTH):
+        raise FrameTooLarge(size, min(max_size, MAX_LENGTH))
+    data = _HEADER.pack(size) + bytes(payload)
+    try:
+        with _deadline(timeout):
+            await stream.write(data)
+    except trio.TooSlowError:
+        raise FrameTimeout(f"writing a {size}-byte frame took over {timeout} s") from None
+    except (IOException, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        raise FrameStreamError(f"stream broke while writing a frame: {exc!r}") from exc
+
+
+async def read_frame(
+    stream: ByteStream,
+    max_size: int = DEFAULT_MAX_FRAME_SIZE,
+    *,
+    timeout: float | None = None,
+) -> bytes:
+    """Read exactly one frame and return its payload.
+
+    Args:
+        stream: where to read.
+        max_size: the longest payload accepted; a longer length prefix is
+            refused before any body byte is read.
+        timeout: seconds the whole frame may take to arrive; None waits forever.
+
+    Returns:
+        The payload (possibly empty).
+
+    Raises:
+        FrameEOF: the stream ended cleanly before the frame began.
+        FrameTruncated: the stream ended inside the frame.
+        FrameTooLarge: the length prefix exceeds ``max_size``.
+        FrameTimeout: the frame did not arrive within ``timeout``.
+        FrameStreamError: the stream broke (reset, connection lost).
+    """
+    try:
+        with _deadline(timeout):
+            header = await _read_exactly(stream, HEADER_SIZE, "length prefix", clean_eof=True)
+            (size,) = _HEADER.unpack(header)
+            if size > max_size:
+                raise FrameTooLarge(size, max_size)
+            return await _read_exactly(stream, size, "body", clean_eof=False)
+    except trio.TooSlowError:
+        raise FrameTimeout(f"no complete frame within {timeout} s") from None
+
+
+async def iter_frames(
+    stream: ByteStream,
+    max_size: int = DEFAULT_MAX_FRAME_SIZE,
+    *,
+    timeout: float | None = None,
+) -> AsyncIterator[bytes]:
+    """Yield frames until the stream ends cleanly between two frames.
+
+    Args and Raises: as `read_frame`, except that a clean end stops the
+    iteration instead of raising `FrameEOF`.
+    """
+    while True:
+        try:
+            payload = await read_frame(stream, max_size, timeout=timeout)
+        except FrameEOF:
+            return
+        yield payload
+
+
+async def _read_exactly(stream: ByteStream, n: int, part: str, *, clean_eof: bool) -> bytes:
+    """Read exactly ``n`` bytes, in as many reads as the stream needs."""
+    chunks: list[bytes] = []
+    got = 0
+    while got < n:
+        want = min(n - got, READ_CHUNK)
+        try:
+            chunk = await stream.read(want)
+        except EOFError:  # libp2p's StreamEOF is an EOFError
+            chunk = b""
+        except (IOException, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise FrameStreamError(f"stream broke while reading a frame {part}: {exc!r}") from exc
+        if not chunk:
+            if got == 0 and clean_eof:
+                raise FrameEOF("stream ended between frames")
+            raise FrameTruncated(part, n, got)
+        if len(chunk) > want:
+            raise FrameStreamError(f"stream returned {len(chunk)} bytes for a read of {want}")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _deadline(timeout: float | None) -> AbstractContextManager[object]:
+    """A ``fail_after`` scope, or a scope that never fires for ``None``."""
+    if timeout is None:
+        return trio.CancelScope()
+    return trio.fail_after(timeout)

@@ -1,0 +1,400 @@
+"""The node's libp2p host: identity, transport security, streams and gossip.
+
+Owns all use of py-libp2p 0.8.1 (DESIGN.md section 7; its traps are listed in
+specs/network.md): `PeerIdentity` (the data dir's ``peer.key``; peer id =
+`node.datadir.libp2p_peer_id`), and `open_host`: TCP, Noise the *only*
+security protocol, yamux, pubsub + gossipsub started before any connection;
+one-frame request/response streams (`node.framing`) where an error closes only
+that stream and scores its peer in `Host.misbehaving`; gossip with a size
+limit checked at publish and the rate limit raised.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import multiaddr
+import trio
+from libp2p import new_host
+from libp2p.abc import INetStream
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.x25519 import create_new_key_pair as create_noise_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE, Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX, Yamux
+from libp2p.tools.anyio_service import background_trio_service
+
+from node.datadir import libp2p_peer_id, read_seed_file
+from node.errors import NodeError
+from node.framing import DEFAULT_MAX_FRAME_SIZE as MAX_FRAME
+from node.framing import FrameStreamError, FramingError, read_frame, write_frame
+
+log = logging.getLogger(__name__)
+_QUEUE_HIGH_WATER = 8  # of py-libp2p's 32-RPC per-peer outbound gossip queue
+
+StreamHandler = Callable[[INetStream, ID], Awaitable[None]]
+RequestHandler = Callable[[ID, bytes], Awaitable[bytes]]
+
+
+class HostError(NodeError):
+    """Root of the errors of the libp2p host (also: a bad identity seed)."""
+
+
+class DialError(HostError):
+    """A peer address that is malformed or could not be connected to."""
+
+
+class RequestError(HostError):
+    """A request that failed: no stream, a broken one, or no valid answer."""
+
+
+class RequestTimeout(RequestError):
+    """A request that got no answer within its timeout."""
+
+
+class GossipError(HostError):
+    """A publish refused: too large for gossipsub, or the host not running."""
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """Tunables of the host; the defaults suit a devnet and a small swarm."""
+
+    gossip_max_message: int = 1_000_000  # under gossipsub's 1 MiB RPC, with headroom
+    gossip_rate_limit: float = 1000.0  # msgs/s per peer and topic (py-libp2p: 10)
+    gossip_degree: tuple[int, int, int] = (6, 4, 12)  # D, D_low, D_high
+    heartbeat_interval: int = 1  # seconds (py-libp2p default 120: meshes form slowly)
+    dial_timeout: float = 10.0
+    max_request_size: int = MAX_FRAME
+    handler_timeout: float = 30.0  # for a request handler to get its request
+    subscription_buffer: int = 256  # per subscriber; a full one drops messages
+    publish_backpressure: float = 5.0  # most seconds publish waits for full peer queues
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    """A node's libp2p identity: an Ed25519 key pair."""
+
+    key_pair: KeyPair
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> PeerIdentity:
+        """The identity of a 32-byte Ed25519 seed. Raises HostError otherwise."""
+        # Ed25519PrivateKey.new(b"") would silently make a *random* key.
+        if not isinstance(seed, bytes) or len(seed) != 32:
+            raise HostError("a peer identity seed is 32 bytes")
+        return cls(create_new_key_pair(seed))
+
+    @classmethod
+    def load(cls, path: str | Path) -> PeerIdentity:
+        """The identity in a hex seed file (``peer.key``). Raises DataDirError."""
+        return cls.from_seed(read_seed_file(Path(path)).seed())
+
+    @property
+    def public_key(self) -> bytes:
+        """The raw 32-byte Ed25519 public key."""
+        return self.key_pair.public_key.to_bytes()
+
+    @property
+    def peer_id(self) -> ID:
+        return ID.from_pubkey(self.key_pair.public_key)
+
+    @property
+    def peer_id_bytes(self) -> bytes:
+        """The peer id as the ledger records it."""
+        return libp2p_peer_id(self.public_key)
+
+
+class Host:
+    """A running libp2p node; made by `open_host` (or `run` in a nursery)."""
+
+    def __init__(self, identity: PeerIdentity, listen: str = "/ip4/127.0.0.1/tcp/0", *,
+                 gossip_topics: Iterable[str] = (), config: HostConfig = HostConfig()):
+        self.identity, self.config = identity, config
+        self._listen = multiaddr.Multiaddr(listen)
+        self._topics = tuple(gossip_topics)
+        kp = identity.key_pair
+        noise = NoiseTransport(kp, noise_privkey=create_noise_key_pair().private_key)
+        # Only Noise (new_host's default adds TLS, SECIO and /plaintext/2.0.0); only yamux.
+        self._host = new_host(key_pair=kp, sec_opt={NOISE: noise}, muxer_opt={YAMUX: Yamux})
+        self._gossipsub = GossipSub(  # positional: degree, degree_low, degree_high
+            [PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID], *config.gossip_degree,
+            heartbeat_interval=config.heartbeat_interval,
+            max_messages_per_topic_per_second=config.gossip_rate_limit,
+        )
+        # Pubsub registers its notifee and stream handlers on the host here.
+        self._pubsub = Pubsub(self._host, self._gossipsub)
+        self.misbehaving: dict[ID, int] = {}
+        self._listeners: dict[str, set[trio.MemorySendChannel[tuple[ID, bytes]]]] = defaultdict(set)
+        self._joined: dict[str, trio.Event] = {}
+        self._nursery: trio.Nursery | None = None
+        self._stop = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[Host] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen, serve and gossip until `stop`; reports itself started when ready.
+
+        Pubsub and gossipsub start before the host listens, so every
+        connection (inbound or outbound) finds them running.
+        """
+        async with background_trio_service(self._pubsub), background_trio_service(self._gossipsub):
+            await self._pubsub.wait_until_ready()
+            async with self._host.run([self._listen]):
+                try:
+                    async with trio.open_nursery() as nursery:
+                        self._nursery = nursery
+                        for topic in self._topics:
+                            await self.join(topic)
+                        task_status.started(self)
+                        await self._stop.wait()
+                        nursery.cancel_scope.cancel()
+                finally:
+                    self._nursery = None
+                    # host.run() leaves the TCP listener (a trio *system* task)
+                    # accepting: close connections and listeners explicitly.
+                    with trio.move_on_after(5.0, shield=True):
+                        await self._host.close()
+            for channels in self._listeners.values():
+                for ch in list(channels):
+                    ch.close()
+
+    def stop(self) -> None:
+        """Ask `run` to shut down (it returns once the host is closed)."""
+        self._stop.set()
+
+    @property
+    def peer_id(self) -> ID:
+        return self._host.get_id()
+
+    @property
+    def addrs(self) -> list[str]:
+        """Listen addresses with ``/p2p/<peer id>`` (empty before `run`)."""
+        return [str(a) for a in self._host.get_addrs()]
+
+    @property
+    def security_protocols(self) -> list[str]:
+        """The security protocol ids this host negotiates (only ``/noise``)."""
+        upgrader = self._host.get_network().upgrader
+        return [str(p) for p in upgrader.security_multistream.transports]
+
+    def connected_peers(self) -> list[ID]:
+        return list(self._host.get_connected_peers())
+
+    async def connect(self, addr: str) -> ID:
+        """Connect to the peer at a full multiaddr (``.../p2p/<id>``).
+
+        Returns:
+            The peer's id, once the connection is ready for streams.
+
+        Raises:
+            DialError: malformed address, refused, wrong identity or timeout.
+        """
+        try:
+            info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        except Exception as exc:
+            raise DialError(f"bad peer address {addr!r}: {exc}") from None
+        if info.peer_id not in self._host.get_connected_peers():
+            # The swarm dials one TCP address per peer (the first known) and
+            # blocks the peer for 60 s if it fails: drop stale addresses.
+            self._host.get_peerstore().clear_addrs(info.peer_id)
+            self._host.get_network().unblock_peer(info.peer_id)
+        try:
+            with trio.fail_after(self.config.dial_timeout):
+                await self._host.connect(info)
+        except trio.TooSlowError:
+            raise DialError(f"no connection to {addr} in {self.config.dial_timeout} s") from None
+        except Exception as exc:
+            raise DialError(f"cannot connect to {addr}: {exc}") from None
+        return info.peer_id
+
+    async def open_stream(self, peer_id: ID | str, protocol_id: str) -> INetStream:
+        """Open a stream to a connected (or known) peer on ``protocol_id``.
+
+        Raises:
+            RequestError: no connection, or the peer does not speak the protocol.
+        """
+        try:
+            peer = peer_id if isinstance(peer_id, ID) else ID.from_base58(peer_id)
+            return await self._host.new_stream(peer, [TProtocol(protocol_id)])
+        except Exception as exc:
+            raise RequestError(f"cannot open {protocol_id} to {peer_id}: {exc}") from None
+
+    def set_handler(self, protocol_id: str, handler: StreamHandler) -> None:
+        """Serve ``protocol_id`` with ``handler(stream, peer_id)``.
+
+        The stream is closed when the handler returns. If it raises, the stream
+        is reset and the peer scores a point in `misbehaving` (unless the peer
+        broke the stream, as a client that gave up does); all else carries on.
+        """
+        async def dispatch(stream: INetStream) -> None:
+            peer = stream.muxed_conn.peer_id
+            try:
+                await handler(stream, peer)
+            except FrameStreamError as exc:
+                log.debug("%s stream from %s broke: %s", protocol_id, peer, exc)
+                await _quietly(stream.reset)
+            except Exception as exc:
+                self.misbehaving[peer] = self.misbehaving.get(peer, 0) + 1
+                log.info("%s stream from %s: %s: %s", protocol_id, peer, type(exc).__name__, exc)
+                await _quietly(stream.reset)
+            else:
+                await _quietly(stream.close)
+
+        self._host.set_stream_handler(TProtocol(protocol_id), dispatch)
+
+    def set_request_handler(self, protocol_id: str, handler: RequestHandler, *,
+                            max_request_size: int | None = None) -> None:
+        """Serve one-frame requests with ``await handler(peer_id, request) -> response``.
+
+        Malformed, oversize, truncated or late (``config.handler_timeout``)
+        requests reset the stream and count as misbehaviour (see `set_handler`).
+        """
+        limit = max_request_size or self.config.max_request_size
+
+        async def serve(stream: INetStream, peer: ID) -> None:
+            request = await read_frame(stream, limit, timeout=self.config.handler_timeout)
+            await write_frame(stream, await handler(peer, request),
+                              timeout=self.config.handler_timeout)
+
+        self.set_handler(protocol_id, serve)
+
+    async def request(self, peer_id: ID | str, protocol_id: str, payload: bytes,
+                      timeout: float = 30.0, *, max_response_size: int = MAX_FRAME) -> bytes:
+        """Send one frame on a new stream and return the one frame answered.
+
+        Raises:
+            RequestTimeout: no answer within ``timeout`` seconds (all included).
+            RequestError: no stream, the peer closed it without an answer, or a
+                malformed answer.
+        """
+        stream: INetStream | None = None
+        try:
+            with trio.fail_after(timeout):
+                stream = await self.open_stream(peer_id, protocol_id)
+                await write_frame(stream, payload)
+                response = await read_frame(stream, max_response_size)
+        except trio.TooSlowError:
+            if stream is not None:
+                await _quietly(stream.reset)
+            raise RequestTimeout(f"{protocol_id} to {peer_id}: no answer in {timeout} s") from None
+        except FramingError as exc:
+            if stream is not None:
+                await _quietly(stream.reset)
+            raise RequestError(f"{protocol_id} to {peer_id}: {exc}") from None
+        await _quietly(stream.close)
+        return response
+
+    async def join(self, topic: str) -> None:
+        """Subscribe this host to ``topic`` (idempotent)."""
+        if topic in self._joined:
+            await self._joined[topic].wait()
+            return
+        if self._nursery is None:
+            raise GossipError("the host is not running")
+        self._joined[topic] = joined = trio.Event()
+        subscription = await self._pubsub.subscribe(topic)
+        self._nursery.start_soon(self._pump, topic, subscription)
+        joined.set()
+
+    def subscribe(self, topic: str) -> trio.MemoryReceiveChannel[tuple[ID, bytes]]:
+        """A new channel of ``topic``'s messages as ``(origin peer id, data)``.
+
+        Joins the topic (in the background) if need be. Messages this host
+        published are left out; a subscriber ``config.subscription_buffer``
+        messages behind loses the next ones. Close the channel when done.
+
+        Raises:
+            GossipError: the host is not running.
+        """
+        if self._nursery is None:
+            raise GossipError("the host is not running")
+        send, receive = trio.open_memory_channel[tuple[ID, bytes]](self.config.subscription_buffer)
+        self._listeners[topic].add(send)
+        if topic not in self._joined:
+            self._nursery.start_soon(self.join, topic)
+        return receive
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        """Gossip ``data`` on ``topic`` (subscribed or not).
+
+        Waits (up to ``config.publish_backpressure`` s) while a peer's outbound
+        queue fills: py-libp2p's holds 32 RPCs and silently drops the rest.
+
+        Raises:
+            GossipError: ``data`` is over ``config.gossip_max_message`` bytes
+                (send it over a stream instead), or the host is not running.
+        """
+        if len(data) > self.config.gossip_max_message:
+            raise GossipError(f"{len(data)}-byte gossip message exceeds "
+                              f"{self.config.gossip_max_message} bytes: use a stream")
+        if self._nursery is None:
+            raise GossipError("the host is not running")
+        with trio.move_on_after(self.config.publish_backpressure):
+            while any(len(q) >= _QUEUE_HIGH_WATER for q in self._pubsub.peer_queues.values()):
+                await trio.sleep(0.001)
+        await self._pubsub.publish(topic, bytes(data))
+
+    def mesh_peers(self, topic: str) -> set[ID]:
+        """The peers in this host's gossipsub mesh for ``topic``."""
+        return set(self._gossipsub.mesh.get(topic, ()))
+
+    def topic_peers(self, topic: str) -> set[ID]:
+        """The connected peers known to be subscribed to ``topic``."""
+        return set(self._pubsub.peer_topics.get(topic, ()))
+
+    async def _pump(self, topic: str, subscription: AsyncIterator) -> None:
+        """Fan one pubsub subscription out to every `subscribe` channel of the topic."""
+        me = self.peer_id.to_bytes()
+        async for msg in subscription:
+            if msg.from_id == me:
+                continue
+            item = (ID(msg.from_id), msg.data)
+            for ch in list(self._listeners[topic]):
+                try:
+                    ch.send_nowait(item)
+                except trio.WouldBlock:
+                    log.warning("subscriber of %s is full: dropped a message", topic)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._listeners[topic].discard(ch)
+
+
+@asynccontextmanager
+async def open_host(identity: PeerIdentity, listen: str = "/ip4/127.0.0.1/tcp/0", *,
+                    gossip_topics: Iterable[str] = (),
+                    config: HostConfig = HostConfig()) -> AsyncIterator[Host]:
+    """Run a `Host` for the duration of the block.
+
+    Yields:
+        The host, listening, with pubsub running and ``gossip_topics`` joined.
+    """
+    host = Host(identity, listen, gossip_topics=gossip_topics, config=config)
+    failure: Exception | None = None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(host.run)
+        try:
+            yield host
+        except Exception as exc:  # re-raised below, not wrapped in an ExceptionGroup
+            failure = exc
+        finally:
+            host.stop()
+            nursery.cancel_scope.deadline = trio.current_time() + 10.0  # a stuck close
+    if failure is not None:
+        raise failure
+
+
+async def _quietly(action: Callable[[], Awaitable[None]]) -> None:
+    """Close or reset a stream, ignoring a stream that is already gone."""
+    with trio.move_on_after(2.0, shield=True):
+        try:
+            await action()
+        except Exception as exc:
+            log.debug("stream cleanup: %s", exc)

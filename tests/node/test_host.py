@@ -1,0 +1,302 @@
+"""node.host with real py-libp2p hosts on 127.0.0.1 (ephemeral ports).
+
+Every test runs its own trio loop under a hard ``fail_after`` deadline, so a
+hang in py-libp2p fails the test instead of stalling CI.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import multiaddr
+import pytest
+import trio
+from libp2p import new_host
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+
+from ledger.crypto import SigningKey
+from node.datadir import libp2p_peer_id, write_seed_file
+from node.errors import DataDirError, NodeError
+from node.framing import FrameEOF, FramingError, iter_frames, read_frame, write_frame
+from node.host import (
+    DialError,
+    GossipError,
+    HostConfig,
+    HostError,
+    PeerIdentity,
+    RequestError,
+    RequestTimeout,
+    open_host,
+)
+
+ECHO = "/pnode/test-echo/1.0.0"
+RAW = "/pnode/test-raw/1.0.0"
+TOPIC = "pnode/test/blocks"
+FAST = HostConfig(handler_timeout=1.0)
+
+
+def run(main, deadline: float = 20.0):
+    async def bounded():
+        with trio.fail_after(deadline):
+            await main()
+    trio.run(bounded)
+
+
+def ident(n: int) -> PeerIdentity:
+    return PeerIdentity.from_seed(bytes([n]) * 32)
+
+
+async def echo(peer, request: bytes) -> bytes:
+    """A strict handler: refuses (raises on) anything but b"PING..."."""
+    if not request.startswith(b"PING"):
+        raise ValueError("not a ping")
+    return b"PONG" + request[4:]
+
+
+async def eventually(predicate, what: str, limit: float = 10.0) -> None:
+    """Poll ``predicate`` every 20 ms until true; fail after ``limit`` seconds."""
+    with trio.move_on_after(limit):
+        while not predicate():
+            await trio.sleep(0.02)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# -- identity --------------------------------------------------------------------
+
+
+def test_identity_peer_id_is_the_ledgers_peer_id(tmp_path):
+    seed = bytes(range(32))
+    me = PeerIdentity.from_seed(seed)
+    assert me.public_key == SigningKey(seed).public
+    assert me.peer_id.to_bytes() == libp2p_peer_id(me.public_key) == me.peer_id_bytes
+    write_seed_file(tmp_path / "peer.key", SigningKey(seed))
+    assert PeerIdentity.load(tmp_path / "peer.key").peer_id == me.peer_id
+
+
+def test_identity_refuses_bad_seeds(tmp_path):
+    for bad in (b"", b"x" * 31, b"x" * 33):
+        with pytest.raises(HostError):
+            PeerIdentity.from_seed(bad)
+    with pytest.raises(DataDirError):
+        PeerIdentity.load(tmp_path / "missing.key")
+    (tmp_path / "bad.key").write_text("zz\n")
+    with pytest.raises(DataDirError):
+        PeerIdentity.load(tmp_path / "bad.key")
+    assert issubclass(HostError, NodeError)
+
+
+def test_same_seed_same_peer_id_across_restarts(tmp_path):
+    write_seed_file(tmp_path / "peer.key", SigningKey(b"\x07" * 32))
+
+    async def main():
+        seen = []
+        async with open_host(ident(9)) as client:
+            for _ in range(2):
+                async with open_host(PeerIdentity.load(tmp_path / "peer.key")) as h:
+                    h.set_request_handler(ECHO, echo)
+                    seen.append(h.peer_id)
+                    assert all(a.endswith(f"/p2p/{h.peer_id}") for a in h.addrs)
+                    # Noise proves the restarted host holds the same key.
+                    assert await client.connect(h.addrs[0]) == seen[0]
+                    assert await client.request(seen[0], ECHO, b"PING", 5) == b"PONG"
+                await eventually(lambda: seen[0] not in client.connected_peers(), "the hangup")
+        assert seen[0] == seen[1]
+        assert seen[0].to_bytes() == libp2p_peer_id(SigningKey(b"\x07" * 32).public)
+    run(main)
+
+
+# -- connections and requests --------------------------------------------------------
+
+
+def test_request_round_trip_of_1_mb_and_20_concurrent():
+    async def main():
+        async with open_host(ident(1)) as a, open_host(ident(2)) as b:
+            b.set_request_handler(ECHO, echo)
+            assert await a.connect(b.addrs[0]) == b.peer_id
+            assert b.peer_id in a.connected_peers()
+            big = b"PING" + bytes(range(256)) * 4096  # 1 MiB + 4
+            assert await a.request(b.peer_id, ECHO, big, 10) == b"PONG" + big[4:]
+            results = {}
+
+            async def one(i):
+                results[i] = await a.request(b.peer_id, ECHO, b"PING%d" % i + bytes(i * 1000), 10)
+
+            async with trio.open_nursery() as n:
+                for i in range(20):
+                    n.start_soon(one, i)
+            assert results == {i: b"PONG%d" % i + bytes(i * 1000) for i in range(20)}
+            assert dict(b.misbehaving) == {}
+    run(main, 30)
+
+
+def test_framing_over_a_real_libp2p_stream():
+    async def main():
+        async with open_host(ident(1)) as a, open_host(ident(2)) as b:
+            async def frame_echo(stream, peer):
+                async for payload in iter_frames(stream, 2 << 20):
+                    await write_frame(stream, payload)
+
+            b.set_handler(RAW, frame_echo)
+            await a.connect(b.addrs[0])
+            stream = await a.open_stream(b.peer_id, RAW)
+            sent = [b"", b"x", bytes(2 << 20), b"last"]
+            for p in sent:
+                await write_frame(stream, p)
+            await stream.close_write()
+            got = [await read_frame(stream, 2 << 20, timeout=5) for _ in sent]
+            assert got == sent
+            with pytest.raises(FrameEOF):
+                await read_frame(stream, 10, timeout=5)
+    run(main)
+
+
+def test_errors_of_connect_and_request():
+    async def main():
+        async with open_host(ident(1)) as a, open_host(ident(2)) as b:
+            for bad in ("not an addr", "/ip4/127.0.0.1/tcp/1"):  # no /p2p/ part
+                with pytest.raises(DialError):
+                    await a.connect(bad)
+            # Right address, wrong identity: the Noise handshake refuses it.
+            impostor = b.addrs[0].rsplit("/p2p/", 1)[0] + f"/p2p/{ident(3).peer_id}"
+            with pytest.raises(DialError):
+                await a.connect(impostor)
+            await a.connect(b.addrs[0])
+            with pytest.raises(RequestError):  # b does not speak it
+                await a.request(b.peer_id, "/pnode/nobody/1.0.0", b"PING", 5)
+
+            async def slow(peer, request):
+                await trio.sleep(10)
+                return b""
+
+            b.set_request_handler("/pnode/slow/1.0.0", slow)
+            with pytest.raises(RequestTimeout):
+                await a.request(b.peer_id, "/pnode/slow/1.0.0", b"x", 0.3)
+            b.set_request_handler(ECHO, echo)
+            with pytest.raises(RequestError):  # b refuses (resets) a non-ping
+                await a.request(b.peer_id, ECHO, b"nope", 5)
+            with pytest.raises(RequestError):  # answer larger than we accept
+                await a.request(b.peer_id, ECHO, b"PING" + bytes(100), 5, max_response_size=50)
+            assert await a.request(str(b.peer_id), ECHO, b"PING!", 5) == b"PONG!"
+    run(main)
+
+
+# -- security ---------------------------------------------------------------------------
+
+
+def test_only_noise_is_offered_and_a_plaintext_client_cannot_connect():
+    async def main():
+        async with open_host(ident(1)) as h, open_host(ident(2)) as friend:
+            h.set_request_handler(ECHO, echo)
+            assert h.security_protocols == ["/noise"]
+            kp = ident(5).key_pair
+            insecure = new_host(key_pair=kp, sec_opt={PLAINTEXT_PROTOCOL_ID: InsecureTransport(kp)},
+                                muxer_opt={YAMUX_PROTOCOL_ID: Yamux})
+            async with insecure.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+                with pytest.raises(Exception) as err:
+                    with trio.fail_after(10):
+                        await insecure.connect(info_from_p2p_addr(multiaddr.Multiaddr(h.addrs[0])))
+                assert not isinstance(err.value, trio.TooSlowError)
+                assert insecure.get_connected_peers() == []
+                assert ident(5).peer_id not in h.connected_peers()
+                # and our host cannot be talked down to plaintext either
+                insecure_addr = f"{insecure.get_transport_addrs()[0]}/p2p/{insecure.get_id()}"
+                with pytest.raises(DialError):
+                    await h.connect(insecure_addr)
+            await friend.connect(h.addrs[0])
+            assert await friend.request(h.peer_id, ECHO, b"PING", 5) == b"PONG"
+    run(main, 30)
+
+
+def test_hostile_peer_only_loses_its_own_stream():
+    async def main():
+        async with open_host(ident(1), config=FAST) as h, open_host(ident(2)) as bad, \
+                open_host(ident(3)) as good:
+            h.set_request_handler(ECHO, echo)
+            await bad.connect(h.addrs[0])
+            await good.connect(h.addrs[0])
+
+            async def attack(data: bytes, *, close: bool = True, reset: bool = False):
+                stream = await bad.open_stream(h.peer_id, ECHO)
+                if data:
+                    await stream.write(data)
+                if reset:
+                    await stream.reset()
+                    return
+                if close:
+                    await stream.close_write()
+                with pytest.raises(FramingError):  # reset or closed: never an answer
+                    await read_frame(stream, 1 << 20, timeout=5)
+                assert await good.request(h.peer_id, ECHO, b"PING", 5) == b"PONG"
+
+            await attack(struct.pack(">I", 2**32 - 1) + b"\x00" * 64)  # a 4 GB prefix
+            assert h.misbehaving[bad.peer_id] == 1
+            await attack(struct.pack(">I", 100) + b"only ten b")  # closes mid-frame
+            assert h.misbehaving[bad.peer_id] == 2
+            await attack(b"\x01\x02")  # closes inside the length prefix
+            assert h.misbehaving[bad.peer_id] == 3
+            await attack(struct.pack(">I", 8) + b"garbage!")  # well framed, refused by handler
+            assert h.misbehaving[bad.peer_id] == 4
+            await attack(struct.pack(">I", 100) + b"drip", close=False)  # stalls: handler_timeout
+            assert h.misbehaving[bad.peer_id] == 5
+            await attack(b"", close=True)  # opens and closes without a request
+            assert h.misbehaving[bad.peer_id] == 6
+            # A client that gives up (resets) is not a misbehaving one.
+            await attack(struct.pack(">I", 100) + b"part", reset=True)
+            assert await good.request(h.peer_id, ECHO, b"PING", 5) == b"PONG"
+            assert h.misbehaving[bad.peer_id] == 6
+            assert good.peer_id not in h.misbehaving
+            # the hostile peer's connection still serves well-formed requests
+            assert await bad.request(h.peer_id, ECHO, b"PING", 5) == b"PONG"
+    run(main, 40)
+
+
+# -- gossip -------------------------------------------------------------------------------
+
+
+def test_gossip_travels_a_line_of_three_hosts():
+    async def main():
+        async with open_host(ident(1), gossip_topics=[TOPIC]) as a, \
+                open_host(ident(2), gossip_topics=[TOPIC]) as b, \
+                open_host(ident(3), gossip_topics=[TOPIC]) as c:
+            at_a, at_c = a.subscribe(TOPIC), c.subscribe(TOPIC)
+            await a.connect(b.addrs[0])
+            await c.connect(b.addrs[0])
+            assert c.peer_id not in a.connected_peers()
+            await eventually(lambda: {a.peer_id, c.peer_id} <= b.mesh_peers(TOPIC)
+                             and b.peer_id in a.mesh_peers(TOPIC)
+                             and b.peer_id in c.mesh_peers(TOPIC), "the mesh")
+            # 50 at once: over py-libp2p's default 10 messages/s per topic
+            sent = [b"block %d" % i for i in range(50)]
+            sent.append(bytes(range(256)) * (c.config.gossip_max_message // 256))
+            for data in sent:
+                await c.publish(TOPIC, data)
+            got = []
+            async with at_a:
+                async for peer, data in at_a:
+                    assert peer == c.peer_id
+                    got.append(data)
+                    if len(got) == len(sent):
+                        break
+            assert sorted(got) == sorted(sent)
+            with pytest.raises(trio.WouldBlock):
+                at_c.receive_nowait()  # no echo of our own messages
+            with pytest.raises(GossipError):
+                await c.publish(TOPIC, bytes(c.config.gossip_max_message + 1))
+    run(main, 30)
+
+
+def test_subscribe_to_a_topic_joined_late():
+    async def main():
+        async with open_host(ident(1)) as a, open_host(ident(2)) as b:
+            await a.connect(b.addrs[0])
+            async with a.subscribe("late") as sub_a, b.subscribe("late"):
+                await eventually(lambda: b.peer_id in a.mesh_peers("late")
+                                 and a.peer_id in b.mesh_peers("late"), "the mesh")
+                await b.publish("late", b"hello")
+                with trio.fail_after(5):
+                    assert await sub_a.receive() == (b.peer_id, b"hello")
+    run(main)
