@@ -274,8 +274,16 @@ def _aggregate(
                 f"expected {half} partials of layer {layer} tiling [0, {n}); "
                 f"at {at} got layer {p.layer} {p.half} [{p.start}, {p.end})"
             )
-        if p.out.shape != hidden.shape:
-            raise ShapeError(f"expected a partial {tuple(hidden.shape)}, got {tuple(p.out.shape)}")
+        if p.out.shape != hidden.shape or p.out.dtype != hidden.dtype:
+            raise ShapeError(
+                f"expected a partial {tuple(hidden.shape)} {hidden.dtype}, "
+                f"got {tuple(p.out.shape)} {p.out.dtype} for [{p.start}, {p.end})"
+            )
+        if p.out.device != hidden.device:
+            raise DeviceError(
+                f"expected a partial on {hidden.device}, "
+                f"got {p.out.device} for [{p.start}, {p.end})"
+            )
         at = p.end
     if at != n:
         raise BlockError(f"expected {half} partials of layer {layer} tiling [0, {n}), end {at}")
@@ -298,7 +306,8 @@ def aggregate_heads(
         h_mid, the layer's states after attention, (B, T, C).
     Raises:
         BlockError: partials of another layer or half, with gaps or overlaps.
-        ShapeError: a partial's shape differs from hidden's.
+        ShapeError: a partial's shape or dtype differs from hidden's.
+        DeviceError: a partial lies on another device than hidden.
     """
     return _aggregate(model, layer, "attention", partials, hidden, model.config.n_heads)
 
@@ -392,7 +401,23 @@ def backward_block(
 
 
 def aggregate_grads(grad_out: torch.Tensor, shares: Sequence[torch.Tensor]) -> torch.Tensor:
-    """dL/d(a half's input): the residual path grad_out plus the pieces' shares, in order."""
+    """dL/d(a half's input): the residual path grad_out plus the pieces' shares, in order.
+
+    Raises:
+        BlockError: no shares (a half has at least one piece).
+        ShapeError, DeviceError: a share differs from grad_out in shape,
+            dtype or device.
+    """
+    if len(shares) == 0:
+        raise BlockError("expected at least one share of the input gradient, got none")
+    for i, g in enumerate(shares):
+        if g.shape != grad_out.shape or g.dtype != grad_out.dtype:
+            raise ShapeError(
+                f"expected share {i} {tuple(grad_out.shape)} {grad_out.dtype}, "
+                f"got {tuple(g.shape)} {g.dtype}"
+            )
+        if g.device != grad_out.device:
+            raise DeviceError(f"expected share {i} on {grad_out.device}, got {g.device}")
     total = shares[0]
     for s in shares[1:]:
         total = total + s

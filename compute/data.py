@@ -251,8 +251,9 @@ class JobConfig:
     init_std: std of the initial weights.
 
     Raises:
-        ConfigError: a value out of range, or a vocabulary smaller than 256
-            (tokens are bytes).
+        ConfigError: a value out of range (k an int >= 1, mlp_slices None or
+            an int in 1..ffn_dim), or a vocabulary smaller than 256 (tokens
+            are bytes).
     """
 
     model: ModelConfig = DEFAULT_MODEL
@@ -274,13 +275,25 @@ class JobConfig:
             self.lr > 0 and self.eps > 0 and self.weight_decay >= 0 and self.init_std > 0
             and all(0 <= b < 1 for b in self.betas) and len(self.betas) == 2
             and self.batch_size >= 1 and 1 <= self.seq_len <= self.model.max_seq_len
-            and self.steps >= 0 and 0 <= self.seed < 1 << 64 and self.k >= 1
+            and self.steps >= 0 and 0 <= self.seed < 1 << 64
         )
         if not ok:
             raise ConfigError(f"job hyperparameters out of range: {self}")
         if self.model.vocab_size < VOCAB_SIZE:
             got = self.model.vocab_size
             raise ConfigError(f"byte tokens need vocab_size >= {VOCAB_SIZE}, got {got}")
+        if not _is_int(self.k) or self.k < 1:
+            raise ConfigError(f"expected k an int >= 1 (sections), got {self.k!r}")
+        ffn = self.model.ffn_dim
+        m = self.mlp_slices
+        if m is not None and not (_is_int(m) and 1 <= m <= ffn):
+            raise ConfigError(
+                f"expected mlp_slices None or an int in 1..{ffn} (ffn_dim), got {m!r}"
+            )
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def make_model(job: JobConfig) -> Transformer:

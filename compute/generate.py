@@ -29,7 +29,7 @@ class Sampling:
     temperature: divide logits by this (> 0) before the softmax.
     top_p: sample among the smallest set of most likely tokens whose
         probabilities sum to at least top_p (0 < top_p <= 1).
-    seed: seeds the private generator of one generation.
+    seed: seeds the private generator of one generation, an int in [0, 2^64).
     """
 
     greedy: bool = True
@@ -42,6 +42,10 @@ class Sampling:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (
+            0 <= self.seed < 1 << 64
+        ):
+            raise ConfigError(f"seed must be an int in [0, 2^64), got {self.seed!r}")
 
 
 def next_token(

@@ -15,6 +15,7 @@ RoPE layout. Our RoPE uses the halves (rotate_half), so the rows go back.
 from __future__ import annotations
 
 import importlib.metadata
+import numbers
 import re
 from pathlib import Path
 from typing import Any
@@ -112,34 +113,55 @@ def config_from_gguf(reader: gguf_lib.GGUFReader, *, max_seq_len: int | None = N
         max_seq_len: cap on the context (default: the file's context_length).
 
     Raises:
-        ModelFileError: unsupported architecture, RoPE scaling, or missing keys.
+        ModelFileError: unsupported architecture, RoPE scaling, missing keys,
+            or a size (embedding_length, head_count, head_count_kv,
+            rope.dimension_count, vocab_size, block_count,
+            feed_forward_length, context_length) that is not an int >= 1.
     """
     arch = field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelFileError(f"expected architecture in {SUPPORTED_ARCHITECTURES}, got {arch!r}")
     _check_plain_rope(reader, arch)
-    dim = field(reader, f"{arch}.embedding_length")
-    n_heads = field(reader, f"{arch}.attention.head_count")
-    rope_dims = field(reader, f"{arch}.rope.dimension_count", dim // n_heads)
+    # Every size is checked (an int >= 1) before any arithmetic on it.
+    dim = _size(reader, f"{arch}.embedding_length")
+    n_heads = _size(reader, f"{arch}.attention.head_count")
+    rope_dims = _size(reader, f"{arch}.rope.dimension_count", dim // n_heads)
     if rope_dims != dim // n_heads:
         raise ModelFileError(
             f"expected RoPE over the whole head ({dim // n_heads}), got {rope_dims} dimensions"
         )
-    vocab = field(reader, f"{arch}.vocab_size", None)
+    vocab = _size(reader, f"{arch}.vocab_size", None)
     if vocab is None:  # older files: the vocabulary's length
         vocab = len(field(reader, "tokenizer.ggml.tokens"))
+        if vocab < 1:
+            raise ModelFileError("GGUF metadata: expected tokenizer.ggml.tokens non-empty, got []")
     return ModelConfig(
-        vocab_size=int(vocab),
-        dim=int(dim),
-        n_layers=int(field(reader, f"{arch}.block_count")),
-        n_heads=int(n_heads),
-        n_kv_heads=int(field(reader, f"{arch}.attention.head_count_kv", n_heads)),
-        ffn_dim=int(field(reader, f"{arch}.feed_forward_length")),
+        vocab_size=vocab,
+        dim=dim,
+        n_layers=_size(reader, f"{arch}.block_count"),
+        n_heads=n_heads,
+        n_kv_heads=_size(reader, f"{arch}.attention.head_count_kv", n_heads),
+        ffn_dim=_size(reader, f"{arch}.feed_forward_length"),
         rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
         norm_eps=float(field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-        max_seq_len=int(max_seq_len or field(reader, f"{arch}.context_length")),
+        max_seq_len=int(max_seq_len or _size(reader, f"{arch}.context_length")),
         tie_embeddings="output.weight" not in _names(reader),
     )
+
+
+def _size(reader: gguf_lib.GGUFReader, key: str, default: Any = ModelFileError) -> Any:
+    """A size from the metadata, an int >= 1; the default (as given) when the key is absent.
+
+    Raises:
+        ModelFileError: the key is absent without a default, or its value is
+            not an integer >= 1.
+    """
+    value = field(reader, key, default)
+    if key not in reader.fields:
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ModelFileError(f"GGUF metadata: expected {key} an integer >= 1, got {value!r}")
+    return int(value)
 
 
 def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:

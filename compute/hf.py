@@ -184,7 +184,11 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Read every tensor of a .safetensors file (dtypes kept).
 
     Raises:
-        ModelFileError: the file is missing, truncated, or its header is bad.
+        ModelFileError: the file is missing or truncated, its header is not a
+            JSON object (or names a key twice), or a tensor entry is bad (not
+            an object; `dtype`, `shape` or `data_offsets` missing or
+            malformed; offsets negative, inverted or beyond the file; a byte
+            length other than the shape's), naming the tensor and the file.
     """
     path = Path(path)
     if sys.byteorder != "little":
@@ -193,13 +197,20 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         data = bytearray(path.read_bytes())
     except OSError as e:
         raise ModelFileError(f"cannot read safetensors file {path}: {e}") from e
+    n = int.from_bytes(data[:8], "little")
+    if len(data) < 8 or 8 + n > len(data):
+        raise ModelFileError(
+            f"{path}: expected an 8-byte header length and that many header bytes, "
+            f"got {len(data)} bytes in all, header length {n}"
+        )
     try:
-        n = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8 : 8 + n])
+        header = json.loads(data[8 : 8 + n], object_pairs_hook=_unique_keys)
     except (ValueError, UnicodeDecodeError) as e:
         raise ModelFileError(
-            f"{path}: expected a safetensors JSON header, got unparsable bytes"
+            f"{path}: expected a safetensors JSON header, got unparsable bytes ({e})"
         ) from e
+    if not isinstance(header, dict):
+        raise ModelFileError(f"{path}: expected a JSON object header, got {type(header).__name__}")
     base, out = 8 + n, {}
     for name, info in header.items():
         if name != "__metadata__":
@@ -207,20 +218,56 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json object_pairs_hook: a dict, refusing a key that comes twice."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"key {dup!r} appears twice")
+    return out
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _safetensors_tensor(
-    data: bytearray, base: int, name: str, info: Mapping, path: Path
+    data: bytearray, base: int, name: str, info: object, path: Path
 ) -> torch.Tensor:
-    dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
+    where = f"{path}: tensor {name}"
+    if not isinstance(info, dict):
+        raise ModelFileError(f"{where}: expected an object entry, got {type(info).__name__}")
+    missing = [k for k in ("dtype", "shape", "data_offsets") if k not in info]
+    if missing:
+        raise ModelFileError(f"{where}: expected dtype, shape and data_offsets, missing {missing}")
+    dtype = _SAFETENSORS_DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
     if dtype is None:
-        raise ModelFileError(f"{path}: tensor {name} has unsupported dtype {info.get('dtype')!r}")
-    shape, (start, end) = info["shape"], info["data_offsets"]
+        raise ModelFileError(f"{where} has unsupported dtype {info['dtype']!r}")
+    shape, offsets = info["shape"], info["data_offsets"]
+    if not (isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape)):
+        raise ModelFileError(f"{where}: expected a shape of ints >= 0, got {shape!r}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_int, offsets))):
+        raise ModelFileError(
+            f"{where}: expected data_offsets [start, end] of ints, got {offsets!r}"
+        )
+    start, end = offsets
+    # Offsets count from the end of the header: a negative start would read header bytes.
+    if not 0 <= start <= end:
+        raise ModelFileError(f"{where}: expected data_offsets 0 <= start <= end, got {offsets}")
     count = 1
     for d in shape:
         count *= d
     nbytes = count * torch.empty((), dtype=dtype).element_size()
-    if end - start != nbytes or base + end > len(data):
+    if end - start != nbytes:
         raise ModelFileError(
-            f"{path}: tensor {name} expected {nbytes} bytes of data, header or file says otherwise"
+            f"{where} expected {nbytes} bytes of data (shape {shape} {info['dtype']}), "
+            f"data_offsets {offsets} hold {end - start}"
+        )
+    if end > len(data) - base:
+        raise ModelFileError(
+            f"{where} expected {nbytes} bytes of data at data_offsets {offsets}, "
+            f"the file has {len(data) - base} bytes of data"
         )
     if count == 0:
         return torch.empty(shape, dtype=dtype)
@@ -231,7 +278,8 @@ def load_safetensors_model(directory: str | Path, *, max_seq_len: int | None = N
     """Load a HF Llama checkpoint directory (config.json + *.safetensors, sharded or not).
 
     Raises:
-        ModelFileError: files missing or tensors unexpected.
+        ModelFileError: files missing, a file unreadable (`read_safetensors`),
+            a tensor in two files, or tensors unexpected.
         ConfigError: the config is not a supported Llama.
     """
     directory = Path(directory)
@@ -244,6 +292,12 @@ def load_safetensors_model(directory: str | Path, *, max_seq_len: int | None = N
     if not files:
         raise ModelFileError(f"expected *.safetensors files in {directory}, found none")
     tensors: dict[str, torch.Tensor] = {}
+    first: dict[str, Path] = {}
     for f in files:
-        tensors.update(read_safetensors(f))
+        for name, t in read_safetensors(f).items():
+            if name in first:
+                raise ModelFileError(
+                    f"{f}: tensor {name} is also in {first[name]}; expected each tensor in one file"
+                )
+            first[name], tensors[name] = f, t
     return model_from_hf_tensors(cfg, tensors, source=str(directory))

@@ -33,9 +33,15 @@ Only finite values travel. encode refuses NaN and infinities, and values
 beyond the range of an fp16 / bf16 cast. decode refuses them too, as it
 refuses every malformed input (truncated, trailing bytes, bad magic or
 version, unknown codec or dtype, more than 8 dims, more than MAX_ELEMENTS
-elements, negative scales, int8 value -128, non-zero padding) with
+elements, negative or -0.0 scales, int8 value -128, non-zero padding, a
+block not in the encoder's form, see below) with
 WireTensorError; it checks the length against the header before it
 allocates, so memory stays bounded by the input size.
+
+int8 decoding accepts only the encoder's form of a block: scale finite and
+>= 0 and not -0.0; a block of scale 0 holds only q = 0; a block of scale > 0
+has max |q| = 127 (its absmax, x / x * 127, is exactly +-127, and every other
+|x| / absmax <= 1 rounds to at most 127). A dim must fit a u32 on encode.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ CODECS = ("raw", "fp16", "bf16", "int8")
 BLOCK = 64
 MAX_DIMS = 8
 MAX_ELEMENTS = 1 << 28  # 1 GiB of float32: far above any hidden state or gradient we send
+MAX_DIM = (1 << 32) - 1  # dims travel as u32
 MAGIC = b"PNWT"
 VERSION = 1
 
@@ -149,6 +156,9 @@ def _check_encodable(t: torch.Tensor, codec: str) -> None:
         raise WireTensorError(
             f"expected <= {MAX_DIMS} dims and <= {MAX_ELEMENTS} elements, got {tuple(t.shape)}"
         )
+    # A dim travels as a u32; an empty tensor may have a larger one beside its 0.
+    if any(d > MAX_DIM for d in t.shape):
+        raise WireTensorError(f"expected every dim <= {MAX_DIM} (a u32), got {tuple(t.shape)}")
 
 
 def _finite(t: torch.Tensor) -> bool:
@@ -178,8 +188,9 @@ def encode_tensor(t: torch.Tensor, codec: str = "raw") -> bytes:
     Returns:
         header followed by payload (see the module docstring).
     Raises:
-        WireTensorError: unsupported dtype or codec, too large, non-finite
-            values, or values beyond the range of the "fp16" / "bf16" cast.
+        WireTensorError: unsupported dtype or codec, too large (also a dim
+            beyond u32), non-finite values, or values beyond the range of the
+            "fp16" / "bf16" cast.
     """
     _check_encodable(t, codec)
     header = _HEAD.pack(MAGIC, VERSION, CODECS.index(codec), _DTYPE_CODE[t.dtype], t.dim())
@@ -237,12 +248,25 @@ def _int8_payload(data: bytes, offset: int, shape: tuple[int, ...], numel: int) 
     blocks = -(-numel // BLOCK)
     scales = torch.from_numpy(np.frombuffer(data, "<f4", blocks, offset).astype(np.float32))
     q = torch.from_numpy(np.frombuffer(data, np.int8, blocks * BLOCK, offset + 4 * blocks).copy())
-    if blocks and not (_finite(scales) and float(scales.min()) >= 0):
-        raise WireTensorError("int8 scales must be finite and >= 0")
-    if blocks and int(q.min()) == -128:
-        raise WireTensorError("int8 values must lie in [-127, 127]")
+    if blocks and not (_finite(scales) and not bool(torch.signbit(scales).any())):
+        raise WireTensorError("expected int8 scales finite and >= 0 (not -0.0)")
     if bool(q[numel:].any()):
-        raise WireTensorError("int8 padding must be zero")
+        raise WireTensorError("expected int8 padding of zeros")
+    if blocks:
+        lo, hi = torch.aminmax(q.view(blocks, BLOCK), dim=1)
+        if int(lo.min()) == -128:
+            raise WireTensorError("expected int8 values in [-127, 127], got -128")
+        # Canonical form: the encoder maps each block's absmax to +-127, and an all-zero
+        # block has scale 0 and q = 0. Anything else (e.g. scale * c with q / c, which
+        # dequantizes alike) is not what the encoder writes.
+        peak = torch.maximum(hi.to(torch.int16), lo.to(torch.int16).neg())
+        want = torch.where(scales > 0, 127, 0).to(torch.int16)
+        if not torch.equal(peak, want):
+            b = int((peak != want).nonzero()[0])
+            raise WireTensorError(
+                f"expected max |q| = 127 in a block of scale > 0 and 0 in a block of scale 0; "
+                f"block {b} has scale {float(scales[b])!r} and max |q| {int(peak[b])}"
+            )
     return dequantize_blockwise(q.view(blocks, BLOCK), scales, shape)
 
 

@@ -13,6 +13,7 @@ No file besides the GGUF is read and nothing is downloaded.
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ _LLAMA3_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Template variables apply_chat_template sets itself (add_generation_prompt is its own argument).
+_RESERVED_VARIABLES = frozenset({"messages", "bos_token", "eos_token"})
 # llama.cpp pre-tokenizer names whose regex is "each digit apart, then GPT-2's".
 _DIGITS_THEN_GPT2 = {"smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva"}
 
@@ -98,7 +101,8 @@ class Tokenizer:
         spec: vocabulary, merges and special ids (see `from_gguf`).
 
     Raises:
-        TokenizerError: inconsistent or unsupported metadata.
+        TokenizerError: inconsistent or unsupported metadata (a BOS, EOS or
+            EOT id outside the vocabulary included).
     """
 
     def __init__(self, spec: TokenizerSpec) -> None:
@@ -106,6 +110,13 @@ class Tokenizer:
             raise TokenizerError(
                 f"expected {len(spec.tokens)} token types, got {len(spec.token_types)}"
             )
+        for role, token_id in (("bos", spec.bos_id), ("eos", spec.eos_id), ("eot", spec.eot_id)):
+            ok = isinstance(token_id, numbers.Integral) and not isinstance(token_id, bool)
+            if token_id is not None and not (ok and 0 <= token_id < len(spec.tokens)):
+                raise TokenizerError(
+                    f"expected {role}_id None or an id in [0, {len(spec.tokens)}) "
+                    f"(the vocabulary), got {token_id!r}"
+                )
         self.spec = spec
         self._tk = _build_backend(spec)
         self._plain: HFTokenizer | None = None  # built on first use, see encode(special=False)
@@ -195,6 +206,7 @@ class Tokenizer:
     def apply_chat_template(
         self,
         messages: Sequence[Mapping[str, str]],
+        /,
         *,
         add_generation_prompt: bool = True,
         **extra: Any,
@@ -202,13 +214,22 @@ class Tokenizer:
         """The prompt text for a conversation, as the model's template renders it.
 
         Args:
-            messages: [{"role": "system"|"user"|"assistant", "content": str}, ...].
+            messages: [{"role": "system"|"user"|"assistant", "content": str}, ...]
+                (positional only, so a `messages=` keyword is a refused extra).
             add_generation_prompt: end with the opening of an assistant turn.
-            extra: more template variables.
+            extra: more template variables; not `messages`, `bos_token` or
+                `eos_token`, which this method sets.
 
         Raises:
-            TokenizerError: the file has no chat template or rendering fails.
+            TokenizerError: the file has no chat template, an extra variable
+                is one of the reserved names, or rendering fails.
         """
+        reserved = sorted(_RESERVED_VARIABLES & extra.keys())
+        if reserved:
+            raise TokenizerError(
+                f"expected extra template variables other than {sorted(_RESERVED_VARIABLES)}, "
+                f"got {reserved}"
+            )
         if self._template is None:
             raise TokenizerError("this model file has no tokenizer.chat_template")
         variables = {

@@ -23,6 +23,7 @@ import torch
 from compute.blocks import (
     BlockError,
     Partial,
+    aggregate_grads,
     aggregate_heads,
     aggregate_mlp,
     attention_heads_block,
@@ -33,7 +34,7 @@ from compute.blocks import (
     model_partition,
     piece_of,
 )
-from compute.errors import ComputeError, ShapeError
+from compute.errors import ComputeError, DeviceError, ShapeError
 from compute.partition import BlockSpec
 from compute.train import backward_chain, forward_chain, stages
 from tests.compute.helpers import ATOL, TINY, random_ids, tiny_model
@@ -209,6 +210,32 @@ def test_aggregation_refuses_gaps_overlaps_and_other_layers(model, hidden):
         with pytest.raises(BlockError, match="partials"):
             aggregate_heads(model, 0, bad, hidden)
     assert issubclass(BlockError, ComputeError)
+
+
+def test_aggregation_checks_each_partial_dtype_and_device(model, hidden):
+    p = [attention_heads_block(model, 0, a, b, hidden) for a, b in ((0, 2), (2, 4))]
+    as_double = Partial(0, "attention", 2, 4, p[1].out.double())
+    with pytest.raises(ShapeError, match=r"torch.float32, got .* torch.float64 for \[2, 4\)"):
+        aggregate_heads(model, 0, [p[0], as_double], hidden)
+    elsewhere = Partial(0, "attention", 2, 4, torch.empty(p[1].out.shape, device="meta"))
+    with pytest.raises(DeviceError, match=r"on cpu, got meta for \[2, 4\)"):
+        aggregate_heads(model, 0, [p[0], elsewhere], hidden)
+    m = mlp_slices_of(model)
+    mlp = Partial(0, "mlp", 0, m, p[0].out.half())
+    with pytest.raises(ShapeError, match="float16"):
+        aggregate_mlp(model, 0, [mlp], hidden)
+
+
+def test_aggregate_grads_refuses_no_shares_and_misfits(hidden):
+    with pytest.raises(BlockError, match="at least one share"):
+        aggregate_grads(hidden, [])
+    with pytest.raises(ShapeError, match="share 1"):
+        aggregate_grads(hidden, [hidden, hidden[:1]])
+    with pytest.raises(ShapeError, match="share 0 .* torch.float64"):
+        aggregate_grads(hidden, [hidden.double()])
+    with pytest.raises(DeviceError, match="share 0 on cpu, got meta"):
+        aggregate_grads(hidden, [torch.empty(hidden.shape, device="meta")])
+    assert torch.equal(aggregate_grads(hidden, [hidden, hidden]), hidden + (hidden + hidden))
 
 
 def test_stages_refuse_incomplete_layers(model):

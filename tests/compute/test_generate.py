@@ -87,6 +87,19 @@ def test_bad_sampling_parameters(model, kwargs):
         generate(model, [1], 3, greedy=False, **kwargs)
 
 
+@pytest.mark.parametrize("seed", [-1, 2**64, 1.5, "7", None, True])
+def test_seed_is_a_u64_checked_at_construction(seed):
+    with pytest.raises(ConfigError, match=r"seed must be an int in \[0, 2\^64\)"):
+        Sampling(greedy=False, seed=seed)
+    with pytest.raises(ConfigError, match="seed"):
+        Sampling(seed=seed)  # checked even when greedy, like temperature and top_p
+
+
+@pytest.mark.parametrize("seed", [0, 2**63, 2**64 - 1])
+def test_every_u64_seed_samples(model, seed):
+    assert len(generate(model, [1], 2, greedy=False, seed=seed)) == 2
+
+
 def test_bad_prompts(model):
     with pytest.raises(ShapeError):
         generate(model, [], 3)

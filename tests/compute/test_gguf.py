@@ -69,6 +69,44 @@ def test_config_override_of_context(gguf_reader):
     assert cfg.max_seq_len == 512 and cfg.n_layers == 30
 
 
+class _Field:
+    def __init__(self, value):
+        self.value = value
+
+    def contents(self):
+        return self.value
+
+
+class _Reader:
+    """The metadata of a GGUF reader, some keys changed (None: removed); no tensors."""
+
+    def __init__(self, reader, **changes):
+        keys = [k for k in reader.fields if k.startswith(("general.", "llama."))]
+        values = {k: reader.fields[k].contents() for k in keys} | changes
+        self.fields = {k: _Field(v) for k, v in values.items() if v is not None}
+        self.tensors = []
+
+
+@pytest.mark.parametrize("key", [
+    "llama.attention.head_count", "llama.embedding_length", "llama.attention.head_count_kv",
+    "llama.block_count", "llama.feed_forward_length", "llama.vocab_size",
+    "llama.rope.dimension_count", "llama.context_length",
+])
+@pytest.mark.parametrize("bad", [0, -9, 9.5, "9", True])
+def test_zero_negative_or_non_integer_sizes_are_model_file_errors(gguf_reader, key, bad):
+    assert config_from_gguf(_Reader(gguf_reader)).n_heads == 9  # unchanged metadata loads
+    with pytest.raises(ModelFileError, match=rf"expected {key} an integer >= 1, got {bad!r}"):
+        config_from_gguf(_Reader(gguf_reader, **{key: bad}))
+
+
+def test_absent_optional_sizes_take_their_defaults(gguf_reader):
+    cfg = config_from_gguf(_Reader(gguf_reader, **{"llama.attention.head_count_kv": None,
+                                                  "llama.rope.dimension_count": None}))
+    assert cfg.n_kv_heads == cfg.n_heads == 9 and cfg.head_dim == 64
+    with pytest.raises(ModelFileError, match="expected key 'llama.attention.head_count'"):
+        config_from_gguf(_Reader(gguf_reader, **{"llama.attention.head_count": None}))
+
+
 def test_wrong_shapes_and_names_are_model_file_errors():
     tensors = {name: torch.zeros(shape) for name, shape in hf_shapes(TINY).items()}
     model_from_hf_tensors(TINY, tensors)  # the complete set loads

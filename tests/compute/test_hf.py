@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from compute.errors import ConfigError, ModelFileError
-from compute.hf import config_from_hf, hf_state_from_model, load_safetensors_model, read_safetensors
+from compute.hf import (
+    config_from_hf,
+    hf_shapes,
+    hf_state_from_model,
+    load_safetensors_model,
+    read_safetensors,
+)
 from tests.compute.helpers import ATOL, TINY, hf_llama, random_ids, tiny_model
 
 
@@ -61,6 +67,73 @@ def test_bad_files_are_model_file_errors(tmp_path: Path):
     (tmp_path / "model.safetensors").write_bytes(b"\x05\0\0\0\0\0\0\0{nope")
     with pytest.raises(ModelFileError, match="JSON header"):
         read_safetensors(tmp_path / "model.safetensors")
+
+
+def _safetensors(header: dict | list | str, data: bytes) -> bytes:
+    raw = (header if isinstance(header, str) else json.dumps(header)).encode()
+    return len(raw).to_bytes(8, "little") + raw + data
+
+
+W = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+BAD_ENTRIES = {
+    "negative start": ({"w": W | {"data_offsets": [-8, 0]}}, "0 <= start <= end"),
+    "negative both": ({"w": W | {"data_offsets": [-16, -8]}}, "0 <= start <= end"),
+    "inverted": ({"w": W | {"data_offsets": [8, 0]}}, "0 <= start <= end"),
+    "beyond the file": ({"w": W | {"data_offsets": [8, 16]}}, "file has 8 bytes of data"),
+    "one offset": ({"w": W | {"data_offsets": [0]}}, "data_offsets"),
+    "float offsets": ({"w": W | {"data_offsets": [0.0, 8.0]}}, "data_offsets"),
+    "no shape": ({"w": {"dtype": "F32", "data_offsets": [0, 8]}}, r"missing \['shape'\]"),
+    "no dtype": ({"w": {"shape": [2], "data_offsets": [0, 8]}}, r"missing \['dtype'\]"),
+    "no offsets": ({"w": {"dtype": "F32", "shape": [2]}}, r"missing \['data_offsets'\]"),
+    "entry not an object": ({"w": [0, 8]}, "expected an object entry"),
+    "entry null": ({"w": None}, "expected an object entry"),
+    "shape not a list": ({"w": W | {"shape": 2}}, "shape of ints"),
+    "negative dim": ({"w": W | {"shape": [-1, -2]}}, "shape of ints"),
+    "shape vs bytes": ({"w": W | {"shape": [3]}}, r"expected 12 bytes of data \(shape \[3\] F32\)"),
+    "dtype a list": ({"w": W | {"dtype": ["F32"]}}, "unsupported dtype"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ENTRIES)
+def test_bad_safetensors_entries_name_tensor_and_file(tmp_path: Path, case):
+    header, match = BAD_ENTRIES[case]
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(_safetensors(header, bytes(8)))
+    with pytest.raises(ModelFileError, match=match) as info:
+        read_safetensors(path)
+    assert f"{path}: tensor w" in str(info.value)
+
+
+@pytest.mark.parametrize("header, data, match", [
+    ("[1, 2]", b"", "JSON object header"),
+    ('{"w": 1, "w": 2}', b"", "appears twice"),
+    (None, b"", "8-byte header length"),
+])
+def test_bad_safetensors_headers(tmp_path: Path, header, data, match):
+    path = tmp_path / "model.safetensors"
+    if header is None:  # the length says more than the file holds
+        path.write_bytes((100).to_bytes(8, "little") + b"{}")
+    else:
+        path.write_bytes(_safetensors(header, data))
+    with pytest.raises(ModelFileError, match=match):
+        read_safetensors(path)
+    path.write_bytes(b"\x02\0\0")  # shorter than the length field
+    with pytest.raises(ModelFileError, match="8-byte header length"):
+        read_safetensors(path)
+
+
+def test_a_tensor_in_two_shards_is_refused(tmp_path: Path, generator):
+    st = pytest.importorskip("safetensors.torch")
+    (tmp_path / "config.json").write_text(json.dumps(_hf_config()))
+    tensors = {n: torch.randn(shape, generator=generator) for n, shape in hf_shapes(TINY).items()}
+    names = sorted(tensors)
+    st.save_file({n: tensors[n] for n in names[:10]}, str(tmp_path / "a.safetensors"))
+    st.save_file({n: tensors[n] for n in names[9:]}, str(tmp_path / "b.safetensors"))
+    twice = f"b.safetensors: tensor {names[9]} is also in .*a.safetensors"
+    with pytest.raises(ModelFileError, match=twice):
+        load_safetensors_model(tmp_path)
+    st.save_file({n: tensors[n] for n in names[10:]}, str(tmp_path / "b.safetensors"))
+    assert load_safetensors_model(tmp_path).config == TINY
 
 
 def _hf_config(**changes) -> dict:

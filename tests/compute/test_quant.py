@@ -191,6 +191,14 @@ def test_bad_encode_inputs_are_refused(t, codec):
         encode_tensor(t, codec)
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_dim_beyond_u32_is_refused(codec):
+    # Empty, so within MAX_ELEMENTS, but 2^32 does not fit the u32 of the header.
+    with pytest.raises(WireTensorError, match="u32"):
+        encode_tensor(torch.empty(0, 2**32), codec)
+    assert decode_tensor(encode_tensor(torch.empty(0, 2**32 - 1), codec)).shape == (0, 2**32 - 1)
+
+
 # --- refusals on decode ----------------------------------------------------------------------
 
 
@@ -215,6 +223,12 @@ BAD_INPUTS = {
     "int8 -128": header(3, 0, (1,)) + struct.pack("<f", 1.0) + b"\x80" + bytes(63),
     "nonzero padding": header(3, 0, (1,)) + struct.pack("<f", 1.0) + b"\x01\x01" + bytes(62),
     "float16 overflow": header(3, 1, (1,)) + struct.pack("<f", 1e10) + b"\x7f" + bytes(63),
+    # Not the encoder's form: a second encoding of a tensor that has one already.
+    "scale -0.0": header(3, 0, (1,)) + struct.pack("<f", -0.0) + bytes(64),
+    "scale 0, q not 0": header(3, 0, (1,)) + struct.pack("<f", 0.0) + b"\x01" + bytes(63),
+    "max |q| < 127": header(3, 0, (1,)) + struct.pack("<f", 2.0) + b"\x40" + bytes(63),
+    "max |q| < 127, last block": GOOD[:HEADER + 8] + struct.pack("<3f", 1.0, 1.0, 1.0)
+    + b"\x7f" + bytes(63) + b"\x81" + bytes(63) + b"\x7e" + bytes(63),
 }
 
 
@@ -223,6 +237,50 @@ def test_malformed_input_is_refused(name):
     with pytest.raises(WireTensorError) as info:
         decode_tensor(BAD_INPUTS[name])
     assert isinstance(info.value, ComputeError)
+
+
+def test_int8_decoding_accepts_only_the_canonical_form():
+    good = encode_tensor(torch.tensor([127.0]), "int8")
+    assert good == header(3, 0, (1,)) + struct.pack("<f", 127.0) + b"\x7f" + bytes(63)
+    # Scale 127^2 with q = 1 dequantizes to the same tensor: a second encoding.
+    q = torch.tensor([[1] + [0] * 63], dtype=torch.int8)
+    assert torch.equal(dequantize_blockwise(q, torch.tensor([127.0**2]), (1,)), decode_tensor(good))
+    twice = header(3, 0, (1,)) + struct.pack("<f", 127.0**2) + q.numpy().tobytes()
+    with pytest.raises(WireTensorError, match=r"max \|q\| = 127.*block 0 has scale 16129.0"):
+        decode_tensor(twice)
+    # An all-zero block: scale +0.0 only.
+    zero = header(3, 0, (3,)) + bytes(4 + 64)
+    assert zero == encode_tensor(torch.zeros(3), "int8") == encode_tensor(-torch.zeros(3), "int8")
+    with pytest.raises(WireTensorError, match="-0.0"):
+        decode_tensor(header(3, 0, (3,)) + struct.pack("<f", -0.0) + bytes(64))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 700), st.integers(-149, 127), st.integers(0, 2**32 - 1))
+def test_int8_encoder_output_is_canonical(n, exponent, seed):
+    # Every encoder output passes the decoder's canonical check, tiny and huge scales
+    # included (subnormal blocks, blocks of zeros among others).
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.rand(n, generator=g) - 0.5) * 2.0 ** torch.randint(-20, 1, (n,), generator=g)
+    x = (x.double() * 2.0**exponent).float()
+    x[torch.rand(n, generator=g) < 0.3] = 0.0
+    x[~torch.isfinite(x)] = 0.0
+    q, scales = quantize_blockwise(x)
+    peak = q.to(torch.int16).abs().amax(1)
+    assert torch.equal(peak, torch.where(scales > 0, 127, 0).to(torch.int16))
+    assert not bool(torch.signbit(scales).any())
+    decode_tensor(encode_tensor(x, "int8"))
+
+
+@pytest.mark.parametrize("codec, dtype", [("raw", 0), ("raw", 1), ("raw", 2), ("fp16", 0),
+                                          ("bf16", 0)])
+def test_negative_zero_is_a_value_of_float_payloads(codec, dtype):
+    # -0.0 and 0.0 are different tensors, so both decode, each to itself.
+    dt = DTYPES[dtype]
+    for z in (0.0, -0.0):
+        x = torch.tensor([z, 1.0], dtype=dt)
+        y = decode_tensor(encode_tensor(x, codec))
+        assert torch.equal(torch.signbit(y), torch.signbit(x))
 
 
 def test_element_limit_is_adjustable():

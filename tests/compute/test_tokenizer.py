@@ -107,3 +107,22 @@ def test_unsupported_metadata_is_a_tokenizer_error(smol_tokenizer):
     )
     with pytest.raises(TokenizerError, match="no system role"):
         refusing.apply_chat_template([])
+
+
+@pytest.mark.parametrize("field", ["bos_id", "eos_id", "eot_id"])
+@pytest.mark.parametrize("bad", [49152, 10**9, -1, 1.0, "1", True])
+def test_special_ids_outside_the_vocabulary_are_refused_at_build(smol_tokenizer, field, bad):
+    spec = dataclasses.replace(smol_tokenizer.spec, **{field: bad})
+    with pytest.raises(TokenizerError, match=f"expected {field} None or an id in \\[0, 49152\\)"):
+        Tokenizer(spec)
+
+
+@pytest.mark.parametrize("name", ["messages", "bos_token", "eos_token"])
+def test_reserved_template_variables_are_refused(smol_tokenizer, name):
+    messages = [{"role": "user", "content": "x"}]
+    with pytest.raises(TokenizerError, match=f"other than .*got \\['{name}'\\]"):
+        smol_tokenizer.apply_chat_template(messages, **{name: "x"})
+    # Any other name is an extra variable, as before.
+    assert smol_tokenizer.apply_chat_template(messages, tools=None) == (
+        smol_tokenizer.apply_chat_template(messages)
+    )

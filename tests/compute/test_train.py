@@ -214,6 +214,25 @@ def test_data_from_file_rejects_bad_files(tmp_path):
         data_from_file(good, sha256="00" * 32)
 
 
+@pytest.mark.parametrize("changes, match", [
+    ({"k": 0}, "k an int >= 1"), ({"k": -3}, "k an int >= 1"), ({"k": 1.5}, "k an int"),
+    ({"k": True}, "k an int"), ({"k": "2"}, "k an int"),
+    ({"mlp_slices": 0}, r"mlp_slices None or an int in 1..352"),
+    ({"mlp_slices": -1}, "mlp_slices"), ({"mlp_slices": 353}, "mlp_slices"),
+    ({"mlp_slices": 2.0}, "mlp_slices"), ({"mlp_slices": False}, "mlp_slices"),
+])
+def test_partition_fields_are_checked_at_construction(changes, match):
+    # Before make_sections: a bad k or mlp_slices is a ConfigError of the job itself.
+    with pytest.raises(ConfigError, match=match):
+        JobConfig(**changes)
+
+
+def test_good_partition_fields_are_accepted():
+    assert JobConfig(k=1, mlp_slices=None).k == 1
+    assert JobConfig(k=7, mlp_slices=1).mlp_slices == 1
+    assert JobConfig(mlp_slices=352).mlp_slices == 352  # one ffn column per slice
+
+
 def test_bad_jobs_and_batch_requests_are_refused():
     with pytest.raises(ConfigError, match="vocab_size >= 256"):
         JobConfig(model=dataclasses.replace(SMALL, vocab_size=96))
