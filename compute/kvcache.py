@@ -67,8 +67,10 @@ class KVCache:
         self.batch = batch
         self.layers = layers
         shape = (batch, config.n_kv_heads, max_len, config.head_dim)
-        self.k = [torch.zeros(shape, device=device) for _ in layers]
-        self.v = [torch.zeros(shape, device=device) for _ in layers]
+        # Uninitialised: only filled positions are ever read (update returns
+        # the filled prefix), so zeroing would be wasted work at every prefill.
+        self.k = [torch.empty(shape, device=device) for _ in layers]
+        self.v = [torch.empty(shape, device=device) for _ in layers]
         self._filled = [0] * len(layers)
 
     @property
