@@ -231,11 +231,13 @@ def train(data_file, steps, seed, k, decomposed, threads, as_json) -> None:
 
 
 def _train_with_progress(job, decomposed: bool, *, quiet: bool, train_local):
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = (TextColumn("training"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn())
-    with Progress(*columns, disable=quiet, transient=True) as bar:
+    with Progress(*columns, console=Console(stderr=True), transient=True,
+                  disable=quiet or not sys.stderr.isatty()) as bar:
         task = bar.add_task("train", total=job.steps, loss="-")
         return train_local(job, decomposed=decomposed,
                            on_step=lambda i, loss: bar.update(task, completed=i + 1,
@@ -388,10 +390,12 @@ def _report(as_json: bool, result: dict, ok_text) -> None:
 
 
 def _verify_with_progress(db: ChainDB, quiet: bool, upto: int | None) -> None:
+    from rich.console import Console
     from rich.progress import Progress
 
     total = db.height if upto is None else upto
-    with Progress(transient=True, disable=quiet or not sys.stderr.isatty()) as bar:
+    with Progress(console=Console(stderr=True), transient=True,
+                  disable=quiet or not sys.stderr.isatty()) as bar:
         task = bar.add_task("verifying blocks", total=max(total, 1))
         db.verify_chain(progress=lambda h: bar.update(task, completed=h), upto=upto)
 

@@ -2,8 +2,9 @@
 
 Starts a fresh private chain in the demo directory, makes a second wallet,
 sends it coins, seals the transfers into signed blocks, shows balances,
-history and a block, and re-verifies the whole chain from genesis. Each step
-runs the installed `pnode` / `pwallet` commands exactly as a user would.
+history and a block, and re-verifies the whole chain from genesis; then runs
+SmolLM2 locally and a short training run of the default job. Each step runs
+the installed `pnode` / `pwallet` commands exactly as a user would.
 
 Usage:  python -m node.demo [--data-dir DIR]
 """
@@ -72,6 +73,10 @@ def main() -> None:
          "--data-dir", alice)
     step("Re-validate everything from genesis (signatures, producers, roots, supply)",
          "pnode", "verify", "chain", "--data-dir", alice)
+    step("SmolLM2-135M-Instruct, run locally from its GGUF (streams tokens)", "pwallet",
+         "infer", "What is the capital of France?", "--local", "--greedy", "--max-tokens", "24")
+    step("The default training job, locally: the loss falls", "pnode", "train",
+         "--steps", "60")
     console.rule("[bold green]demo done")
     console.print(f"The chain is in {root}. Try: pnode --help, pwallet --help")
 
