@@ -31,22 +31,12 @@ from node.host import (
     RequestTimeout,
     open_host,
 )
+from tests.node.netkit import ident, run
 
 ECHO = "/pnode/test-echo/1.0.0"
 RAW = "/pnode/test-raw/1.0.0"
 TOPIC = "pnode/test/blocks"
 FAST = HostConfig(handler_timeout=1.0)
-
-
-def run(main, deadline: float = 20.0):
-    async def bounded():
-        with trio.fail_after(deadline):
-            await main()
-    trio.run(bounded)
-
-
-def ident(n: int) -> PeerIdentity:
-    return PeerIdentity.from_seed(bytes([n]) * 32)
 
 
 async def echo(peer, request: bytes) -> bytes:

@@ -18,30 +18,20 @@ from ledger.schedule import is_better_tip
 from ledger.state import state_root
 from ledger.store import LevelDBStore
 from ledger.types import COIN, Block, sign
-from node.host import PeerIdentity, RequestError, open_host
+from node.host import RequestError, open_host
 from node.protocols import (
     BLOCKS_TOPIC, SYNC_PROTOCOL, BlocksRequest, BlocksResponse, SyncRequest, TipRequest,
     TipResponse,
 )
 from node.sync import ChainService, PeerMisbehaved, SyncFailed
 from tests.ledger.chainkit import make_net, new_db, next_block
+from tests.node.netkit import ident, run
 
 NOW_MS = 10**13  # far after every test block: nothing is "in the future"
 
 
 def clock() -> int:
     return NOW_MS
-
-
-def run(main, deadline: float = 20.0):
-    async def bounded():
-        with trio.fail_after(deadline):
-            await main()
-    trio.run(bounded)
-
-
-def ident(n: int) -> PeerIdentity:
-    return PeerIdentity.from_seed(bytes([n]) * 32)
 
 
 async def eventually(predicate, what: str, limit: float = 10.0) -> None:
