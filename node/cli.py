@@ -181,6 +181,85 @@ def produce(data_dir, blocks, as_json) -> None:
         emit(True, {"blocks": made}, "")
 
 
+# -- start --------------------------------------------------------------------------------------
+
+
+def _multiaddr(text: str, *, peer: bool) -> str:
+    import multiaddr
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    try:
+        addr = multiaddr.Multiaddr(text)
+        if peer:
+            info_from_p2p_addr(addr)
+    except Exception as exc:
+        what = "peer address (need .../p2p/<peer id>)" if peer else "listen address"
+        raise click.BadParameter(f"bad {what} {text!r}: {exc}") from None
+    return text
+
+
+def _single(group: BaseExceptionGroup) -> BaseException:
+    """The one leaf of a (nested) exception group, or the group itself."""
+    leaves = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for e in exc.exceptions:
+                walk(e)
+        else:
+            leaves.append(exc)
+    walk(group)
+    return leaves[0] if len(leaves) == 1 else group
+
+
+@main_group.command()
+@data_dir_option
+@click.option("--listen", default="/ip4/127.0.0.1/tcp/0", show_default=True,
+              help="Multiaddr to listen on (tcp/0: any free port).")
+@click.option("--peers", "peers", multiple=True, metavar="MULTIADDR",
+              help="Peer to connect to, with /p2p/<peer id> (repeatable).")
+def start(data_dir, listen, peers) -> None:
+    """Run the node: serve and sync the chain until SIGINT or SIGTERM.
+
+    Prints its address (also written to DATA_DIR/node.addr) once listening,
+    and a line for each sync that brings in blocks.
+
+    \b
+    Examples:
+      pnode start --data-dir /tmp/n1
+      pnode start --data-dir /tmp/n2 --peers "$(cat /tmp/n1/node.addr)"
+      pnode start --data-dir D --listen /ip4/0.0.0.0/tcp/4001 --peers A1 --peers A2
+    """
+    import logging
+    import signal
+
+    import trio
+
+    from node.node import Node
+
+    _multiaddr(listen, peer=False)
+    for p in peers:
+        _multiaddr(p, peer=True)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    node = Node(data_dir, now_ms, listen=listen, peers=peers, report=click.echo)
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        click.echo(f"stopping ({signal.Signals(signum).name})", err=True)
+                        nursery.cancel_scope.cancel()
+                        return
+                nursery.start_soon(stop_on_signal)
+                click.echo(f"listening on {await nursery.start(node.run)}")
+
+    try:
+        trio.run(run)
+    except BaseExceptionGroup as group:
+        raise _single(group) from None
+
+
 # -- train ------------------------------------------------------------------------------------
 
 

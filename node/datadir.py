@@ -122,9 +122,13 @@ def read_seed_file(path: Path) -> SigningKey:
         raise DataDirError(f"key file {path} is not a 32-byte hex seed: {exc}") from None
 
 
-def write_private(path: Path, text: str, mode: int = 0o600) -> None:
-    """Write a new file atomically with ``mode``; refuses to overwrite."""
-    if path.exists():
+def write_private(path: Path, text: str, mode: int = 0o600, *, overwrite: bool = False) -> None:
+    """Write a file atomically (temp file + os.replace) with ``mode``.
+
+    Raises:
+        DataDirError: the file exists and ``overwrite`` is False.
+    """
+    if path.exists() and not overwrite:
         raise DataDirError(f"{path} already exists; refusing to overwrite it")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
