@@ -91,6 +91,14 @@ def new_db(net: Net, store=None) -> ChainDB:
     return ChainDB.create(store if store is not None else MemoryStore(), net.genesis)
 
 
+def copy_chain(net: Net, db: ChainDB, store=None) -> ChainDB:
+    """A second chain DB holding the same main chain as ``db`` (every block re-validated)."""
+    other = new_db(net, store)
+    for block in list(db.iter_blocks())[1:]:
+        other.add_block(block, now_ms=None)
+    return other
+
+
 def producer(db: ChainDB, net: Net, rank: int = 0) -> SigningKey:
     """The node key that holds ``rank`` for the next block."""
     for k in net.nodes:

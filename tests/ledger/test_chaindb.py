@@ -13,14 +13,7 @@ from ledger.codec import decode, encode
 from ledger.state import ACCOUNT, state_root
 from ledger.store import LevelDBStore, MemoryStore
 from ledger.types import COIN, Account, Receipt, tx_hash
-from tests.ledger.chainkit import grow, make_net, new_db, next_block, receipts_due
-
-
-def copy_chain(net, db: ChainDB) -> ChainDB:
-    other = new_db(net)
-    for block in list(db.iter_blocks())[1:]:
-        other.add_block(block, now_ms=None)
-    return other
+from tests.ledger.chainkit import copy_chain, grow, make_net, new_db, next_block, receipts_due
 
 
 def balance(db, account: bytes) -> int:

@@ -12,7 +12,7 @@ from ledger.codec import encode
 from ledger.state import ACCOUNT, KEY_SUPPLY, PENDING, UNIT, check_supply
 from ledger.transition import validate_block
 from ledger.types import (
-    COIN, ZERO_SIG, Block, Charge, InferencePayment, Receipt, Usage, Verdict, sign, tx_hash,
+    COIN, ZERO_SIG, Block, Charge, InferencePayment, Usage, Verdict, sign, tx_hash,
     usage_signature,
 )
 from tests.ledger.chainkit import (

@@ -18,3 +18,12 @@ def run(main, deadline: float = 20.0) -> None:
 def ident(n: int) -> PeerIdentity:
     """A deterministic peer identity."""
     return PeerIdentity.from_seed(bytes([n]) * 32)
+
+
+async def eventually(predicate, what: str, limit: float = 10.0) -> None:
+    """Poll ``predicate`` every 20 ms until true; fail after ``limit`` seconds."""
+    with trio.move_on_after(limit):
+        while not predicate():
+            await trio.sleep(0.02)
+        return
+    raise AssertionError(f"timed out waiting for {what}")

@@ -10,7 +10,7 @@ import pytest
 
 from ledger import schema
 from ledger.chaindb import ChainDB
-from ledger.codec import decode, encode
+from ledger.codec import decode
 from ledger.store import LevelDBStore
 from ledger.types import Receipt, tx_hash
 from node.datadir import DataDir, write_genesis_file

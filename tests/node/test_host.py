@@ -31,7 +31,7 @@ from node.host import (
     RequestTimeout,
     open_host,
 )
-from tests.node.netkit import ident, run
+from tests.node.netkit import eventually, ident, run
 
 ECHO = "/pnode/test-echo/1.0.0"
 RAW = "/pnode/test-raw/1.0.0"
@@ -44,15 +44,6 @@ async def echo(peer, request: bytes) -> bytes:
     if not request.startswith(b"PING"):
         raise ValueError("not a ping")
     return b"PONG" + request[4:]
-
-
-async def eventually(predicate, what: str, limit: float = 10.0) -> None:
-    """Poll ``predicate`` every 20 ms until true; fail after ``limit`` seconds."""
-    with trio.move_on_after(limit):
-        while not predicate():
-            await trio.sleep(0.02)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # -- identity --------------------------------------------------------------------

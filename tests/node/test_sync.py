@@ -24,22 +24,14 @@ from node.protocols import (
     TipResponse,
 )
 from node.sync import ChainService, PeerMisbehaved, SyncFailed
-from tests.ledger.chainkit import make_net, new_db, next_block
-from tests.node.netkit import ident, run
+from tests.ledger.chainkit import copy_chain, make_net, new_db, next_block
+from tests.node.netkit import eventually, ident, run
 
 NOW_MS = 10**13  # far after every test block: nothing is "in the future"
 
 
 def clock() -> int:
     return NOW_MS
-
-
-async def eventually(predicate, what: str, limit: float = 10.0) -> None:
-    with trio.move_on_after(limit):
-        while not predicate():
-            await trio.sleep(0.02)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @asynccontextmanager
@@ -68,13 +60,6 @@ def build(db: ChainDB, net, n: int, rank: int = 0, pay: int = 1) -> list[Block]:
         db.add_block(applied.block, now_ms=None)
         out.append(applied.block)
     return out
-
-
-def copy_of(net, db: ChainDB, store=None) -> ChainDB:
-    other = new_db(net, store)
-    for block in list(db.iter_blocks())[1:]:
-        other.add_block(block, now_ms=None)
-    return other
 
 
 async def produce(service: ChainService, net, n: int) -> None:
@@ -153,7 +138,7 @@ def test_gossiped_block_with_unknown_parent_triggers_a_sync():
     net = make_net()
     x_db = new_db(net)
     build(x_db, net, 15)  # never gossiped
-    m_db, y_db = copy_of(net, x_db), new_db(net)
+    m_db, y_db = copy_chain(net, x_db), new_db(net)
 
     async def main():
         async with node(1, x_db) as x, node(2, m_db) as m, node(3, y_db) as y:
@@ -175,7 +160,7 @@ def test_diverged_nodes_converge_on_the_heavier_chain():
     net = make_net()
     x_db = new_db(net)
     build(x_db, net, 5)
-    y_db = copy_of(net, x_db)
+    y_db = copy_chain(net, x_db)
     fork = x_db.height
     build(x_db, net, 12, rank=0, pay=3)   # 12 x weight 2^32
     build(y_db, net, 20, rank=1, pay=2)   # 20 x weight 2^31: longer, lighter
@@ -203,7 +188,7 @@ def test_fork_deeper_than_max_reorg_depth_is_refused_unpunished():
     net = make_net()
     deep = new_db(net)
     build(deep, net, 2)
-    heavy = copy_of(net, deep)
+    heavy = copy_chain(net, deep)
     build(deep, net, MAX_REORG_DEPTH + 6, rank=1)
     build(heavy, net, MAX_REORG_DEPTH // 2 + 8, rank=0)  # heavier, forks too far back
     tip = deep.tip_hash
