@@ -12,7 +12,6 @@ import sys
 
 import click
 
-from compute.generate import Sampling
 from ledger.codec import to_json
 from ledger.crypto import SigningKey
 from ledger.state import ACCOUNT, NODE
@@ -23,7 +22,6 @@ from node.cliutil import (
     passphrase_option,
 )
 from node.datadir import DataDir
-from wallet.client import InferRequest, LocalModel
 from wallet.keystore import read_key_file, read_public_key, write_key_file
 
 wallet_option = click.option("--wallet", "wallet_name", metavar="NAME",
@@ -179,11 +177,15 @@ def infer(prompt, local, raw, greedy, max_tokens, temperature, top_p, seed, mode
     """
     if not local:
         raise click.UsageError("networked inference comes with the swarm; use --local for now")
+    # torch loads here, not at start-up: the other pwallet commands stay fast.
+    from compute.generate import Sampling
+    from wallet import client
+
     seed = int.from_bytes(os.urandom(8), "big") >> 1 if seed is None else seed
-    request = InferRequest(prompt, raw=raw, max_tokens=max_tokens,
-                           sampling=Sampling(greedy=greedy, temperature=temperature,
-                                             top_p=top_p, seed=seed))
-    model = LocalModel(model_file)
+    request = client.InferRequest(prompt, raw=raw, max_tokens=max_tokens,
+                                  sampling=Sampling(greedy=greedy, temperature=temperature,
+                                                    top_p=top_p, seed=seed))
+    model = client.LocalModel(model_file)
     ids, pieces = [], []
     for token in model.generate(request):
         ids.append(token.id)

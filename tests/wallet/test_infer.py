@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wallet import cli as wallet_cli
+from wallet import client
 from wallet.client import LocalModel
 
 CHAT = "What is the capital of France?"
@@ -27,7 +27,7 @@ def hf_greedy(hf_smol, ids: list[int], n: int, eos: set[int]) -> list[int]:
 def shared_model(monkeypatch, smol, smol_tokenizer):
     """Make the CLI reuse the session's loaded model (loading costs seconds)."""
     local = LocalModel.from_parts(smol, smol_tokenizer)
-    monkeypatch.setattr(wallet_cli, "LocalModel", lambda path=None: local)
+    monkeypatch.setattr(client, "LocalModel", lambda path=None: local)
     return local
 
 
