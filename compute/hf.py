@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from compute.errors import ConfigError, ModelFileError
-from compute.model import ModelConfig, Transformer
+from compute.model import ModelConfig, ModelPart, Transformer
 
 _SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -35,16 +35,17 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every HF tensor name of a Llama checkpoint with its expected shape."""
+def hf_shapes(cfg: ModelConfig, part: ModelPart | None = None) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor name of a Llama checkpoint (or of `part` of it) with its shape."""
+    part = part or ModelPart.whole(cfg.n_layers)
     c, hd, f = cfg.dim, cfg.head_dim, cfg.ffn_dim
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (cfg.vocab_size, c),
-        "model.norm.weight": (c,),
-    }
-    if not cfg.tie_embeddings:
+    shapes: dict[str, tuple[int, ...]] = {}
+    if part.ends:
+        shapes["model.embed_tokens.weight"] = (cfg.vocab_size, c)
+        shapes["model.norm.weight"] = (c,)
+    if part.ends and not cfg.tie_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, c)
-    for i in range(cfg.n_layers):
+    for i in part.layers:
         p = f"model.layers.{i}."
         shapes[p + "input_layernorm.weight"] = (c,)
         shapes[p + "post_attention_layernorm.weight"] = (c,)
@@ -58,15 +59,16 @@ def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_hf_tensors(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str) -> None:
-    """Raise unless `tensors` holds exactly the HF names of `cfg` with the right shapes.
+def check_hf_tensors(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str,
+                     part: ModelPart | None = None) -> None:
+    """Raise unless `tensors` holds exactly the HF names of `cfg` (or `part`) with right shapes.
 
     A tied model's `lm_head.weight` may be present (it is ignored).
 
     Raises:
         ModelFileError: a tensor is missing, unexpected, or has the wrong shape.
     """
-    shapes = hf_shapes(cfg)
+    shapes = hf_shapes(cfg, part)
     missing = sorted(set(shapes) - set(tensors))
     unexpected = sorted(set(tensors) - set(shapes) - {"lm_head.weight"})
     if missing or unexpected:
@@ -81,24 +83,31 @@ def check_hf_tensors(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], sour
 
 
 def model_state_from_hf(
-    cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str = "checkpoint"
+    cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str = "checkpoint",
+    part: ModelPart | None = None,
 ) -> dict[str, torch.Tensor]:
     """Convert HF-named tensors into a float32 state dict for `Transformer(cfg)`.
+
+    Args:
+        part: the weights `tensors` holds (default: all of them).
 
     Raises:
         ModelFileError: as `check_hf_tensors`.
     """
-    check_hf_tensors(cfg, tensors, source)
+    part = part or ModelPart.whole(cfg.n_layers)
+    check_hf_tensors(cfg, tensors, source, part)
 
     def t(name: str, copy: bool = True) -> torch.Tensor:
         # The model adopts these tensors, so each gets storage of its own
         # (torch.cat below copies already).
         return tensors[name].to(torch.float32, memory_format=torch.contiguous_format, copy=copy)
 
-    emb = t("model.embed_tokens.weight")
-    sd = {"tok_emb.weight": emb, "norm.weight": t("model.norm.weight")}
-    sd["lm_head.weight"] = emb if cfg.tie_embeddings else t("lm_head.weight")
-    for i in range(cfg.n_layers):
+    sd: dict[str, torch.Tensor] = {}
+    if part.ends:
+        emb = t("model.embed_tokens.weight")
+        sd = {"tok_emb.weight": emb, "norm.weight": t("model.norm.weight")}
+        sd["lm_head.weight"] = emb if cfg.tie_embeddings else t("lm_head.weight")
+    for i in part.layers:
         p, q = f"model.layers.{i}.", f"layers.{i}."
         sd[q + "attn_norm.weight"] = t(p + "input_layernorm.weight")
         sd[q + "mlp_norm.weight"] = t(p + "post_attention_layernorm.weight")
@@ -139,10 +148,11 @@ def hf_state_from_model(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def model_from_hf_tensors(
-    cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str = "checkpoint"
+    cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], source: str = "checkpoint",
+    part: ModelPart | None = None,
 ) -> Transformer:
-    """Build a `Transformer(cfg)` holding HF-named weights (copied, float32)."""
-    return Transformer.from_state_dict(cfg, model_state_from_hf(cfg, tensors, source))
+    """Build a `Transformer(cfg)` holding HF-named weights (copied, float32), or `part` of them."""
+    return Transformer.from_state_dict(cfg, model_state_from_hf(cfg, tensors, source, part), part)
 
 
 def config_from_hf(hf: Mapping, *, max_seq_len: int | None = None) -> ModelConfig:

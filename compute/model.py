@@ -12,6 +12,10 @@ it will run on different machines:
     h = model.layer(10)(h, pos=p, cache=cache)    # or one layer at a time
     logits = model.head(h)                        # (B, T, C) -> (B, T, V)
 
+A model may also hold only a `ModelPart`: a server of the swarm loads just
+its layers, a client just the embeddings and head (the rest stays on torch's
+"meta" device, costing no memory, and calling it raises `ShapeError`).
+
 Q/K/V and gate/up projections are fused into one matrix each (fewer matmuls
 per decoded token); loaders map separate checkpoint tensors onto them. Weights
 start at zeros: construction draws no randomness.
@@ -31,6 +35,26 @@ from compute.linear import Linear
 
 if TYPE_CHECKING:
     from compute.kvcache import KVCache
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPart:
+    """Which weights a (partial) model holds.
+
+    layers: the decoder layers held, a contiguous range (may be empty).
+    ends: the token embeddings, the final norm and the LM head.
+    """
+
+    layers: range
+    ends: bool
+
+    @classmethod
+    def whole(cls, n_layers: int) -> ModelPart:
+        return cls(range(n_layers), True)
+
+    def describe(self) -> str:
+        span = f"layers {self.layers.start}..{self.layers.stop - 1}" if self.layers else "no layers"
+        return span + (" and the embeddings/head" if self.ends else "")
 
 
 @dataclass(frozen=True)
@@ -234,22 +258,38 @@ class Transformer(nn.Module):
         self.lm_head = Linear(config.dim, config.vocab_size)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+        self.part = ModelPart.whole(config.n_layers)
 
     @classmethod
-    def from_state_dict(cls, config: ModelConfig, state: dict[str, torch.Tensor]) -> Transformer:
+    def from_state_dict(
+        cls, config: ModelConfig, state: dict[str, torch.Tensor], part: ModelPart | None = None
+    ) -> Transformer:
         """Build a model that adopts the tensors of `state` (no copy), in eval mode.
 
         Faster than construct-then-load: the zero weights are never allocated.
 
+        Args:
+            config: the whole model's hyperparameters.
+            state: exactly the tensors of `part` (names as `state_dict()`).
+            part: the weights held (default: all); the others stay on "meta".
+
         Raises:
             RuntimeError: from `load_state_dict` when names or shapes differ.
         """
+        part = part or ModelPart.whole(config.n_layers)
         with torch.device("meta"):
             model = cls(config)
-        model.load_state_dict(state, strict=True, assign=True)
-        if config.tie_embeddings:  # assign made two Parameters; share one again
+        model.part = part
+        expected = set(part_state_names(config, part))
+        if set(state) != expected:
+            raise RuntimeError(
+                f"state for {part.describe()}: missing {sorted(expected - set(state))[:4]}, "
+                f"unexpected {sorted(set(state) - expected)[:4]}"
+            )
+        model.load_state_dict(state, strict=False, assign=True)
+        if config.tie_embeddings and part.ends:  # assign made two Parameters; share one again
             model.lm_head.weight = model.tok_emb.weight
-        device = model.tok_emb.weight.device
+        device = model._reference_weight().device
         model.rope = Rope(config.head_dim, config.max_seq_len, config.rope_theta).to(device)
         for block in model.layers:
             block.attn.rope = model.rope
@@ -262,6 +302,7 @@ class Transformer(nn.Module):
             ShapeError: ids not 2-D integer, empty, or outside the vocabulary.
             DeviceError: ids on another device than the weights.
         """
+        self._check_ends()
         if ids.dim() != 2 or ids.shape[1] == 0 or ids.dtype not in (torch.int64, torch.int32):
             raise ShapeError(
                 "expected token ids of shape (B, T>0) and integer dtype, "
@@ -316,6 +357,9 @@ class Transformer(nn.Module):
             raise ShapeError(
                 f"expected layers 0 <= start <= end <= {self.config.n_layers}, got {start}..{end}"
             )
+        if start < end and not (self.part.layers.start <= start and end <= self.part.layers.stop):
+            raise ShapeError(f"this model holds {self.part.describe()}, asked for layers "
+                             f"{start}..{end - 1}")
         self._check_hidden(h)
         t = h.shape[1]
         if pos is None:
@@ -332,6 +376,7 @@ class Transformer(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: hidden states (B, T, C) -> logits (B, T, V)."""
+        self._check_ends()
         return self.lm_head(self.norm(h))
 
     def forward(
@@ -364,8 +409,31 @@ class Transformer(nn.Module):
             if isinstance(m, Linear):
                 m.unpack()
 
+    def move(self, device: torch.device | str) -> Transformer:
+        """Move the weights this part holds (and the RoPE tables) to ``device``.
+
+        `nn.Module.to` cannot move a partial model: the weights it does not
+        hold live on "meta" and have no data to copy.
+        """
+        held: list[nn.Module] = [self.layers[i] for i in self.part.layers]
+        if self.part.ends:
+            held += [self.tok_emb, self.norm, self.lm_head]
+        for module in held + [self.rope]:
+            module.to(device)
+        return self
+
+    def _reference_weight(self) -> torch.Tensor:
+        """A weight this part holds: it says the dtype and device of hidden states."""
+        if self.part.ends or not self.part.layers:
+            return self.norm.weight
+        return self.layers[self.part.layers.start].attn_norm.weight
+
+    def _check_ends(self) -> None:
+        if not self.part.ends:
+            raise ShapeError(f"this model holds {self.part.describe()}, not the embeddings/head")
+
     def _check_hidden(self, h: torch.Tensor) -> None:
-        w = self.norm.weight
+        w = self._reference_weight()
         if h.dim() != 3 or h.shape[2] != self.config.dim or h.shape[1] == 0 or h.dtype != w.dtype:
             raise ShapeError(
                 f"expected hidden states (B, T>0, {self.config.dim}) {w.dtype}, "
@@ -373,3 +441,13 @@ class Transformer(nn.Module):
             )
         if h.device != w.device:
             raise DeviceError(f"weights are on {w.device}, hidden states on {h.device}")
+
+
+def part_state_names(config: ModelConfig, part: ModelPart) -> list[str]:
+    """The `Transformer.state_dict()` names of the weights `part` holds."""
+    # A tied head is listed too: state_dict() names the shared tensor twice.
+    names = ["tok_emb.weight", "norm.weight", "lm_head.weight"] if part.ends else []
+    for i in part.layers:
+        names += [f"layers.{i}.{n}.weight" for n in
+                  ("attn_norm", "mlp_norm", "attn.wqkv", "attn.wo", "mlp.w_gate_up", "mlp.w_down")]
+    return names

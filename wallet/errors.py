@@ -13,3 +13,25 @@ class WrongPassphraseError(WalletError):
 
 class KeyFileError(WalletError):
     """A key file that is missing, unreadable or not in the expected format."""
+
+
+class RouteError(WalletError, ValueError):
+    """A server announcement, a layer range or a route that makes no sense."""
+
+
+class NoRoute(WalletError):
+    """No chain of usable servers covers the requested layers.
+
+    Attributes:
+        first: the first layer of the range that no usable server covers.
+        last: the last layer of the uncovered run that starts at ``first``.
+        trusted_only: only trusted peers (an allow-list) were considered.
+    """
+
+    def __init__(self, first: int, last: int, trusted_only: bool = False):
+        self.first, self.last, self.trusted_only = first, last, trusted_only
+        run = f"layer {first} uncovered" if first == last else f"layers {first}..{last} uncovered"
+        message = f"no usable server covers layer {first} ({run})"
+        if trusted_only:
+            message += "; only trusted peers were considered"
+        super().__init__(message)

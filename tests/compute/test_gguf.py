@@ -131,3 +131,37 @@ def test_gguf_tensor_names_map_or_fail():
     assert _hf_name("output.weight") == "lm_head.weight"
     with pytest.raises(ModelFileError, match="not part of a Llama model"):
         _hf_name("blk.0.attn_q.bias")
+
+
+# -- partial models (a server's layers, a client's embeddings and head) ----------------
+
+
+def test_model_parts_chained_equal_the_whole_model_bit_for_bit(gguf_reader, smol):
+    from compute.gguf import load_gguf
+
+    ends = load_gguf(reader=gguf_reader, layers=range(0))
+    first = load_gguf(reader=gguf_reader, layers=range(0, 12), ends=False)
+    rest = load_gguf(reader=gguf_reader, layers=range(12, 30), ends=False)
+    ids = torch.tensor([[1, 504, 3575, 282, 4649]])
+    with torch.inference_mode():
+        h = rest.run_layers(first.run_layers(ends.embed(ids), 0, 12), 12, 30)
+        assert torch.equal(ends.head(h), smol(ids))
+
+
+def test_a_model_part_holds_only_its_weights_and_refuses_the_rest(gguf_reader):
+    from compute.errors import ShapeError
+    from compute.gguf import load_gguf
+
+    part = load_gguf(reader=gguf_reader, layers=range(10, 20), ends=False)
+    held = {n for n, p in part.named_parameters() if p.device.type != "meta"}
+    assert held and all(n.startswith(tuple(f"layers.{i}." for i in range(10, 20))) for n in held)
+    assert part.part.describe() == "layers 10..19"
+    h = torch.zeros(1, 2, part.config.dim)
+    with pytest.raises(ShapeError, match="holds layers 10..19, asked for layers 9..10"):
+        part.run_layers(h, 9, 11)
+    with pytest.raises(ShapeError, match="not the embeddings/head"):
+        part.embed(torch.tensor([[1]]))
+    with pytest.raises(ShapeError, match="not the embeddings/head"):
+        part.head(h)
+    with pytest.raises(ModelFileError, match="asked for"):
+        load_gguf(reader=gguf_reader, layers=range(20, 31))

@@ -1,0 +1,241 @@
+"""The server side of inference sessions: a span of layers, a KV cache per session.
+
+Owns `InferenceServer`, which serves ``/pnode/inference/1.0.0`` (specs/network.md
+section 6.3) from a partial model (`compute.model.ModelPart`: only the layers
+it serves are in memory):
+
+- a client opens a session for a sub-span of the served layers; the server
+  keeps that session's KV cache until the stream ends, the client goes quiet
+  for ``idle_timeout`` seconds, or an error;
+- a server at ``max_sessions`` answers `Busy` with a retry hint at once
+  rather than queueing the client behind an unknown wait;
+- every forward call runs in a worker thread under one FIFO
+  `trio.CapacityLimiter`: sessions take turns step by step in arrival order
+  (fair queueing), and the trio loop stays free for the network.
+
+A malformed frame, a step at the wrong position or one past the session's
+budget gets a `SessionError` and the stream is closed; a frame that does not
+decode or an oversize one also scores the peer (`Host.misbehaving`). The
+server never lets one session's failure touch another.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+import trio
+from libp2p.abc import INetStream
+from libp2p.peer.id import ID
+
+from compute.errors import ComputeError
+from compute.kvcache import KVCache
+from compute.model import Transformer
+from compute.quant import WireTensorError, decode_tensor, encode_tensor
+from ledger.codec import decode, encode
+from node.errors import NodeError
+from node.framing import FrameEOF, FrameTimeout, read_frame, write_frame
+from node.host import Host
+from node.serve_protocol import (
+    CODECS, INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, Busy, OpenSession, SessionAccepted,
+    SessionError, Step, StepResult,
+)
+
+log = logging.getLogger(__name__)
+
+
+class InferenceError(NodeError):
+    """Root of the inference-serving errors."""
+
+
+class SessionRefused(InferenceError):
+    """A session request the server will not serve (its reason goes to the client)."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Tunables of an inference server."""
+
+    max_sessions: int = 8
+    max_len: int = 2048  # most KV positions one session may ask for
+    idle_timeout: float = 60.0  # seconds a session may wait between frames
+    busy_retry_ms: int = 1000  # the hint given with `Busy`
+    write_timeout: float = 30.0
+
+
+@dataclass(slots=True)
+class _Session:
+    """One open session: its sub-span, cache and counters."""
+
+    id: int
+    peer: ID
+    start: int
+    end: int
+    codec: str
+    cache: KVCache
+    tokens: int = 0
+    steps: int = 0
+
+
+class InferenceServer:
+    """Serves inference sessions for the layers a partial model holds.
+
+    Args:
+        host: the running libp2p host.
+        model: a `Transformer` holding (at least) ``layers``.
+        layers: the span served, [start, end).
+        model_id: the id clients must ask for (`compute.gguf.model_id`).
+        device: where the weights are; hidden states are moved there.
+        config: limits and timeouts.
+    """
+
+    def __init__(self, host: Host, model: Transformer, layers: range, model_id: str, *,
+                 device: torch.device | str = "cpu", config: ServerConfig = ServerConfig()):
+        self.host, self.model, self.layers, self.model_id = host, model, layers, model_id
+        self.device, self.config = torch.device(device), config
+        self.sessions: dict[int, _Session] = {}
+        self.served_tokens = 0
+        self.refused_busy = 0
+        self._ids = itertools.count(1)
+        self._compute = trio.CapacityLimiter(1)  # FIFO: sessions take turns fairly
+
+    def start(self) -> None:
+        """Register the stream handler on the host (the host runs the streams)."""
+        self.host.set_handler(INFERENCE_PROTOCOL, self._serve)
+
+    def status(self) -> dict:
+        """Served span, open sessions and counters, for `pnode status`."""
+        return {"serving": [self.layers.start, self.layers.stop],
+                "sessions": len(self.sessions), "max_sessions": self.config.max_sessions,
+                "served_tokens": self.served_tokens, "refused_busy": self.refused_busy}
+
+    def measure_throughput(self, tokens: int = 8) -> float:
+        """Decode tokens/s through the served span (run in a worker thread).
+
+        One warm-up token, then the median of ``tokens`` single-token steps,
+        the same calls a session makes; what `Announce` reports.
+        """
+        cfg = self.model.config
+        cache = KVCache(cfg, tokens + 1, layers=self.layers, device=self.device)
+        h = torch.zeros(1, 1, cfg.dim, device=self.device)
+        times = []
+        with torch.inference_mode():
+            for _ in range(tokens + 1):
+                began = time.perf_counter()
+                self.model.run_layers(h, self.layers.start, self.layers.stop, cache=cache)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                times.append(time.perf_counter() - began)
+        times = sorted(times[1:])
+        return 1.0 / max(times[len(times) // 2], 1e-6)
+
+    # -- one stream = one session --------------------------------------------------------
+
+    async def _serve(self, stream: INetStream, peer: ID) -> None:
+        first = await read_frame(stream, 4096, timeout=self.config.idle_timeout)
+        request = decode(first, OpenSession)  # garbage: the host resets and scores
+        try:
+            session = self._open(request, peer)
+        except SessionRefused as exc:
+            await self._reply(stream, SessionError(str(exc)[:256]))
+            return
+        if session is None:
+            self.refused_busy += 1
+            await self._reply(stream, Busy(self.config.busy_retry_ms,
+                                           f"{len(self.sessions)} sessions open"))
+            return
+        try:
+            await self._reply(stream, SessionAccepted(session.cache.max_len))
+            await self._run_session(stream, session)
+        finally:
+            del self.sessions[session.id]
+
+    def _open(self, req: OpenSession, peer: ID) -> _Session | None:
+        """A new session, None when full. Raises SessionRefused."""
+        if req.model_id != self.model_id:
+            raise SessionRefused(f"this server serves model {self.model_id}, not {req.model_id}")
+        if not (self.layers.start <= req.layer_start < req.layer_end <= self.layers.stop):
+            raise SessionRefused(f"this server holds layers {self.layers.start}.."
+                                 f"{self.layers.stop - 1}, asked for {req.layer_start}.."
+                                 f"{req.layer_end - 1}")
+        if req.codec not in CODECS:
+            raise SessionRefused(f"unknown codec {req.codec!r}: expected one of {CODECS}")
+        limit = min(self.config.max_len, self.model.config.max_seq_len)
+        if req.max_len > limit:
+            raise SessionRefused(f"a session may hold at most {limit} tokens, asked {req.max_len}")
+        if len(self.sessions) >= self.config.max_sessions:
+            return None
+        # The cache is allocated lazily by torch.empty: an idle budget costs no pages.
+        cache = KVCache(self.model.config, req.max_len,
+                        layers=range(req.layer_start, req.layer_end), device=self.device)
+        session = _Session(next(self._ids), peer, req.layer_start, req.layer_end, req.codec, cache)
+        self.sessions[session.id] = session
+        return session
+
+    async def _run_session(self, stream: INetStream, s: _Session) -> None:
+        while True:
+            try:
+                data = await read_frame(stream, MAX_INFERENCE_FRAME,
+                                        timeout=self.config.idle_timeout)
+            except (FrameEOF, FrameTimeout):
+                return  # the client is done (or gone quiet): free the cache
+            step = decode(data, Step)
+            try:
+                hidden = self._check_step(step, s)
+            except SessionRefused as exc:
+                await self._reply(stream, SessionError(str(exc)[:256]))
+                return
+            try:
+                out = await trio.to_thread.run_sync(self._forward, s, step, hidden,
+                                                    limiter=self._compute)
+            except ComputeError as exc:
+                await self._reply(stream, SessionError(f"{type(exc).__name__}: {exc}"[:256]))
+                return
+            s.steps += 1
+            s.tokens = step.pos + hidden.shape[1]
+            self.served_tokens += hidden.shape[1]
+            await self._reply(stream, StepResult(out))
+
+    def _check_step(self, step: Step, s: _Session) -> torch.Tensor:
+        """The step's hidden states, checked against the session. Raises SessionRefused."""
+        try:
+            hidden = decode_tensor(step.hidden)
+        except WireTensorError as exc:
+            raise SessionRefused(f"bad hidden states: {exc}") from None
+        dim = self.model.config.dim
+        if hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[2] != dim \
+                or hidden.shape[1] == 0:
+            raise SessionRefused(f"expected hidden states (1, T>0, {dim}), "
+                                 f"got {tuple(hidden.shape)}")
+        t = hidden.shape[1]
+        if step.chunks and sum(step.chunks) != t:
+            raise SessionRefused(f"chunks sum to {sum(step.chunks)}, the step has {t} positions")
+        if step.pos != s.cache.length:
+            # A step may restart earlier positions (pos < length: roll back) but never skip.
+            if step.pos > s.cache.length:
+                raise SessionRefused(f"step at position {step.pos}, the session holds "
+                                     f"{s.cache.length}")
+        if step.pos + t > s.cache.max_len:
+            raise SessionRefused(f"step to position {step.pos + t} exceeds the session budget "
+                                 f"of {s.cache.max_len}")
+        return hidden.to(torch.float32)
+
+    def _forward(self, s: _Session, step: Step, hidden: torch.Tensor) -> bytes:
+        """Run the session's layers on the step, chunk by chunk (worker thread)."""
+        hidden = hidden.to(self.device)
+        outs, pos = [], step.pos
+        with torch.inference_mode():
+            for n in step.chunks or (hidden.shape[1],):
+                chunk = hidden[:, pos - step.pos: pos - step.pos + n]
+                outs.append(self.model.run_layers(chunk, s.start, s.end, pos=pos, cache=s.cache))
+                pos += n
+            out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return encode_tensor(out.to("cpu"), s.codec)
+
+    async def _reply(self, stream: INetStream, msg) -> None:
+        await write_frame(stream, encode(msg), timeout=self.config.write_timeout)
+
+

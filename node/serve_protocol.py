@@ -1,0 +1,171 @@
+"""Protocol ids, gossip topic and messages of model serving (specs/network.md section 6).
+
+Owns what servers and clients of the swarm say to each other: signed
+announcements of who serves which layers (gossip topic ``pnode/announce/1``
+and the ``/pnode/swarm/1.0.0`` request that returns a node's view of them),
+and the inference session stream ``/pnode/inference/1.0.0``. Messages are
+frozen, slotted dataclasses on the ledger codec under tags 57-65 (chain sync
+and transactions use 50-56), so decode refuses anything unexpected.
+
+Announcements are signed by the announcing peer's libp2p Ed25519 key (the
+key its peer id is made of), so any node may relay them in a `SwarmResponse`
+without being able to forge or alter one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Annotated
+
+from ledger.codec import U32, U64, Key32, MaxLen, Range, Sig64, encode_unsigned, wire
+from ledger.crypto import verify
+
+#: Request/response protocol: a node's current view of the swarm's servers.
+SWARM_PROTOCOL = "/pnode/swarm/1.0.0"
+#: Stream protocol of one inference session (many frames each way).
+INFERENCE_PROTOCOL = "/pnode/inference/1.0.0"
+#: Gossip topic of `Announce` messages.
+ANNOUNCE_TOPIC = "pnode/announce/1"
+#: Signature domain of announcements (a peer key signs nothing else with it).
+S_ANNOUNCE = b"pnode:sign:announce:"
+
+#: Largest hidden-state payload of one `Step` (2,048 float32 rows of 2,048).
+MAX_HIDDEN_BYTES = 16 * 1024 * 1024
+#: Largest frame on an inference stream: a `Step` with a maximal payload.
+MAX_INFERENCE_FRAME = MAX_HIDDEN_BYTES + 64 * 1024
+#: Largest `SwarmResponse` frame a client reads.
+MAX_SWARM_FRAME = 1024 * 1024
+#: Most chunks one replaying `Step` may carry.
+MAX_CHUNKS = 4096
+#: The wire tensor codecs a session may use (compute/quant.py).
+CODECS = ("raw", "fp16", "bf16", "int8")
+
+Text = Annotated[str, MaxLen(256)]
+ModelId = Annotated[str, MaxLen(64)]
+Addrs = Annotated[tuple[Text, ...], MaxLen(8)]
+
+
+@wire(57)
+@dataclass(frozen=True, slots=True)
+class Announce:
+    """A server says what it serves, how fast, how loaded and at what price.
+
+    public_key: the raw Ed25519 key of the peer (its peer id is derived).
+    addrs: multiaddrs to dial it at (each with ``/p2p/<peer id>``).
+    model_id: `compute.gguf.model_id` of the weights it serves.
+    layer_start, layer_end: the span of layers held, [start, end).
+    throughput_milli: measured decode tokens/s through the whole span, x1000.
+    load: open sessions; max_sessions: the most it accepts.
+    price: asked per token, in base coin units (informational until paid).
+    time_ms: the server's clock when signed; a later one replaces an earlier.
+    """
+
+    public_key: Key32
+    addrs: Addrs
+    model_id: ModelId
+    layer_start: U32
+    layer_end: U32
+    throughput_milli: U64
+    load: U32
+    max_sessions: U32
+    price: U64
+    time_ms: U64
+    signature: Sig64
+
+    @property
+    def throughput(self) -> float:
+        return self.throughput_milli / 1000.0
+
+    def verified(self) -> bool:
+        """True when the signature is the peer key's and the span is well formed."""
+        return self.layer_start < self.layer_end and verify(
+            self.public_key, S_ANNOUNCE, encode_unsigned(self), self.signature)
+
+
+def sign_announce(announce: Announce, sign) -> Announce:
+    """``announce`` with its signature made by ``sign(domain || message) -> 64 bytes``."""
+    unsigned = replace(announce, signature=bytes(64))
+    return replace(unsigned, signature=sign(S_ANNOUNCE + encode_unsigned(unsigned)))
+
+
+@wire(58)
+@dataclass(frozen=True, slots=True)
+class SwarmRequest:
+    """Ask a node for the announcements it holds as fresh."""
+
+
+@wire(59)
+@dataclass(frozen=True, slots=True)
+class SwarmResponse:
+    """The fresh announcements a node holds, its own included."""
+
+    announces: Annotated[tuple[Announce, ...], MaxLen(512)]
+
+
+@wire(60)
+@dataclass(frozen=True, slots=True)
+class OpenSession:
+    """First frame of an inference stream: run layers [start, end) for me.
+
+    max_len: the session's token budget (KV cache positions).
+    codec: how the server encodes its outputs (the inputs say their own).
+    """
+
+    model_id: ModelId
+    layer_start: U32
+    layer_end: U32
+    max_len: Annotated[int, Range(1, 1 << 20)]
+    codec: Annotated[str, MaxLen(8)]
+
+
+@wire(61)
+@dataclass(frozen=True, slots=True)
+class SessionAccepted:
+    """The server holds a KV cache of ``max_len`` positions for this session."""
+
+    max_len: U32
+
+
+@wire(62)
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """The server is full: try another server, or this one after the hint."""
+
+    retry_after_ms: U32
+    reason: Text
+
+
+@wire(63)
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Hidden states entering the session's first layer at positions ``pos ..``.
+
+    hidden: a wire tensor (compute/quant.py) of shape (1, T, dim).
+    chunks: how the server must split the T positions into consecutive
+        forward calls (a replay repeats the original prefill and decode
+        steps, so the rebuilt KV cache is bit-identical); () means one call.
+    The answer is a `StepResult` with the outputs at all T positions.
+    """
+
+    pos: U32
+    chunks: Annotated[tuple[Annotated[int, Range(1, 1 << 20)], ...], MaxLen(MAX_CHUNKS)]
+    hidden: Annotated[bytes, MaxLen(MAX_HIDDEN_BYTES)]
+
+
+@wire(64)
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """Hidden states leaving the session's last layer, (1, T, dim), as a wire tensor."""
+
+    hidden: Annotated[bytes, MaxLen(MAX_HIDDEN_BYTES)]
+
+
+@wire(65)
+@dataclass(frozen=True, slots=True)
+class SessionError:
+    """The server refused a request of the session and closes the stream."""
+
+    reason: Text
+
+
+ClientMessage = (OpenSession, Step)

@@ -1,0 +1,199 @@
+"""A node's model serving: which layers, loaded how, announced to whom.
+
+Owns `LayerServer`, the component `pnode start` runs when the node serves
+layers (specs/network.md section 6.1):
+
+1. it reads the GGUF file's metadata and model id;
+2. it takes its span: the one given (``--layers A:B``), or with ``auto`` the
+   window of ``span_len`` layers the swarm serves least (`node.balance`),
+   after asking its peers for their views of the swarm;
+3. it loads only those layers (`compute.model.ModelPart`) in a worker
+   thread, on the chosen device, measures its decode throughput, and serves
+   sessions (`node.inference.InferenceServer`);
+4. its announcement (span, throughput, load, price, addresses), signed with
+   the node's peer key, goes out through the node's `Announcer`;
+5. with ``auto`` it looks again every ``rebalance_s`` seconds and moves (reloads
+   another span; open sessions end and their clients fail over) only when
+   `node.balance.should_move` says the swarm's bottleneck would clearly rise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import trio
+
+from compute.gguf import config_from_gguf, load_gguf, model_id, open_gguf
+from node.balance import choose_span, should_move
+from node.host import Host, PeerIdentity
+from node.inference import InferenceServer, ServerConfig
+from node.serve_protocol import SWARM_PROTOCOL, Announce, SwarmRequest, SwarmResponse, sign_announce
+from node.swarm import Announcer, announce_peer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """An announced server as `node.balance` reads it."""
+
+    peer_id: str
+    start: int
+    end: int
+    throughput: float
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What and how to serve.
+
+    layers: the span (start, end), or None to choose it (``--auto``).
+    span_len: layers held when choosing (default: the whole model).
+    model_path: a GGUF file (default: the bundled SmolLM2-135M-Instruct).
+    device: "cpu", "cuda:0", ...
+    price: per token, in base coin units, announced.
+    threads: torch threads for the forward passes.
+    """
+
+    layers: tuple[int, int] | None = None
+    span_len: int | None = None
+    model_path: str | None = None
+    device: str = "cpu"
+    price: int = 0
+    threads: int = 2
+    rebalance_s: float = 30.0
+    discover_s: float = 2.0
+    server: ServerConfig = ServerConfig()
+
+
+class LayerServer:
+    """Loads, serves and announces one span of the model's layers."""
+
+    def __init__(self, host: Host, identity: PeerIdentity, announcer: Announcer,
+                 clock: Callable[[], int], config: ServeConfig = ServeConfig(), *,
+                 report: Callable[[str], None] = lambda line: None, reader=None):
+        """
+        Args:
+            reader: an open `gguf.GGUFReader` to load from (default: open
+                ``config.model_path``); lets several servers share one.
+        """
+        self.host, self.identity, self.announcer = host, identity, announcer
+        self.clock, self.config, self.report = clock, config, report
+        self.inference: InferenceServer | None = None
+        self.throughput = 0.0
+        self.model_id = ""
+        self._reader = reader
+        self._n_layers = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[LayerServer] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Load, serve and announce; with auto placement, rebalance; until cancelled."""
+        torch.set_num_threads(self.config.threads)
+        if self._reader is None:
+            self._reader = await trio.to_thread.run_sync(open_gguf, self.config.model_path)
+        self.model_id = model_id(self._reader)
+        self._n_layers = config_from_gguf(self._reader).n_layers
+        span = self.config.layers
+        if span is None:
+            span = await self._choose()
+        await self._load(span)
+        task_status.started(self)
+        if self.config.layers is None:
+            await self._rebalance_forever()
+        else:
+            await trio.sleep_forever()
+
+    def announce(self) -> Announce | None:
+        """This server's signed announcement now (None until it serves)."""
+        server = self.inference
+        if server is None:
+            return None
+        unsigned = Announce(
+            self.identity.public_key, tuple(self.host.addrs[:8]), self.model_id,
+            server.layers.start, server.layers.stop, int(self.throughput * 1000),
+            len(server.sessions), server.config.max_sessions, self.config.price, self.clock(),
+            bytes(64))
+        return sign_announce(unsigned, self.identity.key_pair.private_key.sign)
+
+    def status(self) -> dict:
+        if self.inference is None:
+            return {"serving": None, "sessions": 0}
+        return {**self.inference.status(), "throughput": round(self.throughput, 2),
+                "model_id": self.model_id, "device": self.config.device}
+
+    # -- placement ---------------------------------------------------------------------
+
+    def _span_len(self) -> int:
+        return min(self.config.span_len or self._n_layers, self._n_layers)
+
+    def _others(self) -> list[_Span]:
+        me = str(self.host.peer_id)
+        return [_Span(str(announce_peer(a)), a.layer_start, a.layer_end, a.throughput)
+                for a in self.announcer.fresh()
+                if a.model_id == self.model_id and str(announce_peer(a)) != me]
+
+    async def _choose(self) -> tuple[int, int]:
+        """The span the swarm serves least, after gathering the peers' views."""
+        await self._gather_views()
+        start = choose_span(self._others(), self._n_layers, self._span_len())
+        return start, start + self._span_len()
+
+    async def _gather_views(self) -> None:
+        """Ask connected peers for their views; give gossip a moment as well."""
+        with trio.move_on_after(self.config.discover_s):
+            for peer in self.host.connected_peers():
+                try:
+                    data = await self.host.request(peer, SWARM_PROTOCOL,
+                                                   _encode(SwarmRequest()), timeout=2.0)
+                    for a in _decode_swarm(data):
+                        self.announcer.take(a)
+                except Exception as exc:  # a peer without the protocol, or gone
+                    log.debug("no swarm view from %s: %s", peer, exc)
+            await trio.sleep(self.config.discover_s)
+
+    async def _rebalance_forever(self) -> None:
+        me = str(self.host.peer_id)
+        while True:
+            await trio.sleep(self.config.rebalance_s)
+            assert self.inference is not None
+            mine = _Span(me, self.inference.layers.start, self.inference.layers.stop,
+                         self.throughput)
+            start = should_move([*self._others(), mine], me, self._n_layers)
+            if start is not None:
+                self.report(f"moving to layers {start}:{start + self._span_len()} "
+                            "(the swarm serves them least)")
+                await self._load((start, start + self._span_len()))
+                await self.announcer.announce_now()
+
+    async def _load(self, span: tuple[int, int]) -> None:
+        """Load ``span``, measure it, and serve it in place of any earlier span."""
+        began = time.monotonic()
+        layers = range(*span)
+        model = await trio.to_thread.run_sync(self._load_part, layers)
+        server = InferenceServer(self.host, model, layers, self.model_id,
+                                 device=self.config.device, config=self.config.server)
+        self.throughput = await trio.to_thread.run_sync(server.measure_throughput)
+        self.inference = server
+        server.start()
+        self.report(f"serving layers {span[0]}:{span[1]} of {self._n_layers} on "
+                    f"{self.config.device} ({self.throughput:.0f} tokens/s, loaded in "
+                    f"{time.monotonic() - began:.1f} s)")
+        await self.announcer.announce_now()
+
+    def _load_part(self, layers: range):
+        model = load_gguf(reader=self._reader, layers=layers, ends=False)
+        return model.move(self.config.device) if self.config.device != "cpu" else model
+
+
+def _encode(msg) -> bytes:
+    from ledger.codec import encode
+    return encode(msg)
+
+
+def _decode_swarm(data: bytes) -> tuple[Announce, ...]:
+    from ledger.codec import decode
+    return decode(data, SwarmResponse).announces

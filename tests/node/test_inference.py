@@ -1,0 +1,269 @@
+"""node.inference: sessions over real libp2p streams on 127.0.0.1, a tiny random model.
+
+The server's outputs are compared with the same model run in this process
+(the reference): a session must compute exactly what `run_layers` computes.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+import trio
+
+from compute.kvcache import KVCache
+from compute.quant import decode_tensor, encode_tensor
+from ledger.codec import decode, encode
+from node.framing import FrameEOF, FramingError, read_frame, write_frame
+from node.inference import InferenceServer, ServerConfig
+from node.serve_protocol import (
+    INFERENCE_PROTOCOL, Busy, OpenSession, SessionAccepted, SessionError, Step, StepResult,
+)
+from tests.compute.helpers import TINY, tiny_model
+from tests.node.netkit import eventually, ident, run
+
+MODEL_ID = "tiny-test-model"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(torch.Generator().manual_seed(7))
+
+
+def hidden(seed: int, t: int) -> torch.Tensor:
+    return torch.randn(1, t, TINY.dim, generator=torch.Generator().manual_seed(seed))
+
+
+async def serving(nursery, model, config=ServerConfig()):
+    """A server host with the tiny model's layers 0..1 and a client host, connected."""
+    from node.host import open_host  # noqa: PLC0415 (kept next to its use)
+
+    server_host = await nursery_enter(nursery, open_host(ident(1)))
+    client_host = await nursery_enter(nursery, open_host(ident(2)))
+    server = InferenceServer(server_host, model, range(0, 2), MODEL_ID, config=config)
+    server.start()
+    await client_host.connect(server_host.addrs[0])
+    return server, server_host, client_host
+
+
+async def nursery_enter(stack, cm):
+    return await stack.enter_async_context(cm)
+
+
+async def open_session(client_host, server_host, *, start=0, end=2, max_len=32, codec="raw",
+                       model_id=MODEL_ID):
+    stream = await client_host.open_stream(server_host.peer_id, INFERENCE_PROTOCOL)
+    await write_frame(stream, encode(OpenSession(model_id, start, end, max_len, codec)))
+    reply = decode(await read_frame(stream), (SessionAccepted, Busy, SessionError))
+    return stream, reply
+
+
+async def step(stream, x, pos, chunks=(), codec="raw"):
+    await write_frame(stream, encode(Step(pos, chunks, encode_tensor(x, codec))))
+    reply = decode(await read_frame(stream), (StepResult, SessionError))
+    return reply if isinstance(reply, SessionError) else decode_tensor(reply.hidden)
+
+
+def reference(model, xs):
+    """Incremental run_layers over the chunks xs, as a session would."""
+    cache = KVCache(TINY, 32)
+    with torch.inference_mode():
+        return [model.run_layers(x, 0, 2, cache=cache) for x in xs]
+
+
+def with_hosts(body):
+    from contextlib import AsyncExitStack
+
+    async def main():
+        async with AsyncExitStack() as stack:
+            await body(stack)
+    run(main)
+
+
+def test_session_equals_local_run_step_by_step(model):
+    xs = [hidden(1, 5), hidden(2, 1), hidden(3, 1)]
+    want = reference(model, xs)
+
+    async def body(stack):
+        server, sh, ch = await serving(stack, model)
+        stream, reply = await open_session(ch, sh)
+        assert reply == SessionAccepted(32)
+        assert server.status()["sessions"] == 1
+        pos = 0
+        for x, w in zip(xs, want):
+            got = await step(stream, x, pos)
+            assert torch.equal(got, w)
+            pos += x.shape[1]
+        await stream.close()
+        await eventually(lambda: not server.sessions, "the session to close")
+        assert server.served_tokens == 7
+    with_hosts(body)
+
+
+def test_replay_in_original_chunks_rebuilds_a_bit_identical_cache(model):
+    """A replacement server given the kept inputs in their chunks continues exactly."""
+    xs = [hidden(1, 6), hidden(2, 1), hidden(3, 1), hidden(4, 1)]
+    want = reference(model, xs)
+
+    async def body(stack):
+        _, sh, ch = await serving(stack, model)
+        stream, _ = await open_session(ch, sh)
+        replay = torch.cat(xs[:3], dim=1)
+        got = await step(stream, replay, 0, chunks=(6, 1, 1))
+        assert torch.equal(got, torch.cat(want[:3], dim=1))
+        assert torch.equal(await step(stream, xs[3], 8), want[3])
+    with_hosts(body)
+
+
+def test_sub_span_session_runs_only_its_layers(model):
+    x = hidden(5, 3)
+    with torch.inference_mode():
+        want = model.run_layers(x, 1, 2, cache=KVCache(TINY, 8, layers=range(1, 2)))
+
+    async def body(stack):
+        _, sh, ch = await serving(stack, model)
+        stream, reply = await open_session(ch, sh, start=1, end=2, max_len=8)
+        assert isinstance(reply, SessionAccepted)
+        assert torch.equal(await step(stream, x, 0), want)
+    with_hosts(body)
+
+
+@pytest.mark.parametrize("codec", ["fp16", "int8"])
+def test_outputs_come_back_in_the_sessions_codec(model, codec):
+    x = hidden(6, 4)
+    (want,) = reference(model, [x])
+
+    async def body(stack):
+        _, sh, ch = await serving(stack, model)
+        stream, _ = await open_session(ch, sh, codec=codec)
+        await write_frame(stream, encode(Step(0, (), encode_tensor(x, "raw"))))
+        reply = decode(await read_frame(stream), StepResult)
+        # Exactly the reference's output, put through the codec: no other loss.
+        assert reply.hidden == encode_tensor(want, codec)
+        assert len(reply.hidden) < len(encode_tensor(want, "raw"))
+    with_hosts(body)
+
+
+@pytest.mark.parametrize("request_, says", [
+    (dict(model_id="another-model"), "serves model"),
+    (dict(start=1, end=3), "holds layers 0..1"),
+    (dict(codec="fp8"), "unknown codec"),
+    (dict(max_len=4096), "at most"),
+])
+def test_refused_sessions_say_why(model, request_, says):
+    async def body(stack):
+        server, sh, ch = await serving(stack, model)
+        stream, reply = await open_session(ch, sh, **request_)
+        assert isinstance(reply, SessionError) and says in reply.reason
+        with pytest.raises(FrameEOF):
+            await read_frame(stream)
+        assert not server.sessions and not sh.misbehaving
+    with_hosts(body)
+
+
+@pytest.mark.parametrize("bad_step, says", [
+    (lambda x: Step(3, (), encode_tensor(x)), "position 3"),
+    (lambda x: Step(0, (2, 2), encode_tensor(x)), "chunks sum"),
+    (lambda x: Step(0, (), encode_tensor(x[:, :, :8])), "expected hidden states"),
+    (lambda x: Step(30, (), encode_tensor(x)), "position 30"),
+    (lambda x: Step(0, (), b"\x00garbage"), "bad hidden states"),
+])
+def test_bad_steps_end_the_session_with_a_reason(model, bad_step, says):
+    async def body(stack):
+        server, sh, ch = await serving(stack, model)
+        stream, _ = await open_session(ch, sh, max_len=32)
+        await write_frame(stream, encode(bad_step(hidden(1, 3))))
+        reply = decode(await read_frame(stream), SessionError)
+        assert says in reply.reason
+        await eventually(lambda: not server.sessions, "the session to be dropped")
+    with_hosts(body)
+
+
+def test_budget_is_enforced_before_any_work(model):
+    async def body(stack):
+        server, sh, ch = await serving(stack, model)
+        stream, _ = await open_session(ch, sh, max_len=4)
+        got = await step(stream, hidden(1, 5), 0)
+        assert isinstance(got, SessionError) and "budget of 4" in got.reason
+    with_hosts(body)
+
+
+def test_a_full_server_answers_busy_with_a_retry_hint(model):
+    config = ServerConfig(max_sessions=2, busy_retry_ms=750)
+
+    async def body(stack):
+        server, sh, ch = await serving(stack, model, config)
+        first = [await open_session(ch, sh) for _ in range(2)]
+        assert all(isinstance(r, SessionAccepted) for _, r in first)
+        _, reply = await open_session(ch, sh)
+        assert reply.retry_after_ms == 750 and isinstance(reply, Busy)
+        assert server.refused_busy == 1
+        await first[0][0].close()
+        await eventually(lambda: len(server.sessions) == 1, "a slot to free")
+        _, again = await open_session(ch, sh)
+        assert isinstance(again, SessionAccepted)
+    with_hosts(body)
+
+
+def test_concurrent_sessions_each_get_their_own_cache(model):
+    """Interleaved steps of two sessions give each the result of running alone."""
+    a = [hidden(10, 4), hidden(11, 1), hidden(12, 1)]
+    b = [hidden(20, 2), hidden(21, 1), hidden(22, 1)]
+    want_a, want_b = reference(model, a), reference(model, b)
+
+    async def body(stack):
+        _, sh, ch = await serving(stack, model)
+        sa, _ = await open_session(ch, sh)
+        sb, _ = await open_session(ch, sh)
+        got: dict[str, list] = {"a": [], "b": []}
+
+        async def drive(name, stream, xs):
+            pos = 0
+            for x in xs:
+                got[name].append(await step(stream, x, pos))
+                pos += x.shape[1]
+        async with trio.open_nursery() as n:
+            n.start_soon(drive, "a", sa, a)
+            n.start_soon(drive, "b", sb, b)
+        assert all(torch.equal(g, w) for g, w in zip(got["a"], want_a))
+        assert all(torch.equal(g, w) for g, w in zip(got["b"], want_b))
+    with_hosts(body)
+
+
+@pytest.mark.parametrize("payload", [
+    b"not msgpack at all",
+    struct.pack(">I", 2**31) + b"x",  # an absurd length prefix, sent raw
+])
+def test_garbage_first_frame_resets_the_stream_and_scores_the_peer(model, payload):
+    async def body(stack):
+        server, sh, ch = await serving(stack, model)
+        stream = await ch.open_stream(sh.peer_id, INFERENCE_PROTOCOL)
+        if payload.startswith(b"not"):
+            await write_frame(stream, payload)
+        else:
+            await stream.write(payload)
+        with pytest.raises(FramingError):
+            await read_frame(stream)
+        await eventually(lambda: sh.misbehaving.get(ch.peer_id, 0) >= 1, "a misbehaviour point")
+        # ... and the server goes on serving everyone.
+        stream2, reply = await open_session(ch, sh)
+        assert isinstance(reply, SessionAccepted)
+        assert not server.sessions or len(server.sessions) == 1
+    with_hosts(body)
+
+
+def test_an_idle_session_is_closed_and_its_cache_freed(model):
+    async def body(stack):
+        server, sh, ch = await serving(stack, model, ServerConfig(idle_timeout=0.3))
+        stream, _ = await open_session(ch, sh)
+        assert len(server.sessions) == 1
+        await eventually(lambda: not server.sessions, "the idle session to close", limit=5)
+    with_hosts(body)
+
+
+def test_measured_throughput_is_positive(model):
+    async def body(stack):
+        server, _, _ = await serving(stack, model)
+        assert server.measure_throughput(tokens=3) > 0
+    with_hosts(body)

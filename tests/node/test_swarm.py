@@ -1,0 +1,137 @@
+"""node.swarm: signed announcements, their ageing, and their gossip between real hosts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import trio
+
+from ledger.codec import decode, encode
+from node.serve_protocol import SWARM_PROTOCOL, Announce, SwarmRequest, SwarmResponse, sign_announce
+from node.swarm import Announcer, SwarmView, announce_peer
+from tests.node.netkit import eventually, ident, run
+
+NOW_MS = 1_700_000_000_000
+
+
+def announce(n: int, *, start=0, end=10, time_ms=NOW_MS, load=0) -> Announce:
+    me = ident(n)
+    unsigned = Announce(me.public_key, (f"/ip4/127.0.0.1/tcp/1/p2p/{me.peer_id}",), "model",
+                        start, end, 12_500, load, 8, 0, time_ms, bytes(64))
+    return sign_announce(unsigned, me.key_pair.private_key.sign)
+
+
+def test_announcements_verify_and_name_their_peer():
+    a = announce(1)
+    assert a.verified() and announce_peer(a) == ident(1).peer_id
+    assert a.throughput == 12.5
+    assert decode(encode(a), Announce) == a
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda a: replace(a, layer_end=30),  # a relay widening the span
+    lambda a: replace(a, public_key=ident(2).public_key),  # claiming another peer's
+    lambda a: replace(a, signature=bytes(64)),
+    lambda a: replace(a, layer_start=10, layer_end=10),  # empty span, however signed
+])
+def test_altered_announcements_do_not_verify(tamper):
+    a = tamper(announce(1))
+    if a.layer_start == a.layer_end:
+        a = sign_announce(a, ident(1).key_pair.private_key.sign)
+    assert not a.verified()
+    assert not SwarmView().add(a, 0.0, NOW_MS)
+
+
+def test_view_keeps_the_newest_and_expires_after_ttl():
+    view = SwarmView(ttl=4.0)
+    assert view.add(announce(1, load=0), 0.0, NOW_MS)
+    assert not view.add(announce(1, load=5, time_ms=NOW_MS - 1), 1.0, NOW_MS)  # older: refused
+    assert view.add(announce(1, load=3, time_ms=NOW_MS + 1), 2.0, NOW_MS)
+    assert [a.load for a in view.fresh(5.9)] == [3]  # refreshed at 2.0
+    assert view.fresh(6.1) == []
+
+
+def test_view_refuses_announcements_signed_long_ago():
+    view = SwarmView(max_age_ms=30_000)
+    assert not view.add(announce(1, time_ms=NOW_MS - 31_000), 0.0, NOW_MS)
+    assert view.add(announce(1, time_ms=NOW_MS - 29_000), 0.0, NOW_MS)
+
+
+def test_view_drop_removes_a_peer_at_once():
+    view = SwarmView()
+    view.add(announce(1), 0.0, NOW_MS)
+    view.add(announce(2), 0.0, NOW_MS)
+    view.drop(ident(1).peer_id)
+    assert [announce_peer(a) for a in view.fresh(0.5)] == [ident(2).peer_id]
+
+
+def clock_ms() -> int:
+    import time
+    return time.time_ns() // 1_000_000
+
+
+def own(n: int, start: int, end: int):
+    def make():
+        return announce(n, start=start, end=end, time_ms=clock_ms())
+    return make
+
+
+def test_announcements_spread_by_gossip_served_on_request_and_dropped_on_disconnect():
+    from node.host import open_host
+
+    async def main():
+        async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
+                open_host(ident(3)) as h3, trio.open_nursery() as n:
+            a1 = await n.start(Announcer(h1, clock_ms, own(1, 0, 10), interval=0.2).run)
+            a2 = await n.start(Announcer(h2, clock_ms, own(2, 10, 30), interval=0.2).run)
+            a3 = await n.start(Announcer(h3, clock_ms, interval=0.2).run)  # serves nothing
+            await h2.connect(h1.addrs[0])
+            await h3.connect(h1.addrs[0])
+
+            def spans(announcer):
+                return sorted((a.layer_start, a.layer_end) for a in announcer.fresh())
+            await eventually(lambda: spans(a3) == [(0, 10), (10, 30)], "gossip to reach node 3")
+            assert spans(a1) == spans(a2) == [(0, 10), (10, 30)]
+
+            data = await h3.request(h1.peer_id, SWARM_PROTOCOL, encode(SwarmRequest()))
+            served = decode(data, SwarmResponse).announces
+            assert sorted(str(announce_peer(a)) for a in served) == sorted(
+                [str(ident(1).peer_id), str(ident(2).peer_id)])
+
+            h2.stop()  # node 2 goes away: node 1 drops it without waiting for the TTL
+            await eventually(lambda: spans(a1) == [(0, 10)], "node 2 to be dropped", limit=3.0)
+            n.cancel_scope.cancel()
+    run(main)
+
+
+def test_an_allow_list_keeps_only_trusted_announcements():
+    from node.host import open_host
+
+    async def main():
+        async with open_host(ident(1)) as h1:
+            announcer = Announcer(h1, clock_ms, allowed={ident(2).peer_id})
+            assert announcer.take(announce(2, time_ms=clock_ms()))
+            assert not announcer.take(announce(3, time_ms=clock_ms()))
+            assert [announce_peer(a) for a in announcer.fresh()] == [ident(2).peer_id]
+    run(main)
+
+
+def test_garbage_on_the_announce_topic_scores_the_sender():
+    from node.host import open_host
+    from node.serve_protocol import ANNOUNCE_TOPIC
+
+    async def main():
+        async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
+                trio.open_nursery() as n:
+            a1 = await n.start(Announcer(h1, clock_ms, interval=0.2).run)
+            await h2.connect(h1.addrs[0])
+            await h2.join(ANNOUNCE_TOPIC)
+            await eventually(lambda: h2.peer_id in h1.topic_peers(ANNOUNCE_TOPIC), "subscription")
+            forged = replace(announce(3, time_ms=clock_ms()), layer_end=30)
+            await h2.publish(ANNOUNCE_TOPIC, b"garbage")
+            await h2.publish(ANNOUNCE_TOPIC, encode(forged))
+            await eventually(lambda: h1.misbehaving.get(h2.peer_id, 0) >= 2, "two points")
+            assert a1.fresh() == []
+            n.cancel_scope.cancel()
+    run(main)

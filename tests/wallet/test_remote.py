@@ -1,0 +1,166 @@
+"""wallet.remote over real hosts on 127.0.0.1, serving the real SmolLM2 in parts.
+
+Servers run in this process (each holds only its layers); the reference is
+the whole model run locally. Process-level runs (kill -9) are in
+tests/node/test_serve_processes.py.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AsyncExitStack
+
+import pytest
+import trio
+
+from compute.generate import generate
+from compute.gguf import model_id
+from node.host import open_host
+from node.inference import ServerConfig
+from node.server import LayerServer, ServeConfig
+from node.swarm import Announcer
+from tests.node.netkit import ident, run
+from wallet.client import InferRequest
+from wallet.errors import NoRoute
+from wallet.remote import ClientConfig, ClientParts, RemoteError, open_remote
+
+PROMPT = "What is the capital of France?"
+LONG_PROMPT = "Write a short poem about the sea."
+
+
+def clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@pytest.fixture(scope="module")
+def parts(gguf_reader, smol_tokenizer):
+    from compute.gguf import load_gguf
+    return ClientParts(load_gguf(reader=gguf_reader, layers=range(0)), smol_tokenizer,
+                       model_id(gguf_reader))
+
+
+@pytest.fixture(scope="module")
+def local_tokens(smol, smol_tokenizer):
+    def tokens(n: int, prompt: str = PROMPT) -> list[int]:
+        ids = smol_tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        return generate(smol, ids, n, stop_ids=smol_tokenizer.stop_ids)
+    return tokens
+
+
+async def swarm(stack: AsyncExitStack, reader, spans, configs=None):
+    """Servers (seeds 1, 2, ...) of the given spans, all connected to the first.
+
+    Each host gets a nursery of its own for its components, cancelled before
+    the host closes (the stack unwinds in reverse).
+    """
+    hosts, servers = [], []
+    for i, span in enumerate(spans, 1):
+        host = await stack.enter_async_context(open_host(ident(i)))
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        stack.callback(nursery.cancel_scope.cancel)
+        announcer = Announcer(host, clock_ms, interval=0.3)
+        server = LayerServer(host, ident(i), announcer, clock_ms,
+                             ServeConfig(layers=span, server=(configs or {}).get(i, ServerConfig())),
+                             reader=reader)
+        announcer.make_announce = server.announce
+        await nursery.start(announcer.run)
+        if hosts:
+            await host.connect(hosts[0].addrs[0])
+        await nursery.start(server.run)
+        hosts.append(host)
+        servers.append(server)
+    await trio.sleep(1.0)  # a few announcement rounds
+    return hosts, servers
+
+
+def test_three_servers_generate_exactly_what_the_local_model_does(gguf_reader, parts,
+                                                                  local_tokens):
+    async def main():
+        async with AsyncExitStack() as stack:
+            hosts, _ = await swarm(stack, gguf_reader, [(0, 10), (10, 20), (20, 30)])
+            async with open_remote([hosts[0].addrs[0]], parts) as client:
+                seen = []
+                result = await client.generate(InferRequest(PROMPT, max_tokens=16), seen.append)
+            assert result.token_ids == local_tokens(16)
+            assert [t.id for t in seen] == result.token_ids
+            assert [(s.peer_id, s.start, s.end) for s in result.route] == [
+                (str(h.peer_id), a, b) for h, (a, b) in zip(hosts, [(0, 10), (10, 20), (20, 30)])]
+            assert result.failovers == 0
+    run(main, deadline=90)
+
+
+def test_a_server_dying_mid_generation_is_replaced_and_the_output_unchanged(
+        gguf_reader, parts, local_tokens):
+    async def main():
+        async with AsyncExitStack() as stack:
+            hosts, _ = await swarm(stack, gguf_reader,
+                                   [(0, 10), (10, 20), (20, 30), (10, 20)])
+            async with open_remote([hosts[0].addrs[0]], parts) as client:
+                victim: list[str] = []
+
+                def kill_after_five(token) -> None:
+                    if len(victim) == 0 and token.id is not None and len(seen) == 4:
+                        middle = [hop for hop in client.route if hop.start == 10][0]
+                        victim.append(middle.peer_id)
+                        [h for h in hosts if str(h.peer_id) == middle.peer_id][0].stop()
+                    seen.append(token.id)
+                seen: list[int] = []
+                result = await client.generate(InferRequest(LONG_PROMPT, max_tokens=32),
+                                               kill_after_five)
+            assert len(result.token_ids) == 32
+            assert result.token_ids == local_tokens(32, LONG_PROMPT)
+            assert result.failovers == 1
+            spans = [(s.peer_id, s.start, s.end, s.failed) for s in result.route]
+            assert (victim[0], 10, 20, True) in spans
+            heirs = [s for s in result.route if s.start == 10 and not s.failed]
+            assert len(heirs) == 1 and heirs[0].peer_id != victim[0]
+    run(main, deadline=120)
+
+
+def test_trusted_peers_only_and_a_clear_error_when_they_cannot_cover(gguf_reader, parts,
+                                                                   local_tokens):
+    async def main():
+        async with AsyncExitStack() as stack:
+            hosts, _ = await swarm(stack, gguf_reader,
+                                   [(0, 10), (10, 20), (20, 30), (0, 30)])
+            trusted = {str(h.peer_id) for h in hosts[:3]}  # not the whole-model server
+            async with open_remote([hosts[0].addrs[0]], parts, trusted=trusted) as client:
+                result = await client.generate(InferRequest(PROMPT, max_tokens=8))
+            assert result.token_ids == local_tokens(8)
+            assert {s.peer_id for s in result.route} == trusted
+
+            only_two = {str(hosts[0].peer_id), str(hosts[2].peer_id)}
+            async with open_remote([hosts[0].addrs[0]], parts, trusted=only_two) as client:
+                with pytest.raises(NoRoute, match="layer 10 .*only trusted peers"):
+                    await client.generate(InferRequest(PROMPT, max_tokens=8))
+    run(main, deadline=120)
+
+
+def test_a_busy_server_is_routed_around(gguf_reader, parts, local_tokens):
+    async def main():
+        async with AsyncExitStack() as stack:
+            one_session = {1: ServerConfig(max_sessions=1), 2: ServerConfig(max_sessions=1)}
+            hosts, servers = await swarm(stack, gguf_reader, [(0, 30), (0, 30)], one_session)
+            async with open_remote([hosts[0].addrs[0]], parts) as a, \
+                    open_remote([hosts[0].addrs[0]], parts) as b:
+                results = {}
+
+                async def gen(name, client):
+                    results[name] = await client.generate(InferRequest(PROMPT, max_tokens=8))
+                async with trio.open_nursery() as clients:
+                    clients.start_soon(gen, "a", a)
+                    clients.start_soon(gen, "b", b)
+            assert results["a"].token_ids == results["b"].token_ids == local_tokens(8)
+            # Each server takes one session at a time: the two clients ran on both.
+            used = {results["a"].route[0].peer_id, results["b"].route[0].peer_id}
+            assert used == {str(h.peer_id) for h in hosts}
+    run(main, deadline=120)
+
+
+def test_no_reachable_peer_is_a_clear_error(parts):
+    async def main():
+        with pytest.raises(RemoteError, match="no peer reachable"):
+            async with open_remote([f"/ip4/127.0.0.1/tcp/9/p2p/{ident(9).peer_id}"], parts,
+                                   config=ClientConfig()):
+                pass
+    run(main, deadline=60)
