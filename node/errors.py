@@ -17,3 +17,7 @@ class ChainCorruptError(DataDirError):
 
 class ProofError(NodeError):
     """A proof file that cannot be read, or a receipt that is not in the log."""
+
+
+class BalanceError(NodeError, ValueError):
+    """A layer count, span length or gain factor out of range for layer choice."""

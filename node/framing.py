@@ -23,12 +23,12 @@ empty result or ``EOFError``/libp2p ``StreamEOF`` at end of stream) and
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager
 from typing import Protocol
 
 import trio
-from libp2p.io.exceptions import IOException
 
 from node.errors import NodeError
 
@@ -121,7 +121,7 @@ async def write_frame(
             await stream.write(data)
     except trio.TooSlowError:
         raise FrameTimeout(f"writing a {size}-byte frame took over {timeout} s") from None
-    except (IOException, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+    except _broken_stream_errors() as exc:
         raise FrameStreamError(f"stream broke while writing a frame: {exc!r}") from exc
 
 
@@ -189,7 +189,7 @@ async def _read_exactly(stream: ByteStream, n: int, part: str, *, clean_eof: boo
             chunk = await stream.read(want)
         except EOFError:  # libp2p's StreamEOF is an EOFError
             chunk = b""
-        except (IOException, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        except _broken_stream_errors() as exc:
             raise FrameStreamError(f"stream broke while reading a frame {part}: {exc!r}") from exc
         if not chunk:
             if got == 0 and clean_eof:
@@ -200,6 +200,19 @@ async def _read_exactly(stream: ByteStream, n: int, part: str, *, clean_eof: boo
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
+
+
+def _broken_stream_errors() -> tuple[type[BaseException], ...]:
+    """What a broken stream raises: trio's and the OS's errors, and libp2p's.
+
+    libp2p's ``IOException`` is looked up only if libp2p is loaded (a libp2p
+    stream cannot exist otherwise), so that framing over a local socket
+    (`node.control`, used by the CLIs) does not pay for importing libp2p.
+    """
+    errors: tuple[type[BaseException], ...] = (
+        OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+    libp2p_io = sys.modules.get("libp2p.io.exceptions")
+    return errors if libp2p_io is None else (*errors, libp2p_io.IOException)
 
 
 def _deadline(timeout: float | None) -> AbstractContextManager[object]:

@@ -1,12 +1,15 @@
 """The node's libp2p host: identity, transport security, streams and gossip.
 
 Owns all use of py-libp2p 0.8.1 (DESIGN.md section 7; its traps are listed in
-specs/network.md): `PeerIdentity` (the data dir's ``peer.key``; peer id =
-`node.datadir.libp2p_peer_id`), and `open_host`: TCP, Noise the *only*
-security protocol, yamux, pubsub + gossipsub started before any connection;
-one-frame request/response streams (`node.framing`) where an error closes only
-that stream and scores its peer in `Host.misbehaving`; gossip with a size
-limit checked at publish and the rate limit raised.
+specs/network.md) but the identity (`node.identity.PeerIdentity`, re-exported
+here): `open_host`, a `Host` with TCP, Noise the *only* security protocol,
+yamux, pubsub + gossipsub started before any connection; one-frame
+request/response streams (`node.framing`) where an error closes only
+that stream and scores its peer (`Host.penalize`); gossip with a size limit
+checked at publish, the rate limit raised, and per-topic validators that run
+before gossipsub relays a message (`Host.set_validator`). A peer whose score
+reaches ``HostConfig.ban_threshold`` is disconnected and refused (inbound and
+outbound, streams and gossip) for ``ban_seconds``.
 """
 
 from __future__ import annotations
@@ -16,14 +19,11 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import multiaddr
 import trio
 from libp2p import new_host
-from libp2p.abc import INetStream
-from libp2p.crypto.ed25519 import create_new_key_pair
-from libp2p.crypto.keys import KeyPair
+from libp2p.abc import INetConn, INetStream, INetwork, INotifee
 from libp2p.crypto.x25519 import create_new_key_pair as create_noise_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
@@ -34,20 +34,20 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE, Transport as N
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX, Yamux
 from libp2p.tools.anyio_service import background_trio_service
 
-from node.datadir import libp2p_peer_id, read_seed_file
-from node.errors import NodeError
 from node.framing import DEFAULT_MAX_FRAME_SIZE as MAX_FRAME
 from node.framing import FrameStreamError, FramingError, read_frame, write_frame
+from node.identity import HostError, PeerIdentity
+
+__all__ = ["DialError", "GossipError", "Host", "HostConfig", "HostError", "PeerIdentity",
+           "RequestError", "RequestTimeout", "open_host"]
 
 log = logging.getLogger(__name__)
 _QUEUE_HIGH_WATER = 8  # of py-libp2p's 32-RPC per-peer outbound gossip queue
 
 StreamHandler = Callable[[INetStream, ID], Awaitable[None]]
 RequestHandler = Callable[[ID, bytes], Awaitable[bytes]]
-
-
-class HostError(NodeError):
-    """Root of the errors of the libp2p host (also: a bad identity seed)."""
+#: ``await validator(origin, data, forwarder) -> relay?`` of one gossip topic.
+GossipValidator = Callable[[ID, bytes, ID], Awaitable[bool]]
 
 
 class DialError(HostError):
@@ -79,48 +79,25 @@ class HostConfig:
     handler_timeout: float = 30.0  # for a request handler to get its request
     subscription_buffer: int = 256  # per subscriber; a full one drops messages
     publish_backpressure: float = 5.0  # most seconds publish waits for full peer queues
-
-
-@dataclass(frozen=True)
-class PeerIdentity:
-    """A node's libp2p identity: an Ed25519 key pair."""
-
-    key_pair: KeyPair
-
-    @classmethod
-    def from_seed(cls, seed: bytes) -> PeerIdentity:
-        """The identity of a 32-byte Ed25519 seed. Raises HostError otherwise."""
-        # Ed25519PrivateKey.new(b"") would silently make a *random* key.
-        if not isinstance(seed, bytes) or len(seed) != 32:
-            raise HostError("a peer identity seed is 32 bytes")
-        return cls(create_new_key_pair(seed))
-
-    @classmethod
-    def load(cls, path: str | Path) -> PeerIdentity:
-        """The identity in a hex seed file (``peer.key``). Raises DataDirError."""
-        return cls.from_seed(read_seed_file(Path(path)).seed())
-
-    @property
-    def public_key(self) -> bytes:
-        """The raw 32-byte Ed25519 public key."""
-        return self.key_pair.public_key.to_bytes()
-
-    @property
-    def peer_id(self) -> ID:
-        return ID.from_pubkey(self.key_pair.public_key)
-
-    @property
-    def peer_id_bytes(self) -> bytes:
-        """The peer id as the ledger records it."""
-        return libp2p_peer_id(self.public_key)
+    validation_timeout: float = 30.0  # for a topic validator (py-libp2p: 5 s); late = dropped
+    ban_threshold: int = 10  # misbehaviour points that get a peer banned
+    ban_seconds: float = 600.0  # how long a banned peer stays disconnected and refused
 
 
 class Host:
     """A running libp2p node; made by `open_host` (or `run` in a nursery)."""
 
     def __init__(self, identity: PeerIdentity, listen: str = "/ip4/127.0.0.1/tcp/0", *,
-                 gossip_topics: Iterable[str] = (), config: HostConfig = HostConfig()):
+                 gossip_topics: Iterable[str] = (), config: HostConfig = HostConfig(),
+                 trusted: Iterable[ID] | None = None):
+        """
+        Args:
+            trusted: when given, the only peers this host dials, takes gossip
+                from or serves non-public protocols to (``--trusted-peers``);
+                others may still use the protocols registered ``public``.
+        """
         self.identity, self.config = identity, config
+        self.trusted = None if trusted is None else frozenset(trusted)
         self._listen = multiaddr.Multiaddr(listen)
         self._topics = tuple(gossip_topics)
         kp = identity.key_pair
@@ -133,12 +110,17 @@ class Host:
             max_messages_per_topic_per_second=config.gossip_rate_limit,
         )
         # Pubsub registers its notifee and stream handlers on the host here.
-        self._pubsub = Pubsub(self._host, self._gossipsub)
-        self.misbehaving: dict[ID, int] = {}
+        self._pubsub = Pubsub(self._host, self._gossipsub,
+                              validation_timeout=config.validation_timeout)
+        self._host.get_network().register_notifee(_BanGate(self))
+        self.misbehaving: dict[ID, int] = {}  # points per peer, see `penalize`
+        self._banned: dict[ID, float] = {}  # peer -> trio time its ban ends
         self._listeners: dict[str, set[trio.MemorySendChannel[tuple[ID, bytes]]]] = defaultdict(set)
         self._joined: dict[str, trio.Event] = {}
+        self._validated: set[str] = set()  # topics with a validator
         self._nursery: trio.Nursery | None = None
         self._stop = trio.Event()
+        self._stopped = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[Host] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen, serve and gossip until `stop`; reports itself started when ready.
@@ -166,10 +148,15 @@ class Host:
             for channels in self._listeners.values():
                 for ch in list(channels):
                     ch.close()
+            self._stopped.set()
 
     def stop(self) -> None:
         """Ask `run` to shut down (it returns once the host is closed)."""
         self._stop.set()
+
+    async def wait_stopped(self) -> None:
+        """Return once `run` has closed the host (after `stop`, or a failure)."""
+        await self._stopped.wait()
 
     @property
     def peer_id(self) -> ID:
@@ -187,7 +174,54 @@ class Host:
         return [str(p) for p in upgrader.security_multistream.transports]
 
     def connected_peers(self) -> list[ID]:
-        return list(self._host.get_connected_peers())
+        """Peers with an open connection (a banned peer's is on its way out)."""
+        return [p for p in self._host.get_connected_peers() if not self.is_banned(p)]
+
+    # -- misbehaviour ---------------------------------------------------------------------
+
+    def penalize(self, peer: ID, points: int = 1, reason: str = "") -> None:
+        """Score ``points`` of misbehaviour against ``peer`` (`misbehaving`).
+
+        At ``config.ban_threshold`` points the peer is banned: disconnected,
+        its gossip dropped, its streams reset and its connections refused for
+        ``config.ban_seconds``. When the ban ends its score starts from 0.
+        """
+        score = self.misbehaving.get(peer, 0) + points
+        self.misbehaving[peer] = score
+        log.warning("peer %s misbehaved (%d points): %s", peer, score, reason or "no reason given")
+        if score >= self.config.ban_threshold and not self.is_banned(peer):
+            self._banned[peer] = trio.current_time() + self.config.ban_seconds
+            log.warning("peer %s banned for %s s", peer, self.config.ban_seconds)
+            self._pubsub.blacklisted_peers.add(peer)  # drops its messages and relays
+            self._drop_soon(peer)
+
+    def is_trusted(self, peer: ID) -> bool:
+        """Whether ``peer`` is on the allow-list (every peer is, without one)."""
+        return self.trusted is None or peer in self.trusted
+
+    def is_banned(self, peer: ID) -> bool:
+        """Whether ``peer`` is banned now (an ended ban is lifted here)."""
+        until = self._banned.get(peer)
+        if until is None:
+            return False
+        if trio.current_time() < until:
+            return True
+        del self._banned[peer]
+        self.misbehaving.pop(peer, None)
+        self._pubsub.remove_from_blacklist(peer)
+        return False
+
+    def _drop_soon(self, peer: ID) -> None:
+        """Close every connection to ``peer`` in the background."""
+        if self._nursery is not None:
+            self._nursery.start_soon(self._drop, peer)
+
+    async def _drop(self, peer: ID) -> None:
+        with trio.move_on_after(5.0):
+            try:
+                await self._host.get_network().close_peer(peer)
+            except Exception as exc:
+                log.debug("closing banned peer %s: %s", peer, exc)
 
     async def connect(self, addr: str) -> ID:
         """Connect to the peer at a full multiaddr (``.../p2p/<id>``).
@@ -202,6 +236,10 @@ class Host:
             info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
         except Exception as exc:
             raise DialError(f"bad peer address {addr!r}: {exc}") from None
+        if self.is_banned(info.peer_id):
+            raise DialError(f"peer {info.peer_id} is banned for misbehaviour")
+        if not self.is_trusted(info.peer_id):
+            raise DialError(f"peer {info.peer_id} is not a trusted peer")
         if info.peer_id not in self._host.get_connected_peers():
             # The swarm dials one TCP address per peer (the first known) and
             # blocks the peer for 60 s if it fails: drop stale addresses.
@@ -228,23 +266,28 @@ class Host:
         except Exception as exc:
             raise RequestError(f"cannot open {protocol_id} to {peer_id}: {exc}") from None
 
-    def set_handler(self, protocol_id: str, handler: StreamHandler) -> None:
+    def set_handler(self, protocol_id: str, handler: StreamHandler, *,
+                    public: bool = False) -> None:
         """Serve ``protocol_id`` with ``handler(stream, peer_id)``.
 
         The stream is closed when the handler returns. If it raises, the stream
         is reset and the peer scores a point in `misbehaving` (unless the peer
         broke the stream, as a client that gave up does); all else carries on.
+        A banned peer's stream is reset at once; so is an untrusted peer's
+        unless the protocol is ``public`` (what clients use).
         """
         async def dispatch(stream: INetStream) -> None:
             peer = stream.muxed_conn.peer_id
+            if self.is_banned(peer) or not (public or self.is_trusted(peer)):
+                await _quietly(stream.reset)
+                return
             try:
                 await handler(stream, peer)
             except FrameStreamError as exc:
                 log.debug("%s stream from %s broke: %s", protocol_id, peer, exc)
                 await _quietly(stream.reset)
             except Exception as exc:
-                self.misbehaving[peer] = self.misbehaving.get(peer, 0) + 1
-                log.info("%s stream from %s: %s: %s", protocol_id, peer, type(exc).__name__, exc)
+                self.penalize(peer, 1, f"{protocol_id} stream: {type(exc).__name__}: {exc}")
                 await _quietly(stream.reset)
             else:
                 await _quietly(stream.close)
@@ -252,7 +295,7 @@ class Host:
         self._host.set_stream_handler(TProtocol(protocol_id), dispatch)
 
     def set_request_handler(self, protocol_id: str, handler: RequestHandler, *,
-                            max_request_size: int | None = None) -> None:
+                            max_request_size: int | None = None, public: bool = False) -> None:
         """Serve one-frame requests with ``await handler(peer_id, request) -> response``.
 
         Malformed, oversize, truncated or late (``config.handler_timeout``)
@@ -265,7 +308,7 @@ class Host:
             await write_frame(stream, await handler(peer, request),
                               timeout=self.config.handler_timeout)
 
-        self.set_handler(protocol_id, serve)
+        self.set_handler(protocol_id, serve, public=public)
 
     async def request(self, peer_id: ID | str, protocol_id: str, payload: bytes,
                       timeout: float = 30.0, *, max_response_size: int = MAX_FRAME) -> bytes:
@@ -301,6 +344,8 @@ class Host:
         if self._nursery is None:
             raise GossipError("the host is not running")
         self._joined[topic] = joined = trio.Event()
+        if self.trusted is not None and topic not in self._validated:
+            self.set_validator(topic, _accept)  # its wrapper drops untrusted gossip
         subscription = await self._pubsub.subscribe(topic)
         self._nursery.start_soon(self._pump, topic, subscription)
         joined.set()
@@ -343,6 +388,42 @@ class Host:
                 await trio.sleep(0.001)
         await self._pubsub.publish(topic, bytes(data))
 
+    def set_validator(self, topic: str, validator: GossipValidator | None) -> None:
+        """Check ``topic``'s messages before gossipsub delivers or relays them.
+
+        ``await validator(origin, data, forwarder)`` runs for every message
+        heard on the topic (``origin``: its signed author; ``forwarder``: the
+        neighbour it came from); only if it returns True is the message
+        relayed to the mesh and handed to `subscribe` channels. It is not run
+        for this host's own publishes (the publisher checked them). A message
+        from or through a banned peer, a validator that raises, or one slower
+        than ``config.validation_timeout`` counts as False. One validator per
+        topic; None removes it.
+        """
+        if validator is None:
+            self._validated.discard(topic)
+            self._pubsub.remove_topic_validator(topic)
+            return
+        self._validated.add(topic)
+        me = self.peer_id
+
+        async def check(forwarder: ID, msg) -> bool:
+            if forwarder == me:
+                return True
+            origin = ID(msg.from_id)
+            if self.is_banned(origin) or self.is_banned(forwarder):
+                return False
+            if not (self.is_trusted(origin) and self.is_trusted(forwarder)):
+                return False
+            try:
+                return bool(await validator(origin, bytes(msg.data), forwarder))
+            except Exception as exc:
+                log.warning("validator of %s failed on a message from %s: %s: %s",
+                            topic, origin, type(exc).__name__, exc)
+                return False
+
+        self._pubsub.set_topic_validator(topic, check, True)
+
     def mesh_peers(self, topic: str) -> set[ID]:
         """The peers in this host's gossipsub mesh for ``topic``."""
         return set(self._gossipsub.mesh.get(topic, ()))
@@ -367,16 +448,36 @@ class Host:
                     self._listeners[topic].discard(ch)
 
 
+class _BanGate(INotifee):
+    """Closes every new connection of a banned peer (py-libp2p has no peer gate)."""
+
+    def __init__(self, host: Host):
+        self._owner = host
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        peer = conn.muxed_conn.peer_id
+        if self._owner.is_banned(peer):
+            log.info("refused a connection of banned peer %s", peer)
+            self._owner._drop_soon(peer)
+
+    # The other events are of no interest here.
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None: ...
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None: ...
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None: ...
+    async def listen(self, network: INetwork, multiaddr) -> None: ...
+    async def listen_close(self, network: INetwork, multiaddr) -> None: ...
+
+
 @asynccontextmanager
 async def open_host(identity: PeerIdentity, listen: str = "/ip4/127.0.0.1/tcp/0", *,
-                    gossip_topics: Iterable[str] = (),
-                    config: HostConfig = HostConfig()) -> AsyncIterator[Host]:
-    """Run a `Host` for the duration of the block.
+                    gossip_topics: Iterable[str] = (), config: HostConfig = HostConfig(),
+                    trusted: Iterable[ID] | None = None) -> AsyncIterator[Host]:
+    """Run a `Host` for the duration of the block (arguments as `Host`).
 
     Yields:
         The host, listening, with pubsub running and ``gossip_topics`` joined.
     """
-    host = Host(identity, listen, gossip_topics=gossip_topics, config=config)
+    host = Host(identity, listen, gossip_topics=gossip_topics, config=config, trusted=trusted)
     failure: Exception | None = None
     async with trio.open_nursery() as nursery:
         await nursery.start(host.run)
@@ -389,6 +490,10 @@ async def open_host(identity: PeerIdentity, listen: str = "/ip4/127.0.0.1/tcp/0"
             nursery.cancel_scope.deadline = trio.current_time() + 10.0  # a stuck close
     if failure is not None:
         raise failure
+
+
+async def _accept(origin: ID, data: bytes, forwarder: ID) -> bool:
+    return True
 
 
 async def _quietly(action: Callable[[], Awaitable[None]]) -> None:

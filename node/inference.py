@@ -104,7 +104,7 @@ class InferenceServer:
 
     def start(self) -> None:
         """Register the stream handler on the host (the host runs the streams)."""
-        self.host.set_handler(INFERENCE_PROTOCOL, self._serve)
+        self.host.set_handler(INFERENCE_PROTOCOL, self._serve, public=True)  # clients use it
 
     def status(self) -> dict:
         """Served span, open sessions and counters, for `pnode status`."""

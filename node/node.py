@@ -1,33 +1,54 @@
-"""A running node: the chain store, a libp2p host and chain sync, under one nursery.
+"""A running node: the chain store, a libp2p host, sync, gossip, block production
+and the control socket, under one nursery.
 
 `Node.run` (what `pnode start` runs, specs/network.md "pnode start"):
 
 1. opens the data dir's chain (exclusively: a second node on the same data
-   dir fails here with `DataDirError`) and loads ``peer.key``;
-2. opens the host on the listen multiaddr and starts `ChainService`;
-3. writes ``D/node.addr``, the full listen multiaddr with ``/p2p/<peer id>``
-   (atomically: temp file + ``os.replace``);
-4. dials each ``peers`` address and syncs from it; a peer that cannot be
+   dir fails here with `DataDirError`) and loads ``peer.key`` and ``node.key``;
+2. opens the host on the listen multiaddr (with ``trusted``: an allow-list)
+   and starts `ChainService` (sync and block gossip), `TxGossip`
+   (transaction gossip), the `ControlServer` on ``D/node.sock`` (the CLIs
+   talk to it while the node holds the store) and the `Announcer` (the
+   swarm's announcements);
+3. dials each ``peers`` address and syncs from it; a peer that cannot be
    reached is logged and retried with backoff, never fatal; every
-   ``resync_s`` it syncs again from every connected peer.
+   ``resync_s`` it syncs again from every connected (trusted) peer;
+4. with ``serve``, starts the `LayerServer` (after the first joins when it
+   places itself): loads its layers, serves sessions, announces them;
+5. writes ``D/node.addr``, the full listen multiaddr with ``/p2p/<peer id>``
+   (atomically: temp file + ``os.replace``), once listening and serving;
+6. once those first syncs are over (done or given up, ``catch_up_s`` at
+   most), starts the `Producer` if ``produce``: it seals blocks at this node's slots, or says
+   once that the node is no producer and just follows the chain.
 
 Cancelling `run` (SIGINT/SIGTERM in `pnode start`) stops the host, removes
-``node.addr`` and closes the store. ChainDB writes are atomic batches, so a
-committed block is never lost, whenever the stop comes.
+``node.addr`` and ``node.sock`` and closes the store. ChainDB writes are
+atomic batches, so a committed block is never lost, whenever the stop comes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
+from libp2p.peer.id import ID
 
+from ledger.codec import decode
+from ledger.state import ACCOUNT, NODE
+from ledger.types import TX_TYPES
+from node.control import BadRequest, ControlOp, ControlServer, socket_path
 from node.datadir import DataDir, write_private
 from node.host import DialError, PeerIdentity, open_host
+from node.producer import Producer
+from node.server import LayerServer, ServeConfig
+from node.swarm import Announcer, announce_peer
 from node.sync import ChainService, Clock, SyncError, SyncResult
+from node.txgossip import TxGossip
+from wallet.keystore import read_public_key
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +63,52 @@ class Node:
                  listen: str = DEFAULT_LISTEN, peers: Sequence[str] = (),
                  report: Callable[[str], None] = lambda line: None,
                  dial_attempts: int = 5, first_backoff_s: float = 0.5,
-                 resync_s: float = 5.0):
+                 resync_s: float = 5.0, produce: bool = True,
+                 block_interval_ms: int | None = None, catch_up_s: float = 20.0,
+                 serve: ServeConfig | None = None, trusted: Collection[str] | None = None):
+        """
+        Args:
+            data_dir: an initialised data dir (`pnode init`).
+            clock: local time in ms.
+            listen: multiaddr to listen on.
+            peers: full multiaddrs (``.../p2p/<id>``) to join.
+            report: gets the lines `pnode start` prints.
+            dial_attempts, first_backoff_s: retries of each ``peers`` dial.
+            resync_s: seconds between syncs from every connected peer.
+            produce: seal blocks when this node is a registered producer.
+            block_interval_ms: least time between the tip and a block this
+                node seals on it (None: the chain's slot).
+            catch_up_s: most seconds production waits for the first syncs.
+            serve: the layers to serve and how (None: serve nothing).
+            trusted: when given, the only peer ids (base58) this node dials,
+                syncs and gossips with and takes announcements from;
+                clients may still use its swarm and inference protocols.
+        """
         self.datadir = DataDir(data_dir)
         self.clock, self.listen, self.peers = clock, listen, tuple(peers)
         self.report = report
         self.dial_attempts, self.first_backoff_s = dial_attempts, first_backoff_s
         self.resync_s = resync_s
+        self.produce, self.block_interval_ms = produce, block_interval_ms
+        self.catch_up_s = catch_up_s
+        self.serve = serve
+        self.trusted = None if trusted is None else {ID.from_base58(p) for p in trusted}
+        self.announcer: Announcer | None = None
+        self.server: LayerServer | None = None
         self.addr: str | None = None
         self.service: ChainService | None = None
+        self.txs: TxGossip | None = None
+        self.producer: Producer | None = None
+        self.address: bytes | None = None  # the default wallet's account
+        self.node_key: bytes | None = None
 
     @property
     def addr_file(self) -> Path:
         return self.datadir.path / ADDR_FILE
+
+    @property
+    def sock_file(self) -> Path:
+        return socket_path(self.datadir.path)
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled; reports its full listen address once listening.
@@ -65,21 +120,160 @@ class Node:
         chain = self.datadir.open_chain()  # before anything else: a locked store fails fast
         try:
             identity = PeerIdentity.load(self.datadir.peer_key_file)
-            async with open_host(identity, self.listen) as host, trio.open_nursery() as nursery:
-                self.service = await nursery.start(ChainService(chain, host, self.clock).run)
+            key = self.datadir.node_key()
+            self.node_key = key.public
+            self.address = read_public_key(self.datadir.wallet_file)
+            async with open_host(identity, self.listen, trusted=self.trusted) as host, \
+                    trio.open_nursery() as nursery:
+                service = ChainService(chain, host, self.clock, on_sync=self._synced)
+                self.service = await nursery.start(service.run)
+                self.txs = await nursery.start(TxGossip(self.service).run)
+                await nursery.start(ControlServer(self.sock_file, self.control_ops()).run)
+                self.announcer = await nursery.start(
+                    Announcer(host, self.clock, allowed=self.trusted).run)
+                joined = trio.Event()
+                nursery.start_soon(self._join_all, joined)
+                if self.serve is not None:
+                    await self._start_serving(nursery, host, identity, joined)
                 self.addr = host.addrs[0]
+                # Written once listening *and* serving (the scripting contract).
                 write_private(self.addr_file, self.addr + "\n", 0o644, overwrite=True)
                 try:
                     task_status.started(self.addr)
-                    for peer in self.peers:
-                        nursery.start_soon(self._join, peer)
+                    if self.produce:
+                        nursery.start_soon(self._produce_after, joined, key)
                     nursery.start_soon(self._follow)
                     await trio.sleep_forever()
                 finally:
                     self.addr_file.unlink(missing_ok=True)
         finally:
-            self.service = None
+            self.service = self.txs = self.producer = self.announcer = self.server = None
             chain.store.close()
+
+    async def _start_serving(self, nursery: trio.Nursery, host, identity,
+                             joined: trio.Event) -> None:
+        """Start the `LayerServer`; placed automatically only once the peers were joined."""
+        if self.serve.layers is None:
+            with trio.move_on_after(self.catch_up_s):
+                await joined.wait()
+        self.server = LayerServer(host, identity, self.announcer, self.clock, self.serve,
+                                  report=self.report)
+        self.announcer.make_announce = self.server.announce
+        await nursery.start(self.server.run)
+
+    # -- hooks --------------------------------------------------------------------------
+
+    def control_ops(self) -> dict[str, ControlOp]:
+        """The control socket's ops (a subclass or a later component may add some)."""
+        return {"status": self.status, "account": self.account, "submit_tx": self.submit_tx}
+
+    def extra_status(self) -> dict[str, Any]:
+        """The ``status`` op's serving fields: span, sessions, throughput, the swarm seen."""
+        info: dict[str, Any] = self.server.status() if self.server else {
+            "serving": None, "sessions": 0}
+        if self.announcer is not None:
+            info["swarm"] = [{"peer_id": str(announce_peer(a)), "layers": [a.layer_start,
+                              a.layer_end], "throughput": a.throughput, "load": a.load,
+                              "price": a.price} for a in self.announcer.fresh()]
+        info["trusted_peers"] = None if self.trusted is None else sorted(map(str, self.trusted))
+        return info
+
+    # -- control ops ----------------------------------------------------------------------
+
+    async def status(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The ``status`` op: chain tip, peers, this node's registration and wallet."""
+        service = self._running()
+        host = service.host
+        info = await service.call(self._chain_status)
+        info.update(
+            peer_id=str(host.peer_id), listen=self.addr,
+            peers=sorted(str(p) for p in host.connected_peers()),
+            misbehaving={str(p): n for p, n in host.misbehaving.items()},
+            producing=bool(self.producer and self.producer.eligible),
+            blocks_produced=len(self.producer.made) if self.producer else 0)
+        info.update(self.extra_status())
+        return info
+
+    async def account(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The ``account`` op: ``address`` (hex) -> balance, bond, nonce, queued txs."""
+        text = args.get("address")
+        try:
+            account_id = bytes.fromhex(text) if isinstance(text, str) else b""
+        except ValueError:
+            account_id = b""
+        if len(account_id) != 32:
+            raise BadRequest('"address" must be an account id: 64 hex digits')
+        return await self._running().call(self._account, account_id)
+
+    async def submit_tx(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The ``submit_tx`` op: ``tx`` (hex of ``encode(tx)``) -> admitted and gossiped.
+
+        Raises:
+            BadRequest: ``tx`` is not hex.
+            DecodeError, ValidationError: not a transaction, or it does not fit.
+        """
+        text = args.get("tx")
+        try:
+            raw = bytes.fromhex(text) if isinstance(text, str) else None
+        except ValueError:
+            raw = None
+        if raw is None:
+            raise BadRequest('"tx" must be the hex of an encoded transaction')
+        self._running()
+        txid = await self.txs.submit(decode(raw, TX_TYPES))
+        return {"txid": txid.hex()}
+
+    def _running(self) -> ChainService:
+        if self.service is None or self.txs is None:
+            raise BadRequest("the node is stopping")
+        return self.service
+
+    def _chain_status(self) -> dict[str, Any]:
+        """Chain fields of ``status`` (worker thread)."""
+        chain = self.service.chain
+        account = chain.state.get(ACCOUNT + self.address)
+        record = chain.state.get(NODE + self.node_key)
+        return {"chain_id": chain.chain_id, "height": chain.height, "tip": chain.tip_hash.hex(),
+                "address": self.address.hex(), "node_key": self.node_key.hex(),
+                "balance": account.balance if account else 0,
+                "bond": account.bond if account else 0,
+                "registered": record is not None,
+                "layers": [record.layer_start, record.layer_end] if record else None,
+                "mempool": len(chain.mempool())}
+
+    def _account(self, account_id: bytes) -> dict[str, Any]:
+        """The ``account`` op's answer (worker thread)."""
+        chain = self.service.chain
+        account = chain.state.get(ACCOUNT + account_id)
+        nonce = account.nonce if account else 0
+        queued = sum(getattr(tx, "sender", None) == account_id for tx in chain.mempool())
+        return {"address": account_id.hex(), "chain_id": chain.chain_id, "height": chain.height,
+                "balance": account.balance if account else 0,
+                "bond": account.bond if account else 0,
+                "nonce": nonce, "queued": queued, "next_nonce": nonce + queued}
+
+    # -- peers and production -----------------------------------------------------------
+
+    async def _join_all(self, done: trio.Event) -> None:
+        """Join every ``peers`` address (dial and first sync); then set ``done``."""
+        try:
+            async with trio.open_nursery() as joins:
+                for peer in self.peers:
+                    joins.start_soon(self._join, peer)
+        finally:
+            done.set()
+
+    async def _produce_after(self, joined: trio.Event, key) -> None:
+        """Produce once the first syncs are over (or after ``catch_up_s``).
+
+        Waiting keeps a restarted producer from sealing blocks on a stale tip;
+        the limit keeps unreachable peers from keeping it from producing.
+        """
+        with trio.move_on_after(self.catch_up_s):
+            await joined.wait()
+        self.producer = Producer(self.service, key, self.clock,
+                                 interval_ms=self.block_interval_ms, report=self.report)
+        await self.producer.run()
 
     async def _join(self, addr: str) -> None:
         """Dial ``addr`` (retrying with backoff) and sync from it once."""
@@ -103,16 +297,17 @@ class Node:
         while True:
             await trio.sleep(self.resync_s)
             for peer in self.service.host.connected_peers():
-                await self._sync(peer)
+                if self.service.host.is_trusted(peer):
+                    await self._sync(peer)
 
     async def _sync(self, peer) -> SyncResult | None:
         try:
-            result = await self.service.sync_from(peer)
+            return await self.service.sync_from(peer)
         except SyncError as exc:
             log.warning("sync from %s stopped: %s", peer, exc)
             return None
-        if result.added:
-            self.report(f"synced {result.added} blocks from {str(peer)[:16]}..: "
-                        f"height {result.height} tip {result.tip_hash.hex()[:16]}")
-        return result
 
+    def _synced(self, result: SyncResult) -> None:
+        """One line for each sync that added blocks (those gossip set off too)."""
+        self.report(f"synced {result.added} blocks from {str(result.peer)[:16]}..: "
+                    f"height {result.height} tip {result.tip_hash.hex()[:16]}")

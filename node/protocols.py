@@ -23,6 +23,8 @@ from ledger.types import Block
 SYNC_PROTOCOL = "/pnode/sync/1.0.0"
 #: Gossip topic of new blocks; a message is one ``encode(Block)``.
 BLOCKS_TOPIC = "pnode/blocks/1"
+#: Gossip topic of transactions for the mempool; a message is one ``encode(tx)``.
+TXS_TOPIC = "pnode/txs/1"
 
 #: Most blocks one `BlocksRequest` may ask for (a larger count is refused).
 MAX_BLOCKS_PER_REQUEST = 128

@@ -12,9 +12,10 @@ layers (specs/network.md section 6.1):
    sessions (`node.inference.InferenceServer`);
 4. its announcement (span, throughput, load, price, addresses), signed with
    the node's peer key, goes out through the node's `Announcer`;
-5. with ``auto`` it looks again every ``rebalance_s`` seconds and moves (reloads
-   another span; open sessions end and their clients fail over) only when
-   `node.balance.should_move` says the swarm's bottleneck would clearly rise.
+5. with ``auto`` it looks again every ``rebalance_s`` seconds and moves only
+   when `node.balance.should_move` says the swarm's bottleneck would clearly
+   rise: new sessions get the new span; open ones finish on the old span's
+   weights (their handlers hold them; freed when the last one ends).
 """
 
 from __future__ import annotations

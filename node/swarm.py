@@ -108,7 +108,9 @@ class Announcer:
     async def run(self, *, task_status: trio.TaskStatus[Announcer] = trio.TASK_STATUS_IGNORED
                   ) -> None:
         """Serve the view and follow announcements until cancelled."""
-        self.host.set_request_handler(SWARM_PROTOCOL, self._serve, max_request_size=64)
+        self.host.set_request_handler(SWARM_PROTOCOL, self._serve, max_request_size=64,
+                                      public=True)  # clients route from it
+        self.host.set_validator(ANNOUNCE_TOPIC, self._validate)  # relay only verified ones
         gossip = self.host.subscribe(ANNOUNCE_TOPIC)
         await self.host.join(ANNOUNCE_TOPIC)
         async with gossip, trio.open_nursery() as nursery:
@@ -148,17 +150,20 @@ class Announcer:
             connected = now_connected
             await trio.sleep(self.interval)
 
-    def _on_gossip(self, origin: ID, data: bytes) -> None:
+    async def _validate(self, origin: ID, data: bytes, forwarder: ID) -> bool:
+        """Gossip validator: relay and deliver only announcements that verify."""
         try:
             announce = decode(data, Announce)
         except DecodeError as exc:
-            self.host.misbehaving[origin] = self.host.misbehaving.get(origin, 0) + 1
-            log.info("undecodable announcement from %s: %s", origin, exc)
-            return
+            self.host.penalize(forwarder, 1, f"undecodable announcement: {exc}")
+            return False
         if not announce.verified():
-            self.host.misbehaving[origin] = self.host.misbehaving.get(origin, 0) + 1
-            return
-        self.take(announce)
+            self.host.penalize(forwarder, 1, "announcement with a bad signature")
+            return False
+        return True
+
+    def _on_gossip(self, origin: ID, data: bytes) -> None:
+        self.take(decode(data, Announce))  # validated already
 
     async def _serve(self, peer: ID, request: bytes) -> bytes:
         decode(request, SwarmRequest)  # anything else: reset and scored by the host

@@ -9,15 +9,18 @@ while the node runs (specs/network.md, "Chain sync"):
   ledger's fork choice (`ledger.schedule.is_better_tip`: greater total weight,
   ties to the lower tip hash), walking back to the fork point when the blocks
   it gets do not connect;
-- it gossips blocks on ``pnode/blocks/1`` and adds the ones it hears, pulling
-  from the sender when a gossiped block's parent is missing.
+- it gossips blocks on ``pnode/blocks/1`` and adds the ones it hears in the
+  topic's validator (`Host.set_validator`), so gossipsub relays only blocks
+  that this node added; a gossiped block whose parent is missing is not
+  relayed but pulls the chain from the peer that sent it.
 
 The ChainDB is not thread-safe and validation is CPU work, so every ChainDB
 call runs in a worker thread under one `trio.CapacityLimiter(1)` (`call`):
-one reader or writer at a time, and the trio loop stays free. A peer that
-sends undecodable bytes, a broken chain or an invalid block scores one point
-in `Host.misbehaving` and its sync stops with `PeerMisbehaved`; blocks added
-before that stay (each one was fully validated).
+one reader or writer at a time, and the trio loop stays free. `call` also
+notices when the tip moves (`wait_tip_change`, what a block producer waits
+on). A peer that sends undecodable bytes, a broken chain or an invalid block
+scores one point (`Host.penalize`) and its sync stops with `PeerMisbehaved`;
+blocks added before that stay (each one was fully validated).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ class SyncFailed(SyncError):
 
 class PeerMisbehaved(SyncError):
     """The peer sent undecodable bytes, a broken chain or an invalid block
-    (counted in `Host.misbehaving`)."""
+    (scored with `Host.penalize`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,30 +95,44 @@ class ChainService:
     """Serves, syncs and gossips one ChainDB over one `Host`."""
 
     def __init__(self, chain: ChainDB, host: Host, clock: Clock, *,
-                 request_timeout: float = 30.0):
+                 request_timeout: float = 30.0,
+                 on_sync: Callable[[SyncResult], None] = lambda result: None):
+        """
+        Args:
+            chain: the node's chain (only touched through `call` from now on).
+            host: the running host.
+            clock: local time in ms.
+            request_timeout: seconds per sync request.
+            on_sync: called after each sync that added blocks (background ones too).
+        """
         self.chain, self.host, self.clock = chain, host, clock
         self.request_timeout = request_timeout
+        self.on_sync = on_sync
         self._db = trio.CapacityLimiter(1)
         self._peer_locks: defaultdict[ID, trio.Lock] = defaultdict(trio.Lock)
         self._queued: set[ID] = set()
         self._nursery: trio.Nursery | None = None
+        self._tip_seen = chain.tip_hash
+        self._tip_moved = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[ChainService] = trio.TASK_STATUS_IGNORED
                   ) -> None:
         """Serve sync requests and follow block gossip until cancelled or the host stops."""
         self.host.set_request_handler(SYNC_PROTOCOL, self._serve,
                                       max_request_size=MAX_SYNC_REQUEST_FRAME)
-        gossip = self.host.subscribe(BLOCKS_TOPIC)
-        await self.host.join(BLOCKS_TOPIC)
-        async with gossip, trio.open_nursery() as nursery:
-            self._nursery = nursery
-            try:
-                task_status.started(self)
-                async for origin, data in gossip:
-                    await self._on_gossip(origin, data)
-                nursery.cancel_scope.cancel()  # the host stopped: drop background syncs
-            finally:
-                self._nursery = None
+        self.host.set_validator(BLOCKS_TOPIC, self._on_gossip)
+        try:
+            await self.host.join(BLOCKS_TOPIC)
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    task_status.started(self)
+                    await self.host.wait_stopped()
+                    nursery.cancel_scope.cancel()  # the host stopped: drop background syncs
+                finally:
+                    self._nursery = None
+        finally:
+            self.host.set_validator(BLOCKS_TOPIC, None)
 
     # -- the chain, one caller at a time ------------------------------------------------
 
@@ -125,7 +142,18 @@ class ChainService:
         The one way to touch the chain while the service runs (a block
         producer builds its blocks through it too).
         """
-        return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=self._db)
+        try:
+            return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=self._db)
+        finally:
+            if self.chain.tip_hash != self._tip_seen:
+                self._tip_seen = self.chain.tip_hash
+                self._tip_moved.set()
+                self._tip_moved = trio.Event()
+
+    async def wait_tip_change(self, tip_hash: bytes) -> None:
+        """Return once the main-chain tip is no longer ``tip_hash``."""
+        while self.chain.tip_hash == tip_hash:
+            await self._tip_moved.wait()
 
     async def add_block(self, block: Block) -> AddResult:
         """Add a block (e.g. one this node produced) and gossip it if it became the tip.
@@ -230,7 +258,10 @@ class ChainService:
         """`sync_from`, then gossip our new tip if it moved (neighbours may lack it)."""
         before = self.chain.tip_hash
         try:
-            return await self._pull(peer)
+            result = await self._pull(peer)
+            if result.added:
+                self.on_sync(result)
+            return result
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 if self.chain.tip_hash != before:
@@ -294,8 +325,7 @@ class ChainService:
         return self._punish(peer, f"invalid block: {type(exc).__name__}: {exc}")
 
     def _punish(self, peer: ID, reason: str) -> PeerMisbehaved:
-        self.host.misbehaving[peer] = self.host.misbehaving.get(peer, 0) + 1
-        log.warning("peer %s misbehaved: %s", peer, reason)
+        self.host.penalize(peer, 1, reason)
         return PeerMisbehaved(f"{peer}: {reason}")
 
     async def _ask(self, peer: ID, msg: Any, expected: type[T]) -> T:
@@ -332,23 +362,29 @@ class ChainService:
         except GossipError as exc:  # too large for gossip: peers pull it by sync
             log.info("block %d not gossiped: %s", block.header.height, exc)
 
-    async def _on_gossip(self, origin: ID, data: bytes) -> None:
+    async def _on_gossip(self, origin: ID, data: bytes, forwarder: ID) -> bool:
+        """The blocks topic's validator: add the block; relay it only if it was added.
+
+        Returns True (relay) for a valid block, new or already held. An
+        undecodable or invalid block scores its origin; one whose parent is
+        unknown starts a background sync from the origin if it is a
+        neighbour, else from the neighbour that forwarded it (which added it,
+        so holds its ancestors); one too far in the future or forking too
+        deep is dropped unscored. None of these is relayed.
+        """
         try:
             block = decode(data, Block)
         except DecodeError as exc:
             self._punish(origin, f"undecodable gossiped block: {exc}")
-            return
+            return False
         try:
             await self.call(self.chain.add_block, block, self.clock())
+            return True
         except UnknownParent:
-            # Pull from the origin; if it is not a neighbour, from a mesh
-            # neighbour, which relayed the block and so should have its parents.
-            connected = set(self.host.connected_peers())
-            sources = [origin] if origin in connected else sorted(
-                self.host.mesh_peers(BLOCKS_TOPIC) & connected, key=str)
-            if sources:
-                self.sync_soon(sources[0])
+            source = origin if origin in self.host.connected_peers() else forwarder
+            self.sync_soon(source)
         except (ForkTooDeep, TimeInFuture) as exc:
             log.info("gossiped block %d from %s dropped: %s", block.header.height, origin, exc)
         except ValidationError as exc:
             self._punish(origin, f"invalid gossiped block: {type(exc).__name__}: {exc}")
+        return False

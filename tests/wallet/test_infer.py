@@ -69,14 +69,18 @@ def test_real_loading_path(pwallet):
     assert r.code == 0 and len(r.json()["token_ids"]) == 3
 
 
+DEAD_PEER = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWDVSyhRMdzqy4FDRbRWE8fGdGBLizkNutUdLhXN15Cgcc"
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--top-p", "0"], "top-p"),
-    (["--temperature", "0"], "temperature"),
-    (["--max-tokens", "0"], "max-tokens"),
-    (["--model", "/nonexistent.gguf"], "cannot read GGUF"),
-    ([], "use --local"),
+    (["--local", "--top-p", "0"], "top-p"),
+    (["--local", "--temperature", "0"], "temperature"),
+    (["--local", "--max-tokens", "0"], "max-tokens"),
+    (["--local", "--model", "/nonexistent.gguf"], "cannot read GGUF"),
+    (["--peers", "/ip4/127.0.0.1/tcp/1"], "bad peer address"),
+    (["--local", "--peers", DEAD_PEER], "--local runs everything here"),
+    ([], "give --peers ADDR or --local"),
 ])
-def test_bad_flags_are_one_line_errors(pwallet, args, message):
-    base = ["infer", "hi"] + ([] if args == [] else ["--local"])
-    r = pwallet(*base, *args)
+def test_bad_flags_are_one_line_errors(pwallet, args, message, tmp_path):
+    r = pwallet("infer", "hi", "--data-dir", str(tmp_path), *args)
     assert r.code == 2 and message in r.err and len(r.err.strip().splitlines()) == 1

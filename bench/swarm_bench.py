@@ -1,0 +1,290 @@
+"""Swarm benchmark: SmolLM2 served by `pnode start` processes on loopback.
+
+Measures, against baselines measured in the same run:
+  1. decode tokens/s of a greedy generation (--tokens, default 64, after a
+     short prompt) over routes of 1, 2 and 3 server processes (30, 15+15,
+     10+10+10 layers), the client in this process; the baseline is
+     `pwallet infer --local`'s engine (`wallet.client.LocalModel`) in this
+     process with the same thread count. Decode rate = (tokens - 1) / time
+     from the first token to the last, so prompt processing is left out of
+     both. Each figure is the median of --repeats generations; the outputs
+     must equal the local ones (asserted);
+  2. memory: the resident set (VmRSS) and its peak (VmHWM) of each server
+     process after the runs (Petals' figure for a 10-layer CPU server: about
+     840 MiB);
+  3. bytes on the wire per decoded token for each hidden-state encoding over
+     the 3-server route (both directions, all hops), and whether the greedy
+     output stays equal to the local one;
+  4. recovery: a 4th server also holds layers 10-19; the server the route
+     uses for 10-19 is killed with SIGKILL after the 8th token: recovery is
+     the gap between that token and the next, against the median gap;
+  5. chain sync: a node joining late pulls a chain of --blocks blocks from a
+     `pnode start` peer; blocks/s from its start to its reaching the tip
+     (process start-up included, so a lower bound).
+
+Servers use --server-threads torch threads each; on a 2-core machine three
+servers and the client share the cores (as the Petals figure did).
+
+Usage:  .venv/bin/python bench/swarm_bench.py [--tokens 64] [--repeats 3]
+            [--threads 2] [--server-threads 2] [--blocks 2000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import torch  # noqa: E402
+import trio  # noqa: E402
+
+from compute.generate import Sampling  # noqa: E402
+from wallet.client import InferRequest, LocalModel  # noqa: E402
+from wallet.remote import ClientConfig, ClientParts, load_client_parts, open_remote  # noqa: E402
+
+PROMPT = "The history of the Roman Empire"
+PETALS = {"ratio": 0.46, "rss_mib": 840}
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", PNODE_PASSPHRASE="bench")
+
+
+def pnode(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "node.cli", *args], cwd=_ROOT, env=ENV,
+                          capture_output=True, text=True, check=check)
+
+
+class Swarm:
+    """`pnode start` server processes in a temp dir; all stopped on exit."""
+
+    def __init__(self, root: Path, server_threads: int):
+        self.root, self.threads = root, server_threads
+        self.procs: list[subprocess.Popen] = []
+        self.addrs: list[str] = []
+        self.count = 0
+        pnode("init", "--data-dir", str(root / "g"), "--chain-id", "bench-swarm")
+
+    def start(self, span: tuple[int, int]) -> str:
+        d = self.root / f"s{self.count}"
+        self.count += 1
+        pnode("init", "--data-dir", str(d), "--genesis", str(self.root / "g" / "genesis.json"))
+        peers = ["--peers", self.addrs[0]] if self.addrs else []
+        log = open(self.root / f"{d.name}.log", "w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "node.cli", "start", "--data-dir", str(d), "--no-produce",
+             "--layers", f"{span[0]}:{span[1]}", "--threads", str(self.threads), *peers],
+            cwd=_ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        addr_file = d / "node.addr"
+        deadline = time.monotonic() + 120
+        while not addr_file.exists() or not addr_file.read_text().strip():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server {d} did not start: see {log.name}")
+            time.sleep(0.1)
+        self.addrs.append(addr_file.read_text().strip())
+        return self.addrs[-1]
+
+    def rss_mib(self, proc: subprocess.Popen) -> tuple[float, float]:
+        fields = {}
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def decode_rate(times: list[float]) -> float:
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def local_run(model: LocalModel, tokens: int) -> tuple[list[int], float]:
+    request = InferRequest(PROMPT, raw=True, max_tokens=tokens, sampling=Sampling())
+    ids, times = [], []
+    for token in model.generate(request):
+        ids.append(token.id)
+        times.append(time.perf_counter())
+    return ids, decode_rate(times)
+
+
+async def remote_run(peer: str, parts: ClientParts, tokens: int, codec: str = "raw",
+                     expect: int = 0, kill_at: int | None = None, procs=None):
+    """One generation over the swarm; returns (ids, rate, generation, gaps)."""
+    request = InferRequest(PROMPT, raw=True, max_tokens=tokens, sampling=Sampling())
+    times: list[float] = []
+    async with open_remote([peer], parts, config=ClientConfig(codec=codec)) as client:
+        with trio.fail_after(30):
+            while len(client.servers()) < expect:
+                await trio.sleep(0.3)
+                await client.refresh()
+
+        def on_token(token) -> None:
+            times.append(time.perf_counter())
+            if kill_at is not None and len(times) == kill_at:
+                victim = [h.peer_id for h in client.route if h.start == 10][0]
+                os.kill(procs[victim].pid, signal.SIGKILL)
+        result = await client.generate(request, on_token)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return result.token_ids, decode_rate(times), result, gaps
+
+
+def bench_routes(args, root: Path, parts: ClientParts, local: LocalModel) -> dict:
+    routes = {1: [(0, 30)], 2: [(0, 15), (15, 30)], 3: [(0, 10), (10, 20), (20, 30)]}
+    out: dict = {"routes": {}}
+    for n, spans in routes.items():
+        swarm = Swarm(root / f"route{n}", args.server_threads)
+        try:
+            for span in spans:
+                swarm.start(span)
+            rows = []
+            for _ in range(args.repeats):  # alternate: local, remote (same load)
+                want, local_rate = local_run(local, args.tokens)
+                ids, rate, result, _ = trio.run(remote_run, swarm.addrs[0], parts, args.tokens,
+                                                "raw", n)
+                assert ids == want, f"{n}-server output differs from local"
+                rows.append((rate, local_rate, result.wire_bytes))
+            rss = [swarm.rss_mib(p) for p in swarm.procs]
+            out["routes"][n] = {
+                "remote_tok_s": statistics.median(r[0] for r in rows),
+                "local_tok_s": statistics.median(r[1] for r in rows),
+                "ratio": statistics.median(r[0] / r[1] for r in rows),
+                "rss_mib": [round(r[0]) for r in rss], "peak_rss_mib": [round(r[1]) for r in rss],
+            }
+            print(f"{n} server(s): {out['routes'][n]}", flush=True)
+            if n == 3:
+                out["wire"] = bench_wire(args, swarm, parts, want)
+        finally:
+            swarm.close()
+    return out
+
+
+def bench_wire(args, swarm: Swarm, parts: ClientParts, want: list[int]) -> dict:
+    wire = {}
+    for codec in ("raw", "fp16", "bf16", "int8"):
+        _, _, one, _ = trio.run(remote_run, swarm.addrs[0], parts, 1, codec, 3)
+        ids, _, full, _ = trio.run(remote_run, swarm.addrs[0], parts, args.tokens, codec, 3)
+        per_token = (full.wire_bytes - one.wire_bytes) / (len(ids) - 1)
+        same = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), len(want))
+        wire[codec] = {"bytes_per_token": round(per_token), "greedy_equal_prefix": same,
+                       "of": len(want)}
+        print(f"wire {codec}: {wire[codec]}", flush=True)
+    return wire
+
+
+def bench_recovery(args, root: Path, parts: ClientParts, local: LocalModel) -> dict:
+    swarm = Swarm(root / "recovery", args.server_threads)
+    try:
+        for span in [(0, 10), (10, 20), (20, 30), (10, 20)]:
+            swarm.start(span)
+        procs = {a.rsplit("/p2p/", 1)[1]: p for a, p in zip(swarm.addrs, swarm.procs)}
+        want, _ = local_run(local, args.tokens)
+        ids, _, result, gaps = trio.run(remote_run, swarm.addrs[0], parts, args.tokens, "raw",
+                                        4, 8, procs)
+        assert ids == want, "output after failover differs from local"
+        recovery = gaps[7]
+        median_gap = statistics.median(gaps[:7] + gaps[8:])
+        out = {"recovery_s": round(recovery, 3), "median_gap_s": round(median_gap, 4),
+               "failovers": result.failovers, "output_equal": True}
+        print(f"recovery: {out}", flush=True)
+        return out
+    finally:
+        swarm.close()
+
+
+def bench_sync(args, root: Path) -> dict:
+    a, b = root / "sync-a", root / "sync-b"
+    pnode("init", "--data-dir", str(a), "--chain-id", "bench-sync", "--slot-ms", "1")
+    pnode("produce", "--data-dir", str(a), "--blocks", str(args.blocks))
+    pnode("init", "--data-dir", str(b), "--genesis", str(a / "genesis.json"))
+    swarm = Swarm(root / "sync-swarm", args.server_threads)
+    procs = []
+    try:
+        pa = subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--data-dir", str(a),
+                               "--no-produce", "--no-serve"], cwd=_ROOT, env=ENV,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(pa)
+        while not (a / "node.addr").exists() or not (a / "node.addr").read_text().strip():
+            time.sleep(0.05)
+        began = time.monotonic()
+        pb = subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--data-dir", str(b),
+                               "--no-produce", "--no-serve", "--peers",
+                               (a / "node.addr").read_text().strip()],
+                              cwd=_ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True)
+        procs.append(pb)
+        while True:
+            r = pnode("status", "--data-dir", str(b), "--json", check=False)
+            if r.returncode == 0 and json.loads(r.stdout).get("height") == args.blocks:
+                break
+            if time.monotonic() - began > 300:
+                raise RuntimeError("sync did not finish")
+            time.sleep(0.05)
+        seconds = time.monotonic() - began
+        out = {"blocks": args.blocks, "seconds": round(seconds, 2),
+               "blocks_per_s": round(args.blocks / seconds)}
+        print(f"sync: {out}", flush=True)
+        return out
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=15)
+        swarm.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--server-threads", type=int, default=2)
+    p.add_argument("--blocks", type=int, default=2000)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    local = LocalModel()
+    parts = load_client_parts()
+    with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp:
+        root = Path(tmp)
+        results = bench_routes(args, root, parts, local)
+        results["recovery"] = bench_recovery(args, root, parts, local)
+        results["sync"] = bench_sync(args, root)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print("\n| route | decode tok/s | local tok/s (same run) | ratio | target | server RSS MiB "
+          "(peak) |\n|---|---|---|---|---|---|")
+    for n, r in results["routes"].items():
+        rss = ", ".join(f"{a} ({b})" for a, b in zip(r["rss_mib"], r["peak_rss_mib"]))
+        target = ">= 0.75x (Petals 0.46x)" if n == 3 else ""
+        print(f"| {n} server(s) | {r['remote_tok_s']:.1f} | {r['local_tok_s']:.1f} | "
+              f"{r['ratio']:.2f}x | {target} | {rss} |")
+    print("\n| encoding | bytes/token on the wire (3 hops, both ways) | greedy tokens equal to "
+          "local |\n|---|---|---|")
+    for codec, w in results["wire"].items():
+        print(f"| {codec} | {w['bytes_per_token']:,} | {w['greedy_equal_prefix']} of {w['of']} |")
+    rec, syn = results["recovery"], results["sync"]
+    print(f"\nrecovery after kill -9: {rec['recovery_s']} s (median token gap "
+          f"{rec['median_gap_s']} s), output equal to local: {rec['output_equal']}")
+    print(f"chain sync: {syn['blocks']} blocks in {syn['seconds']} s = {syn['blocks_per_s']} "
+          "blocks/s (process start-up included)")
+
+
+if __name__ == "__main__":
+    main()

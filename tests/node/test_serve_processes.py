@@ -1,0 +1,199 @@
+"""The swarm as real processes: `pnode start --layers` servers, `pwallet infer --peers` clients.
+
+Each server is its own `pnode start` process on 127.0.0.1 holding a span of
+SmolLM2's 30 layers; the reference is the whole model run in this process.
+Every process is killed at teardown (the `spawn` fixture).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import trio
+
+from compute.generate import generate
+from tests.node.netkit import run
+from tests.node.prockit import (
+    live_status, node_addr, wait_for,
+)
+from wallet.client import InferRequest
+from wallet.remote import ClientParts, open_remote
+
+PROMPT = "Write a short poem about the sea."
+
+
+@pytest.fixture
+def servers(tmp_path, pnode, spawn):
+    """Start one `pnode start --layers A:B` per span; returns [(proc, addr, span)]."""
+    first = tmp_path / "n0"
+    r = pnode("init", "--data-dir", str(first), "--chain-id", "t-serve")
+    assert r.code == 0, r.err
+
+    def start(spans, *extra):
+        """The first server, then all the others at once (they start in parallel)."""
+        out, procs = [], []
+        for i, (a, b) in enumerate(spans):
+            d = tmp_path / f"n{i}"
+            if i:
+                r = pnode("init", "--data-dir", str(d), "--genesis", str(first / "genesis.json"))
+                assert r.code == 0, r.err
+            peers = ["--peers", node_addr(first, procs[0], 60)] if i else []
+            proc, _, _ = spawn(f"n{i}", "--data-dir", str(d), "--layers", f"{a}:{b}",
+                               "--no-produce", *peers, *extra)
+            procs.append(proc)
+        for i, (proc, span) in enumerate(zip(procs, spans)):
+            out.append((proc, node_addr(tmp_path / f"n{i}", proc, 60), span))
+        return out
+    return start
+
+
+@pytest.fixture(scope="module")
+def local_tokens(smol, smol_tokenizer):
+    def tokens(prompt: str, n: int, *, raw: bool) -> list[int]:
+        ids = (smol_tokenizer.encode(prompt) if raw else
+               smol_tokenizer.encode_chat([{"role": "user", "content": prompt}]))
+        return generate(smol, ids, n, stop_ids=smol_tokenizer.stop_ids)
+    return tokens
+
+
+def wait_for_swarm(pwallet_view, count: int) -> None:
+    wait_for(lambda: len(pwallet_view()) >= count, f"{count} servers announced", limit=30)
+
+
+def test_pwallet_over_three_server_processes_equals_local(servers, pwallet, pnode, tmp_path,
+                                                          local_tokens):
+    nodes = servers([(0, 10), (10, 20), (20, 30)])
+    status = wait_for(lambda: (s := live_status(pnode, tmp_path / "n0"))["swarm"][2:] and s,
+                      "announcements of all three to reach the first node", limit=20)
+    assert status["serving"] == [0, 10] and status["sessions"] == 0
+    assert sorted(tuple(a["layers"]) for a in status["swarm"]) == [(0, 10), (10, 20), (20, 30)]
+    r = pwallet("infer", PROMPT, "--peers", nodes[0][1], "--raw", "--greedy",
+                "--max-tokens", "16", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["token_ids"] == local_tokens(PROMPT, 16, raw=True)
+    peer_ids = [addr.rsplit("/p2p/", 1)[1] for _, addr, _ in nodes]
+    assert [(h["peer_id"], h["start"], h["end"]) for h in doc["route"]] == [
+        (p, a, b) for p, (_, _, (a, b)) in zip(peer_ids, nodes)]
+    assert doc["failovers"] == 0 and doc["wire_bytes"] > 0
+    local = pwallet("infer", PROMPT, "--local", "--raw", "--greedy", "--max-tokens", "16",
+                    "--json")
+    assert local.code == 0, local.err
+    assert {k: doc[k] for k in ("token_ids", "text")} == local.json()
+
+
+def test_kill_9_mid_generation_a_fourth_server_takes_over(servers, gguf_reader, smol_tokenizer,
+                                                          local_tokens):
+    from compute.gguf import load_gguf, model_id
+
+    nodes = servers([(0, 10), (10, 20), (20, 30), (10, 20)])
+    parts = ClientParts(load_gguf(reader=gguf_reader, layers=range(0)), smol_tokenizer,
+                        model_id(gguf_reader))
+    by_peer = {addr.rsplit("/p2p/", 1)[1]: proc for proc, addr, _ in nodes}
+    killed: list[tuple[str, float]] = []
+    times: list[float] = []
+
+    async def main():
+        async with open_remote([nodes[0][1]], parts) as client:
+            with trio.fail_after(20):
+                while len(client.servers()) < 4:
+                    await trio.sleep(0.3)
+                    await client.refresh()
+
+            def on_token(token) -> None:
+                times.append(time.monotonic())
+                if len(times) == 5:  # mid-generation: kill -9 whoever serves 10..19
+                    victim = [hop.peer_id for hop in client.route if hop.start == 10][0]
+                    os.kill(by_peer[victim].pid, signal.SIGKILL)
+                    killed.append((victim, time.monotonic()))
+            result = await client.generate(InferRequest(PROMPT, max_tokens=32), on_token)
+
+        async with open_remote([nodes[0][1]], parts) as other:
+            # Other clients stop routing to the dead server promptly: the node
+            # that was connected to it drops its announcement on disconnect.
+            with trio.fail_after(5):
+                while killed[0][0] in {s.peer_id for s in other.servers()}:
+                    await trio.sleep(0.2)
+                    await other.refresh()
+        return result
+
+    result = None
+
+    async def wrapper():
+        nonlocal result
+        result = await main()
+    run(wrapper, deadline=120)
+    assert result.token_ids == local_tokens(PROMPT, 32, raw=False)
+    assert len(result.token_ids) == 32 and result.failovers == 1
+    victim = killed[0][0]
+    spans = [(s.peer_id, s.start, s.end, s.failed) for s in result.route]
+    assert (victim, 10, 20, True) in spans
+    heir = [s for s in result.route if s.start == 10 and not s.failed]
+    assert len(heir) == 1 and heir[0].peer_id != victim
+    # The token after the kill came within seconds (no long request timeout).
+    assert times[5] - killed[0][1] < 10
+
+
+def test_a_stalled_server_is_noticed_in_seconds_and_replaced(servers, gguf_reader,
+                                                              smol_tokenizer, local_tokens):
+    """SIGSTOP (a real stall: the connection stays up, nothing answers) mid-generation."""
+    from compute.gguf import load_gguf, model_id
+
+    nodes = servers([(0, 30), (0, 30)])
+    parts = ClientParts(load_gguf(reader=gguf_reader, layers=range(0)), smol_tokenizer,
+                        model_id(gguf_reader))
+    by_peer = {addr.rsplit("/p2p/", 1)[1]: proc for proc, addr, _ in nodes}
+    times: list[float] = []
+    stalled: list[str] = []
+
+    async def main():
+        async with open_remote([nodes[0][1]], parts) as client:
+            with trio.fail_after(20):
+                while len(client.servers()) < 2:
+                    await trio.sleep(0.3)
+                    await client.refresh()
+
+            def on_token(token) -> None:
+                times.append(time.monotonic())
+                if len(times) == 3:
+                    stalled.append(client.route[0].peer_id)
+                    os.kill(by_peer[stalled[0]].pid, signal.SIGSTOP)
+            return await client.generate(InferRequest(PROMPT, max_tokens=12), on_token)
+
+    result = None
+
+    async def wrapper():
+        nonlocal result
+        result = await main()
+    try:
+        run(wrapper, deadline=90)
+    finally:
+        for proc in by_peer.values():
+            os.kill(proc.pid, signal.SIGCONT)
+    assert result.token_ids == local_tokens(PROMPT, 12, raw=False)
+    assert result.failovers == 1
+    assert [(s.peer_id, s.failed) for s in result.route][0] == (stalled[0], True)
+    # Noticed by the step timeout (5 s + a little per position), not a long one.
+    assert 5 <= times[3] - times[2] < 15
+
+
+def test_trusted_peers_that_cannot_cover_the_model_fail_clearly(servers, pwallet, tmp_path):
+    nodes = servers([(0, 10), (10, 20), (20, 30)])
+    time.sleep(1.5)
+    trusted = tmp_path / "trusted.txt"
+    trusted.write_text(f"# friends\n{nodes[0][1]}\n{nodes[2][1].rsplit('/p2p/', 1)[1]}\n")
+    r = pwallet("infer", PROMPT, "--peers", nodes[0][1], "--trusted-peers", str(trusted),
+                "--greedy", "--max-tokens", "4", "--json")
+    assert r.code == 2
+    assert "layer 10" in r.err and "only trusted peers" in r.err
+    trusted.write_text("\n".join(addr for _, addr, _ in nodes))
+    r = pwallet("infer", PROMPT, "--peers", nodes[0][1], "--trusted-peers", str(trusted),
+                "--greedy", "--max-tokens", "4", "--json")
+    assert r.code == 0, r.err
+    bad = tmp_path / "bad.txt"
+    bad.write_text("not-a-peer-id!\n")
+    r = pwallet("infer", PROMPT, "--peers", nodes[0][1], "--trusted-peers", str(bad))
+    assert r.code == 2 and "bad.txt:1" in r.err
