@@ -112,7 +112,8 @@ class Swarm:
 
 
 def decode_rate(times: list[float]) -> float:
-    return (len(times) - 1) / (times[-1] - times[0])
+    """Tokens/s after the first token (0.0 for a one-token generation)."""
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
 
 
 def local_run(model: LocalModel, tokens: int) -> tuple[list[int], float]:

@@ -1,12 +1,15 @@
 """Bias-free linear projection with a prepacked CPU path for decoding.
 
-Owns how the model multiplies activations with a weight matrix. Training and
-prompt prefill use plain `F.linear`. Decoding one token at a time on a CPU is
-a matrix-vector product bound by memory bandwidth, and MKL's gemv that
-`F.linear` reaches runs on one thread (about 16 GB/s here); oneDNN with a
-weight reordered once ("prepacked") streams the same weights on all threads
-(about 40 GB/s). So in inference (no autograd) with a single row of input, this
-module multiplies with a lazily built packed copy of the weight.
+Owns how the model multiplies activations with a weight matrix. Training
+uses plain `F.linear`. In inference (no autograd) on a CPU this module
+multiplies with a lazily built oneDNN copy of the weight, reordered once
+("prepacked"): decoding one token at a time is a matrix-vector product bound
+by memory bandwidth, and MKL's gemv that `F.linear` reaches runs on one
+thread (about 16 GB/s here) while oneDNN streams the packed weight on all
+threads (about 40 GB/s); for many rows (prompt prefill) the packed GEMM
+measured about 2x faster than `F.linear` too (576x3072 at 256 rows: 2.2 ms
+against 5.3 ms, 2 threads). A server, which never trains, may keep only the
+packed copy (`release_weight`).
 
 The packed copy is a cache: it is rebuilt when the weight changes in place
 (its version counter moves, as with `optimizer.step()` or `load_state_dict`)
@@ -19,6 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from compute.errors import ComputeError
 
 
 def _mkldnn_linear_available() -> bool:
@@ -58,39 +63,66 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Project the last dimension of x: (..., in) -> (..., out)."""
-        if self.pack_cpu and x.numel() == self.in_features and self._may_pack(x):
+        if self.packs(x):
             return self._packed_forward(x)
+        if self.weight is None:
+            raise ComputeError("this layer kept only its packed inference weights "
+                               "(release_weight): it cannot train or run off the CPU")
         return F.linear(x, self.weight)
+
+    def packs(self, x: torch.Tensor) -> bool:
+        """Whether ``forward(x)`` takes the packed path (CPU float32 inference)."""
+        return self.pack_cpu and self._may_pack(x)
+
+    def release_weight(self) -> None:
+        """Pack now and drop the plain weight: half the memory, inference only.
+
+        For a server's layers, which never train: afterwards only CPU float32
+        inference works (anything else raises `ComputeError`).
+        """
+        if self.weight is None:
+            return
+        if not self.pack_cpu or self.weight.device.type != "cpu":
+            raise ComputeError("only a CPU float32 layer with oneDNN packing can release "
+                               "its plain weight")
+        self._pack(self.weight)
+        self.weight = None
 
     def unpack(self) -> None:
         """Drop the packed copy of the weight (it is rebuilt on demand)."""
+        if self.weight is None:
+            return  # the packed copy is all there is
         self._packed = None
         self._packed_key = None
 
     def _may_pack(self, x: torch.Tensor) -> bool:
-        # Packing pays only where gemv is memory bound and no gradient flows.
+        # Only where no gradient flows, on CPU float32 (a released weight is packed).
         w = self.weight
         return (
             not torch.is_grad_enabled()
             and x.device.type == "cpu"
-            and w.device.type == "cpu"
             and x.dtype == torch.float32
-            and w.dtype == torch.float32
+            and (w is None or (w.device.type == "cpu" and w.dtype == torch.float32))
         )
+
+    def _pack(self, w: torch.Tensor) -> bool:
+        """(Re)build the packed copy of ``w``; False if this build cannot."""
+        try:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1)
+        except RuntimeError:
+            # A build that lists the op but cannot run it: stay on F.linear.
+            self.pack_cpu = False
+            return False
+        self._packed_key = (w._version, w.data_ptr())
+        return True
 
     def _packed_forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        key = (w._version, w.data_ptr())
-        if key != self._packed_key:
-            try:
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1)
-            except RuntimeError:
-                # A build that lists the op but cannot run it: stay on F.linear.
-                self.pack_cpu = False
-                return F.linear(x, w)
-            self._packed_key = key
+        if w is not None and (w._version, w.data_ptr()) != self._packed_key and not self._pack(w):
+            return F.linear(x, w)
+        rows = x.numel() // self.in_features
         y = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(1, self.in_features), self._packed, None, "none", [], ""
+            x.reshape(rows, self.in_features), self._packed, None, "none", [], ""
         )
         return y.view(*x.shape[:-1], self.out_features)
 

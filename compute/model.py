@@ -198,12 +198,13 @@ class MLP(nn.Module):
         self.w_down = Linear(cfg.ffn_dim, cfg.dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() == x.shape[-1]:  # one token: one fused (packed) projection
+        if x.numel() == x.shape[-1] or self.w_gate_up.packs(x):
+            # One token, or CPU inference: one fused (packed) projection.
             gate, up = self.w_gate_up(x).chunk(2, dim=-1)  # (B, T, F) each
         else:
-            # Many tokens: two GEMMs over the weight's contiguous halves run
-            # faster than one twice as wide (measured at prefill shapes), and
-            # give contiguous outputs for the elementwise product.
+            # Many tokens through F.linear: two GEMMs over the weight's
+            # contiguous halves run faster than one twice as wide (measured
+            # at prefill shapes), and give contiguous outputs.
             w = self.w_gate_up.weight
             half = w.shape[0] // 2
             gate, up = F.linear(x, w[:half]), F.linear(x, w[half:])  # (B, T, F) each
@@ -420,6 +421,23 @@ class Transformer(nn.Module):
             held += [self.tok_emb, self.norm, self.lm_head]
         for module in held + [self.rope]:
             module.to(device)
+        return self
+
+    def serve_only(self) -> Transformer:
+        """Keep only the packed inference copies of the held layers' matrices.
+
+        Halves a CPU server's memory for its layers (see
+        `compute.linear.Linear.release_weight`); afterwards these layers can
+        only run CPU float32 inference. The embeddings and head are kept as
+        they are (the head may share the embedding's tensor).
+
+        Raises:
+            ComputeError: the weights are not on the CPU or cannot be packed.
+        """
+        for i in self.part.layers:
+            for m in self.layers[i].modules():
+                if isinstance(m, Linear):
+                    m.release_weight()
         return self
 
     def _reference_weight(self) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The server side of inference sessions: a span of layers, a KV cache per session.
 
 Owns `InferenceServer`, which serves ``/pnode/inference/1.0.0`` (specs/network.md
-section 6.3) from a partial model (`compute.model.ModelPart`: only the layers
+section 9.3) from a partial model (`compute.model.ModelPart`: only the layers
 it serves are in memory):
 
 - a client opens a session for a sub-span of the served layers; the server
@@ -31,7 +31,6 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
-from compute.errors import ComputeError
 from compute.kvcache import KVCache
 from compute.model import Transformer
 from compute.quant import WireTensorError, decode_tensor, encode_tensor
@@ -60,6 +59,7 @@ class ServerConfig:
     """Tunables of an inference server."""
 
     max_sessions: int = 8
+    max_sessions_per_peer: int = 4  # one client cannot hold every slot
     max_len: int = 2048  # most KV positions one session may ask for
     idle_timeout: float = 60.0  # seconds a session may wait between frames
     busy_retry_ms: int = 1000  # the hint given with `Busy`
@@ -76,8 +76,32 @@ class _Session:
     end: int
     codec: str
     cache: KVCache
+    model: Transformer  # the weights it opened on (a move keeps them for it)
     tokens: int = 0
     steps: int = 0
+
+
+def measure_throughput(model: Transformer, layers: range, device: torch.device | str = "cpu",
+                       tokens: int = 8) -> float:
+    """Decode tokens/s of ``model`` through ``layers`` (blocking: call from a worker thread).
+
+    One warm-up token, then the median of ``tokens`` single-token steps,
+    the same calls a session makes; what `Announce` reports.
+    """
+    device = torch.device(device)
+    cfg = model.config
+    cache = KVCache(cfg, tokens + 1, layers=layers, device=device)
+    h = torch.zeros(1, 1, cfg.dim, device=device)
+    times = []
+    with torch.inference_mode():
+        for _ in range(tokens + 1):
+            began = time.perf_counter()
+            model.run_layers(h, layers.start, layers.stop, cache=cache)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - began)
+    times = sorted(times[1:])
+    return 1.0 / max(times[len(times) // 2], 1e-6)
 
 
 class InferenceServer:
@@ -106,6 +130,15 @@ class InferenceServer:
         """Register the stream handler on the host (the host runs the streams)."""
         self.host.set_handler(INFERENCE_PROTOCOL, self._serve, public=True)  # clients use it
 
+    def swap(self, model: Transformer, layers: range) -> None:
+        """Serve ``layers`` of ``model`` from now on (a move).
+
+        Open sessions keep the model they opened on until they end; sessions,
+        the FIFO limiter and the limits stay shared, so a move never runs
+        two forward calls at once nor admits more than ``max_sessions``.
+        """
+        self.model, self.layers = model, layers
+
     def status(self) -> dict:
         """Served span, open sessions and counters, for `pnode status`."""
         return {"serving": [self.layers.start, self.layers.stop],
@@ -113,29 +146,16 @@ class InferenceServer:
                 "served_tokens": self.served_tokens, "refused_busy": self.refused_busy}
 
     def measure_throughput(self, tokens: int = 8) -> float:
-        """Decode tokens/s through the served span (run in a worker thread).
-
-        One warm-up token, then the median of ``tokens`` single-token steps,
-        the same calls a session makes; what `Announce` reports.
-        """
-        cfg = self.model.config
-        cache = KVCache(cfg, tokens + 1, layers=self.layers, device=self.device)
-        h = torch.zeros(1, 1, cfg.dim, device=self.device)
-        times = []
-        with torch.inference_mode():
-            for _ in range(tokens + 1):
-                began = time.perf_counter()
-                self.model.run_layers(h, self.layers.start, self.layers.stop, cache=cache)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                times.append(time.perf_counter() - began)
-        times = sorted(times[1:])
-        return 1.0 / max(times[len(times) // 2], 1e-6)
+        """Decode tokens/s through the served span (run in a worker thread)."""
+        return measure_throughput(self.model, self.layers, self.device, tokens)
 
     # -- one stream = one session --------------------------------------------------------
 
     async def _serve(self, stream: INetStream, peer: ID) -> None:
-        first = await read_frame(stream, 4096, timeout=self.config.idle_timeout)
+        try:
+            first = await read_frame(stream, 4096, timeout=self.config.idle_timeout)
+        except (FrameEOF, FrameTimeout):
+            return  # a client that gave up before asking: nothing to score
         request = decode(first, OpenSession)  # garbage: the host resets and scores
         try:
             session = self._open(request, peer)
@@ -166,12 +186,14 @@ class InferenceServer:
         limit = min(self.config.max_len, self.model.config.max_seq_len)
         if req.max_len > limit:
             raise SessionRefused(f"a session may hold at most {limit} tokens, asked {req.max_len}")
-        if len(self.sessions) >= self.config.max_sessions:
+        if len(self.sessions) >= self.config.max_sessions or sum(
+                s.peer == peer for s in self.sessions.values()) >= self.config.max_sessions_per_peer:
             return None
         # The cache is allocated lazily by torch.empty: an idle budget costs no pages.
         cache = KVCache(self.model.config, req.max_len,
                         layers=range(req.layer_start, req.layer_end), device=self.device)
-        session = _Session(next(self._ids), peer, req.layer_start, req.layer_end, req.codec, cache)
+        session = _Session(next(self._ids), peer, req.layer_start, req.layer_end, req.codec,
+                           cache, self.model)
         self.sessions[session.id] = session
         return session
 
@@ -185,14 +207,9 @@ class InferenceServer:
             step = decode(data, Step)
             try:
                 hidden = self._check_step(step, s)
+                out = await self._forward(s, step, hidden)
             except SessionRefused as exc:
                 await self._reply(stream, SessionError(str(exc)[:256]))
-                return
-            try:
-                out = await trio.to_thread.run_sync(self._forward, s, step, hidden,
-                                                    limiter=self._compute)
-            except ComputeError as exc:
-                await self._reply(stream, SessionError(f"{type(exc).__name__}: {exc}"[:256]))
                 return
             s.steps += 1
             s.tokens = step.pos + hidden.shape[1]
@@ -201,11 +218,19 @@ class InferenceServer:
 
     def _check_step(self, step: Step, s: _Session) -> torch.Tensor:
         """The step's hidden states, checked against the session. Raises SessionRefused."""
-        try:
-            hidden = decode_tensor(step.hidden)
-        except WireTensorError as exc:
-            raise SessionRefused(f"bad hidden states: {exc}") from None
+        if step.pos > s.cache.length:
+            # A step may restart earlier positions (pos < length: roll back) but never skip.
+            raise SessionRefused(f"step at position {step.pos}, the session holds "
+                                 f"{s.cache.length}")
         dim = self.model.config.dim
+        room = s.cache.max_len - step.pos
+        try:  # never decode more than the budget can take (int8 expands 4x)
+            hidden = decode_tensor(step.hidden, max_elements=max(room, 1) * dim)
+        except WireTensorError as exc:
+            if "elements, at most" in str(exc):
+                raise SessionRefused(f"step past the session budget of {s.cache.max_len} "
+                                     f"positions: {exc}") from None
+            raise SessionRefused(f"bad hidden states: {exc}") from None
         if hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[2] != dim \
                 or hidden.shape[1] == 0:
             raise SessionRefused(f"expected hidden states (1, T>0, {dim}), "
@@ -213,27 +238,41 @@ class InferenceServer:
         t = hidden.shape[1]
         if step.chunks and sum(step.chunks) != t:
             raise SessionRefused(f"chunks sum to {sum(step.chunks)}, the step has {t} positions")
-        if step.pos != s.cache.length:
-            # A step may restart earlier positions (pos < length: roll back) but never skip.
-            if step.pos > s.cache.length:
-                raise SessionRefused(f"step at position {step.pos}, the session holds "
-                                     f"{s.cache.length}")
-        if step.pos + t > s.cache.max_len:
+        if t > room:
             raise SessionRefused(f"step to position {step.pos + t} exceeds the session budget "
                                  f"of {s.cache.max_len}")
         return hidden.to(torch.float32)
 
-    def _forward(self, s: _Session, step: Step, hidden: torch.Tensor) -> bytes:
-        """Run the session's layers on the step, chunk by chunk (worker thread)."""
-        hidden = hidden.to(self.device)
+    async def _forward(self, s: _Session, step: Step, hidden: torch.Tensor) -> bytes:
+        """Run the session's layers on the step, one forward call per chunk.
+
+        The FIFO limiter is taken per chunk, so a long replay (many chunks)
+        takes turns with the other sessions' decode steps instead of holding
+        the server for its whole length.
+
+        Raises:
+            SessionRefused: the forward call failed (out of memory, a device error).
+        """
         outs, pos = [], step.pos
+        for n in step.chunks or (hidden.shape[1],):
+            chunk = hidden[:, pos - step.pos: pos - step.pos + n]
+            try:
+                outs.append(await trio.to_thread.run_sync(self._run, s, chunk, pos,
+                                                          limiter=self._compute))
+            except Exception as exc:  # the server's fault, not the client's: no score
+                log.warning("forward failed in a session of %s: %s: %s", s.peer,
+                            type(exc).__name__, exc)
+                raise SessionRefused(f"forward failed: {type(exc).__name__}: {exc}") from None
+            pos += n
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return encode_tensor(out, s.codec)
+
+    def _run(self, s: _Session, chunk: torch.Tensor, pos: int) -> torch.Tensor:
+        """One forward call (worker thread); the output back on the CPU."""
         with torch.inference_mode():
-            for n in step.chunks or (hidden.shape[1],):
-                chunk = hidden[:, pos - step.pos: pos - step.pos + n]
-                outs.append(self.model.run_layers(chunk, s.start, s.end, pos=pos, cache=s.cache))
-                pos += n
-            out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-        return encode_tensor(out.to("cpu"), s.codec)
+            out = s.model.run_layers(chunk.to(self.device), s.start, s.end, pos=pos,
+                                     cache=s.cache)
+        return out.to("cpu")
 
     async def _reply(self, stream: INetStream, msg) -> None:
         await write_frame(stream, encode(msg), timeout=self.config.write_timeout)

@@ -1,4 +1,4 @@
-"""Protocol ids, gossip topic and messages of model serving (specs/network.md section 6).
+"""Protocol ids, gossip topic and messages of model serving (specs/network.md section 9).
 
 Owns what servers and clients of the swarm say to each other: signed
 announcements of who serves which layers (gossip topic ``pnode/announce/1``
@@ -33,8 +33,10 @@ S_ANNOUNCE = b"pnode:sign:announce:"
 MAX_HIDDEN_BYTES = 16 * 1024 * 1024
 #: Largest frame on an inference stream: a `Step` with a maximal payload.
 MAX_INFERENCE_FRAME = MAX_HIDDEN_BYTES + 64 * 1024
-#: Largest `SwarmResponse` frame a client reads.
-MAX_SWARM_FRAME = 1024 * 1024
+#: Most announcements in one `SwarmResponse`.
+MAX_ANNOUNCES = 512
+#: Largest `SwarmResponse` frame: a server trims its answer to fit, a client reads this much.
+MAX_SWARM_FRAME = 2 * 1024 * 1024
 #: Most chunks one replaying `Step` may carry.
 MAX_CHUNKS = 4096
 #: The wire tensor codecs a session may use (compute/quant.py).
@@ -99,7 +101,7 @@ class SwarmRequest:
 class SwarmResponse:
     """The fresh announcements a node holds, its own included."""
 
-    announces: Annotated[tuple[Announce, ...], MaxLen(512)]
+    announces: Annotated[tuple[Announce, ...], MaxLen(MAX_ANNOUNCES)]
 
 
 @wire(60)

@@ -1,7 +1,7 @@
 """A node's model serving: which layers, loaded how, announced to whom.
 
 Owns `LayerServer`, the component `pnode start` runs when the node serves
-layers (specs/network.md section 6.1):
+layers (specs/network.md section 9.1):
 
 1. it reads the GGUF file's metadata and model id;
 2. it takes its span: the one given (``--layers A:B``), or with ``auto`` the
@@ -20,6 +20,9 @@ layers (specs/network.md section 6.1):
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -31,7 +34,7 @@ import trio
 from compute.gguf import config_from_gguf, load_gguf, model_id, open_gguf
 from node.balance import choose_span, should_move
 from node.host import Host, PeerIdentity
-from node.inference import InferenceServer, ServerConfig
+from node.inference import InferenceServer, ServerConfig, measure_throughput
 from node.serve_protocol import SWARM_PROTOCOL, Announce, SwarmRequest, SwarmResponse, sign_announce
 from node.swarm import Announcer, announce_peer
 
@@ -157,37 +160,76 @@ class LayerServer:
             await trio.sleep(self.config.discover_s)
 
     async def _rebalance_forever(self) -> None:
+        # Each server waits its own share of the period (from its peer id), and
+        # confirms a move on a fresh view before making it: two auto servers
+        # with the same view cannot keep moving in lockstep and swap forever.
         me = str(self.host.peer_id)
+        phase = 0.5 + int.from_bytes(hashlib.sha256(me.encode()).digest()[:4], "big") / 2**32
         while True:
-            await trio.sleep(self.config.rebalance_s)
-            assert self.inference is not None
-            mine = _Span(me, self.inference.layers.start, self.inference.layers.stop,
-                         self.throughput)
-            start = should_move([*self._others(), mine], me, self._n_layers)
-            if start is not None:
-                self.report(f"moving to layers {start}:{start + self._span_len()} "
-                            "(the swarm serves them least)")
+            await trio.sleep(self.config.rebalance_s * phase)
+            start = self._proposed_move(me)
+            if start is None:
+                continue
+            await trio.sleep(2 * self.announcer.interval)  # others' moves show up meanwhile
+            if self._proposed_move(me) != start:
+                continue
+            self.report(f"moving to layers {start}:{start + self._span_len()} "
+                        "(the swarm serves them least)")
+            try:
                 await self._load((start, start + self._span_len()))
-                await self.announcer.announce_now()
+            except Exception as exc:  # e.g. out of memory: keep serving the old span
+                log.warning("move to layers %d.. failed: %s: %s", start, type(exc).__name__, exc)
+                self.report(f"could not move ({type(exc).__name__}: {exc}); still serving "
+                            f"layers {self.inference.layers.start}:{self.inference.layers.stop}")
+
+    def _proposed_move(self, me: str) -> int | None:
+        assert self.inference is not None
+        mine = _Span(me, self.inference.layers.start, self.inference.layers.stop, self.throughput)
+        return should_move([*self._others(), mine], me, self._n_layers)
 
     async def _load(self, span: tuple[int, int]) -> None:
-        """Load ``span``, measure it, and serve it in place of any earlier span."""
+        """Load ``span``, measure it, and serve it in place of any earlier span.
+
+        A move swaps the span in the same `InferenceServer`: open sessions
+        finish on the old weights; limits and the FIFO limiter stay shared.
+        """
         began = time.monotonic()
         layers = range(*span)
-        model = await trio.to_thread.run_sync(self._load_part, layers)
-        server = InferenceServer(self.host, model, layers, self.model_id,
-                                 device=self.config.device, config=self.config.server)
-        self.throughput = await trio.to_thread.run_sync(server.measure_throughput)
-        self.inference = server
-        server.start()
+        if self._reader is None:  # dropped after the last load: its metadata is large
+            self._reader = await trio.to_thread.run_sync(open_gguf, self.config.model_path)
+        try:
+            model = await trio.to_thread.run_sync(self._load_part, layers)
+        finally:
+            self._reader = None
+        await trio.to_thread.run_sync(_return_freed_memory)
+        self.throughput = await trio.to_thread.run_sync(
+            measure_throughput, model, layers, self.config.device)
+        if self.inference is None:
+            self.inference = InferenceServer(self.host, model, layers, self.model_id,
+                                             device=self.config.device, config=self.config.server)
+            self.inference.start()
+        else:
+            self.inference.swap(model, layers)
         self.report(f"serving layers {span[0]}:{span[1]} of {self._n_layers} on "
                     f"{self.config.device} ({self.throughput:.0f} tokens/s, loaded in "
                     f"{time.monotonic() - began:.1f} s)")
         await self.announcer.announce_now()
 
     def _load_part(self, layers: range):
+        """Load ``layers``; on a CPU keep only the packed copies (half the memory)."""
         model = load_gguf(reader=self._reader, layers=layers, ends=False)
-        return model.move(self.config.device) if self.config.device != "cpu" else model
+        if self.config.device != "cpu":
+            return model.move(self.config.device)
+        return model.serve_only()
+
+
+def _return_freed_memory() -> None:
+    """Hand the loader's freed buffers back to the OS (glibc keeps them otherwise)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the memory is reused, just not returned
+        pass
 
 
 def _encode(msg) -> bytes:

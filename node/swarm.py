@@ -1,7 +1,7 @@
 """Who serves what: announcements gossiped, verified, aged, and served on request.
 
 Owns `SwarmView` (the fresh, verified `Announce` of every known server) and
-`Announcer`, the node component that keeps it (specs/network.md section 6.2):
+`Announcer`, the node component that keeps it (specs/network.md section 9.2):
 
 - it gossips this node's own announcement every ``interval`` seconds on
   ``pnode/announce/1`` (when the node serves layers);
@@ -32,7 +32,8 @@ from ledger.errors import DecodeError
 from node.datadir import libp2p_peer_id
 from node.host import GossipError, Host
 from node.serve_protocol import (
-    ANNOUNCE_TOPIC, SWARM_PROTOCOL, Announce, SwarmRequest, SwarmResponse,
+    ANNOUNCE_TOPIC, MAX_ANNOUNCES, MAX_SWARM_FRAME, SWARM_PROTOCOL, Announce, SwarmRequest,
+    SwarmResponse,
 )
 
 log = logging.getLogger(__name__)
@@ -58,18 +59,34 @@ class SwarmView:
         max_age_ms: refuse announcements signed longer ago than this.
     """
 
-    def __init__(self, *, ttl: float = 4.0, max_age_ms: int = 30_000):
-        self.ttl, self.max_age_ms = ttl, max_age_ms
+    def __init__(self, *, ttl: float = 4.0, max_age_ms: int = 30_000,
+                 max_skew_ms: int = 30_000, max_entries: int = 4096):
+        self.ttl, self.max_age_ms, self.max_skew_ms = ttl, max_age_ms, max_skew_ms
+        self.max_entries = max_entries
         self._entries: dict[ID, _Entry] = {}
 
+    def acceptable(self, announce: Announce, now_ms: int) -> bool:
+        """Signed, well formed, and signed within ``max_age_ms`` (or ``max_skew_ms`` ahead).
+
+        A future time is refused as well as an old one: held, it would
+        block the server's own correct announcements until the clock caught up.
+        """
+        return (now_ms - self.max_age_ms <= announce.time_ms <= now_ms + self.max_skew_ms
+                and announce.max_sessions >= 1 and announce.verified())
+
     def add(self, announce: Announce, now: float, now_ms: int) -> bool:
-        """Hold ``announce`` if it verifies and is newer; True when it was taken."""
-        if announce.time_ms + self.max_age_ms < now_ms or not announce.verified():
+        """Hold ``announce`` if it is acceptable and newer; True when it was taken."""
+        if not self.acceptable(announce, now_ms):
             return False
         peer = announce_peer(announce)
         held = self._entries.get(peer)
         if held is not None and held.announce.time_ms >= announce.time_ms:
             return False
+        if held is None and len(self._entries) >= self.max_entries:
+            self.fresh(now)  # expire first; then make room by the stalest entry
+            if len(self._entries) >= self.max_entries:
+                stalest = min(self._entries, key=lambda p: self._entries[p].refreshed)
+                del self._entries[stalest]
         self._entries[peer] = _Entry(announce, now)
         return True
 
@@ -122,7 +139,8 @@ class Announcer:
 
     def take(self, announce: Announce) -> bool:
         """Add an announcement heard from anywhere (gossip, a swarm response)."""
-        if self.allowed is not None and announce_peer(announce) not in self.allowed:
+        peer = announce_peer(announce)
+        if self.allowed is not None and peer not in self.allowed and peer != self.host.peer_id:
             return False
         return self.view.add(announce, trio.current_time(), self.clock())
 
@@ -151,7 +169,11 @@ class Announcer:
             await trio.sleep(self.interval)
 
     async def _validate(self, origin: ID, data: bytes, forwarder: ID) -> bool:
-        """Gossip validator: relay and deliver only announcements that verify."""
+        """Gossip validator: relay and deliver only acceptable announcements.
+
+        A bad one scores the forwarder: gossipsub validates before relaying,
+        so an honest neighbour never forwards one.
+        """
         try:
             announce = decode(data, Announce)
         except DecodeError as exc:
@@ -160,11 +182,36 @@ class Announcer:
         if not announce.verified():
             self.host.penalize(forwarder, 1, "announcement with a bad signature")
             return False
-        return True
+        return self.view.acceptable(announce, self.clock())  # too old or ahead: drop, unscored
 
     def _on_gossip(self, origin: ID, data: bytes) -> None:
-        self.take(decode(data, Announce))  # validated already
+        # Decoded again, never trusted: py-libp2p remembers validation verdicts
+        # longer than the messages it has seen, so a repeated (from_id, seqno)
+        # may skip the validator with other bytes.
+        try:
+            self.take(decode(data, Announce))
+        except DecodeError as exc:
+            self.host.penalize(origin, 1, f"undecodable announcement: {exc}")
 
     async def _serve(self, peer: ID, request: bytes) -> bytes:
         decode(request, SwarmRequest)  # anything else: reset and scored by the host
-        return encode(SwarmResponse(tuple(self.fresh())))
+        return encode_swarm_response(self.fresh(), set(self.host.connected_peers())
+                                     | {self.host.peer_id})
+
+
+def encode_swarm_response(announces: list[Announce], preferred: set[ID]) -> bytes:
+    """A `SwarmResponse` within its limits (512 entries, `MAX_SWARM_FRAME` bytes).
+
+    When the view holds more, announcements of ``preferred`` peers (this node
+    and its connections: proven alive) go first, then the most recent: a flood
+    of throwaway announcements cannot push live servers out of the answer.
+    """
+    ranked = sorted(announces, key=lambda a: (announce_peer(a) not in preferred, -a.time_ms))
+    chosen, size = [], 16
+    for a in ranked[:MAX_ANNOUNCES]:
+        n = len(encode(a))
+        if size + n > MAX_SWARM_FRAME:
+            break
+        chosen.append(a)
+        size += n
+    return encode(SwarmResponse(tuple(chosen)))

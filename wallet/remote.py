@@ -1,7 +1,7 @@
 """Inference over the swarm: embeddings and head here, the layers on servers.
 
 Owns `RemoteModel`, the client of ``/pnode/inference/1.0.0`` (specs/network.md
-section 6.4), after Petals:
+section 9.4), after Petals:
 
 1. discovery: dial the given peers and ask each for its view of the swarm
    (`SwarmResponse`: signed announcements), timing each request as the RTT;
@@ -41,7 +41,7 @@ from compute.model import Transformer
 from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from compute.tokenizer import Tokenizer
 from ledger.codec import decode, encode
-from ledger.errors import DecodeError
+from ledger.errors import DecodeError, EncodeError
 from node.framing import FramingError, read_frame, write_frame
 from node.host import DialError, Host, PeerIdentity, RequestError, open_host
 from node.serve_protocol import (
@@ -51,7 +51,7 @@ from node.serve_protocol import (
 )
 from node.swarm import SwarmView, announce_peer
 from wallet.client import InferRequest, Token
-from wallet.errors import NoRoute, WalletError
+from wallet.errors import NoRoute, RouteError, WalletError
 from wallet.route import Hop, ServerInfo, plan_route
 
 
@@ -176,6 +176,8 @@ class RemoteModel:
     async def refresh(self) -> None:
         """Ask every connected peer for its view; time each ask as that peer's RTT."""
         for peer in self.host.connected_peers():
+            if str(peer) in self.dead:
+                continue  # a stalled server would cost a timeout per failover
             began = time.perf_counter()
             try:
                 data = await self.host.request(peer, SWARM_PROTOCOL, encode(SwarmRequest()),
@@ -192,15 +194,29 @@ class RemoteModel:
         """The known servers of this model, as the route planner sees them."""
         out = []
         for a in self.view.fresh(trio.current_time()):
-            if a.model_id == self.model_id:
+            if a.model_id != self.model_id:
+                continue
+            try:  # one odd announcement must not take every route down with it
                 out.append(ServerInfo(str(announce_peer(a)), a.layer_start, a.layer_end,
                                       max(a.throughput, 1e-3), a.load, a.max_sessions, a.price))
+            except RouteError:
+                continue
         return out
 
+    def throughput(self, peer_id: str) -> float:
+        """The announced tokens/s of a server (a slow default when unknown)."""
+        return next((s.throughput for s in self.servers() if s.peer_id == peer_id), 1.0)
+
+    def announced_full(self, start: int, end: int) -> bool:
+        """Whether some server covering part of [start, end) announced itself full."""
+        return any(s.load >= s.max_sessions and s.start < end and start < s.end
+                   and s.peer_id not in self.dead for s in self.servers())
+
     def _addrs(self, peer_id: str) -> tuple[str, ...]:
+        """The announced addresses of ``peer_id`` that name that same peer."""
         for a in self.view.fresh(trio.current_time()):
             if str(announce_peer(a)) == peer_id:
-                return a.addrs
+                return tuple(addr for addr in a.addrs if addr.endswith(f"/p2p/{peer_id}"))
         return ()
 
     def plan(self, start: int, end: int) -> list[Hop]:
@@ -231,6 +247,7 @@ class RemoteModel:
             raise RemoteError(f"prompt of {len(ids)} + {request.max_tokens} tokens exceeds the "
                               f"model's context of {cfg.max_seq_len}")
         result = Generation()
+        self.dead = set()  # excluded for this generation only: a server may come back
         run = _Run(self, result, max_len)
         text = self.tokenizer.stream_decoder(skip_special=True)
         sampling = request.sampling
@@ -345,9 +362,11 @@ class _Run:
                 hops = plan_route(client.servers(), start, end, rtt=client.rtt,
                                   exclude=client.dead | set(busy), allowed=client.trusted)
             except NoRoute:
-                if not busy or trio.current_time() >= give_up_at:
+                waiting = busy or client.announced_full(start, end)
+                if not waiting or trio.current_time() >= give_up_at:
                     raise
-                await trio.sleep(min(busy.values()) / 1000)  # the servers' own hint
+                # The servers' own hint, or a second for servers that announced themselves full.
+                await trio.sleep(min(busy.values(), default=1000) / 1000)
                 busy.clear()
                 await client.refresh()
                 continue
@@ -357,17 +376,20 @@ class _Run:
                     opened.append(await self._open(hop))
                 return opened
             except (ServerBusy, HopFailed) as exc:
-                for session in opened:
-                    await session.close()
                 if isinstance(exc, ServerBusy):
                     busy[exc.peer] = max(exc.retry_after_ms, 50)
                 else:
                     self._count_failure(exc)
                     client.dead.add(hops[len(opened)].peer_id)
+            finally:
+                if len(opened) < len(hops):  # failed part way (or cancelled): free them
+                    for session in opened:
+                        await session.close()
 
     async def _open(self, hop: Hop) -> _Session:
         client = self.client
         served = Served(hop.peer_id, hop.start, hop.end)
+        stream = None
         try:
             with trio.fail_after(client.config.open_timeout):
                 peer = ID.from_base58(hop.peer_id)
@@ -384,21 +406,36 @@ class _Run:
                 reply = decode(await read_frame(stream, 4096),
                                (SessionAccepted, Busy, SessionError))
         except (trio.TooSlowError, RequestError, FramingError, DecodeError, ValueError) as exc:
+            if stream is not None:
+                await _Session(hop, stream, served).close()
             raise HopFailed(f"cannot open a session on {hop.peer_id}: {exc!r}") from None
+        session = _Session(hop, stream, served)
         if isinstance(reply, Busy):
+            await session.close()
             raise ServerBusy(hop.peer_id, reply.retry_after_ms, reply.reason)
         if isinstance(reply, SessionError):
-            raise RemoteError(f"{hop.peer_id} refused the session: {reply.reason}")
-        return _Session(hop, stream, served)
+            # E.g. it moved to other layers since it announced: plan around it.
+            await session.close()
+            raise HopFailed(f"{hop.peer_id} refused the session: {reply.reason}")
+        return session
 
     async def _step(self, session: _Session, x: torch.Tensor, pos: int,
                     chunks: tuple[int, ...]) -> torch.Tensor:
         cfg = self.client.config
         payload = await trio.to_thread.run_sync(encode_tensor, x, cfg.codec)
-        timeout = cfg.step_timeout + cfg.step_timeout_per_token * x.shape[1]
+        # A replay makes one forward call per chunk: allow each about twice
+        # the server's announced time for one token through its layers.
+        calls = max(len(chunks), 1)
+        timeout = (cfg.step_timeout + cfg.step_timeout_per_token * x.shape[1]
+                   + 2.0 * (calls - 1) / self.client.throughput(session.hop.peer_id))
+        try:
+            message = encode(Step(pos, chunks, payload))
+        except EncodeError as exc:
+            raise RemoteError(f"a step of {x.shape[1]} positions is too large for one frame "
+                              f"({exc}); use a shorter prompt or --wire fp16") from None
         try:
             with trio.fail_after(timeout):
-                await write_frame(session.stream, encode(Step(pos, chunks, payload)))
+                await write_frame(session.stream, message)
                 reply = decode(await read_frame(session.stream, MAX_INFERENCE_FRAME),
                                (StepResult, SessionError))
         except trio.TooSlowError:

@@ -186,6 +186,7 @@ def test_budget_is_enforced_before_any_work(model):
         stream, _ = await open_session(ch, sh, max_len=4)
         got = await step(stream, hidden(1, 5), 0)
         assert isinstance(got, SessionError) and "budget of 4" in got.reason
+        assert server.served_tokens == 0
     with_hosts(body)
 
 
@@ -266,4 +267,51 @@ def test_measured_throughput_is_positive(model):
     async def body(stack):
         server, _, _ = await serving(stack, model)
         assert server.measure_throughput(tokens=3) > 0
+    with_hosts(body)
+
+
+def test_one_peer_cannot_hold_every_slot(model):
+    config = ServerConfig(max_sessions=4, max_sessions_per_peer=2)
+
+    async def body(stack):
+        from node.host import open_host
+        server, sh, ch = await serving(stack, model, config)
+        replies = [(await open_session(ch, sh))[1] for _ in range(3)]
+        assert [type(r) for r in replies] == [SessionAccepted, SessionAccepted, Busy]
+        other = await stack.enter_async_context(open_host(ident(3)))
+        await other.connect(sh.addrs[0])
+        _, reply = await open_session(other, sh)
+        assert isinstance(reply, SessionAccepted)  # another client still gets in
+    with_hosts(body)
+
+
+def test_a_long_replay_takes_turns_with_other_sessions(model):
+    """The limiter is taken per chunk: a 60-chunk replay does not hold the server."""
+    async def body(stack):
+        server, sh, ch = await serving(stack, model)
+        replay, _ = await open_session(ch, sh, max_len=60)
+        decoder, _ = await open_session(ch, sh)
+        order: list[str] = []
+        real_run = server._run
+
+        def traced(s, chunk, pos):
+            order.append("replay" if s.id == 1 else "decode")
+            return real_run(s, chunk, pos)
+        server._run = traced
+        x = hidden(1, 60)
+
+        async def long_replay():
+            await step(replay, x, 0, chunks=(1,) * 60)
+
+        async def two_decodes():
+            while "replay" not in order:  # the replay is under way
+                await trio.sleep(0.001)
+            await step(decoder, hidden(2, 1), 0)
+            await step(decoder, hidden(3, 1), 1)
+        async with trio.open_nursery() as n:
+            n.start_soon(long_replay)
+            n.start_soon(two_decodes)
+        assert order.count("replay") == 60 and order.count("decode") == 2
+        # Both decodes ran between replay chunks, not after all 60.
+        assert order[-1] == "replay"
     with_hosts(body)

@@ -58,6 +58,33 @@ def test_view_refuses_announcements_signed_long_ago():
     assert view.add(announce(1, time_ms=NOW_MS - 29_000), 0.0, NOW_MS)
 
 
+def test_view_refuses_announcements_from_the_future_and_with_no_sessions():
+    view = SwarmView(max_skew_ms=30_000)
+    assert not view.add(announce(1, time_ms=NOW_MS + 31_000), 0.0, NOW_MS)
+    me = ident(2)
+    zero = sign_announce(replace(announce(2), max_sessions=0), me.key_pair.private_key.sign)
+    assert zero.verified() and not view.add(zero, 0.0, NOW_MS)
+
+
+def test_a_full_view_makes_room_by_its_stalest_entry():
+    view = SwarmView(max_entries=3)
+    for n, t in ((1, 0.0), (2, 1.0), (3, 2.0), (4, 3.0)):
+        assert view.add(announce(n), t, NOW_MS)
+    assert {announce_peer(a) for a in view.fresh(3.5)} == {ident(n).peer_id for n in (2, 3, 4)}
+
+
+def test_a_swarm_response_fits_its_limits_and_puts_live_peers_first():
+    from node.serve_protocol import MAX_ANNOUNCES, MAX_SWARM_FRAME
+    from node.swarm import encode_swarm_response
+
+    flood = [announce(n % 250 + 1, time_ms=NOW_MS + n) for n in range(600)]
+    live = announce(251, time_ms=NOW_MS - 10_000)  # older, but a connected peer
+    data = encode_swarm_response([*flood, live], {ident(251).peer_id})
+    got = decode(data, SwarmResponse).announces
+    assert len(got) <= MAX_ANNOUNCES and len(data) <= MAX_SWARM_FRAME
+    assert got[0] == live
+
+
 def test_view_drop_removes_a_peer_at_once():
     view = SwarmView()
     view.add(announce(1), 0.0, NOW_MS)
@@ -113,7 +140,9 @@ def test_an_allow_list_keeps_only_trusted_announcements():
             announcer = Announcer(h1, clock_ms, allowed={ident(2).peer_id})
             assert announcer.take(announce(2, time_ms=clock_ms()))
             assert not announcer.take(announce(3, time_ms=clock_ms()))
-            assert [announce_peer(a) for a in announcer.fresh()] == [ident(2).peer_id]
+            assert announcer.take(announce(1, time_ms=clock_ms()))  # its own, always
+            assert sorted(str(announce_peer(a)) for a in announcer.fresh()) == sorted(
+                [str(ident(1).peer_id), str(ident(2).peer_id)])
     run(main)
 
 

@@ -117,6 +117,34 @@ def test_a_server_dying_mid_generation_is_replaced_and_the_output_unchanged(
     run(main, deadline=120)
 
 
+def test_a_hop_replaced_by_two_servers_and_a_second_failure_inside_the_replacement(
+        gguf_reader, parts, local_tokens):
+    """B (10..19) dies: D (10..14) + E (15..19) replay its inputs; then D dies: F
+    (10..14) replays the inputs D had got from the replay's split outputs."""
+    async def main():
+        async with AsyncExitStack() as stack:
+            spans = [(0, 10), (10, 20), (20, 30), (10, 15), (15, 20), (10, 15)]
+            hosts, _ = await swarm(stack, gguf_reader, spans)
+            by_id = {str(h.peer_id): h for h in hosts}
+            async with open_remote([hosts[0].addrs[0]], parts) as client:
+                killed: list[tuple[int, int]] = []
+
+                def kill(token) -> None:
+                    seen.append(token.id)
+                    if len(seen) in (4, 9):
+                        hop = [h for h in client.route if h.start == 10][0]
+                        killed.append((hop.start, hop.end))
+                        by_id[hop.peer_id].stop()
+                seen: list[int] = []
+                result = await client.generate(InferRequest(LONG_PROMPT, max_tokens=20), kill)
+            assert result.token_ids == local_tokens(20, LONG_PROMPT)
+            assert result.failovers == 2 and killed == [(10, 20), (10, 15)]
+            spans_used = sorted((s.start, s.end, s.failed) for s in result.route)
+            assert spans_used == [(0, 10, False), (10, 15, False), (10, 15, True),
+                                  (10, 20, True), (15, 20, False), (20, 30, False)]
+    run(main, deadline=150)
+
+
 def test_trusted_peers_only_and_a_clear_error_when_they_cannot_cover(gguf_reader, parts,
                                                                    local_tokens):
     async def main():
