@@ -255,6 +255,7 @@ def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num
     import logging
     import signal
 
+    cliutil.share_cpus_politely()  # before torch loads (with node.node)
     import trio
 
     from node.node import Node

@@ -81,6 +81,22 @@ class _Session:
     steps: int = 0
 
 
+#: Rows of hidden states below which tensor work runs on the trio loop.
+INLINE_ROWS = 16
+
+
+async def tensor_work(fn, *args, rows: int):
+    """``fn(*args)`` in a worker thread, or inline when it is a few rows.
+
+    Torch work stays off the trio loop (DESIGN.md section 2), except the
+    encode, decode and embedding of a few rows: those take about 20 us, a
+    thread hop about 100 us, and a client's decode step makes eight of them.
+    """
+    if rows <= INLINE_ROWS:
+        return fn(*args)
+    return await trio.to_thread.run_sync(fn, *args)
+
+
 def measure_throughput(model: Transformer, layers: range, device: torch.device | str = "cpu",
                        tokens: int = 8) -> float:
     """Decode tokens/s of ``model`` through ``layers`` (blocking: call from a worker thread).
@@ -206,7 +222,7 @@ class InferenceServer:
                 return  # the client is done (or gone quiet): free the cache
             step = decode(data, Step)
             try:
-                hidden = self._check_step(step, s)
+                hidden = await self._check_step(step, s)
                 out = await self._forward(s, step, hidden)
             except SessionRefused as exc:
                 await self._reply(stream, SessionError(str(exc)[:256]))
@@ -216,7 +232,7 @@ class InferenceServer:
             self.served_tokens += hidden.shape[1]
             await self._reply(stream, StepResult(out))
 
-    def _check_step(self, step: Step, s: _Session) -> torch.Tensor:
+    async def _check_step(self, step: Step, s: _Session) -> torch.Tensor:
         """The step's hidden states, checked against the session. Raises SessionRefused."""
         if step.pos > s.cache.length:
             # A step may restart earlier positions (pos < length: roll back) but never skip.
@@ -225,7 +241,8 @@ class InferenceServer:
         dim = self.model.config.dim
         room = s.cache.max_len - step.pos
         try:  # never decode more than the budget can take (int8 expands 4x)
-            hidden = decode_tensor(step.hidden, max_elements=max(room, 1) * dim)
+            hidden = await tensor_work(decode_tensor, step.hidden, max(room, 1) * dim,
+                                       rows=len(step.hidden) // (dim * 4))
         except WireTensorError as exc:
             if "elements, at most" in str(exc):
                 raise SessionRefused(f"step past the session budget of {s.cache.max_len} "
@@ -265,7 +282,7 @@ class InferenceServer:
                 raise SessionRefused(f"forward failed: {type(exc).__name__}: {exc}") from None
             pos += n
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-        return encode_tensor(out, s.codec)
+        return await tensor_work(encode_tensor, out, s.codec, rows=out.shape[1])
 
     def _run(self, s: _Session, chunk: torch.Tensor, pos: int) -> torch.Tensor:
         """One forward call (worker thread); the output back on the CPU."""

@@ -219,6 +219,8 @@ def infer(prompt, local, peers, trusted_file, wire, raw, greedy, max_tokens, tem
     for addr in peers:
         parse_peer_addr(addr)
     trusted = read_peer_list(trusted_file) if trusted_file else None
+    if not local:
+        cliutil.share_cpus_politely()  # a client waits on servers most of the time
     # torch loads here, not at start-up: the other pwallet commands stay fast.
     from compute.generate import Sampling
     from wallet import client

@@ -44,6 +44,7 @@ from ledger.codec import decode, encode
 from ledger.errors import DecodeError, EncodeError
 from node.framing import FramingError, read_frame, write_frame
 from node.host import DialError, Host, PeerIdentity, RequestError, open_host
+from node.inference import tensor_work
 from node.serve_protocol import (
     CODECS, INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, MAX_SWARM_FRAME, SWARM_PROTOCOL, Announce,
     Busy, OpenSession, SessionAccepted, SessionError, Step, StepResult, SwarmRequest,
@@ -264,7 +265,7 @@ class RemoteModel:
                 if tok in self.tokenizer.stop_ids or step == request.max_tokens - 1:
                     break
                 pos += x.shape[1]
-                x = await trio.to_thread.run_sync(self._embed, [tok])
+                x = await tensor_work(self._embed, [tok], rows=1)
         finally:
             await run.close()
         return result
@@ -422,7 +423,7 @@ class _Run:
     async def _step(self, session: _Session, x: torch.Tensor, pos: int,
                     chunks: tuple[int, ...]) -> torch.Tensor:
         cfg = self.client.config
-        payload = await trio.to_thread.run_sync(encode_tensor, x, cfg.codec)
+        payload = await tensor_work(encode_tensor, x, cfg.codec, rows=x.shape[1])
         # A replay makes one forward call per chunk: allow each about twice
         # the server's announced time for one token through its layers.
         calls = max(len(chunks), 1)
@@ -445,7 +446,7 @@ class _Run:
         if isinstance(reply, SessionError):
             raise HopFailed(f"{session.hop.peer_id} refused a step: {reply.reason}")
         try:
-            out = await trio.to_thread.run_sync(decode_tensor, reply.hidden)
+            out = await tensor_work(decode_tensor, reply.hidden, rows=x.shape[1])
         except WireTensorError as exc:
             raise HopFailed(f"{session.hop.peer_id} sent bad hidden states: {exc}") from None
         if out.shape != x.shape:
