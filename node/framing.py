@@ -179,6 +179,58 @@ async def iter_frames(
         yield payload
 
 
+class FrameReader:
+    """Reads consecutive frames from one stream with as few reads as possible.
+
+    `read_frame` reads a frame's prefix and its body separately; over a
+    py-libp2p yamux stream every read costs a window-update round and several
+    event-loop turns. A long-lived stream that carries many frames (an
+    inference session) reads whatever has arrived, up to `READ_CHUNK` bytes,
+    and keeps what belongs to the next frame. Same checks and errors as
+    `read_frame`.
+    """
+
+    def __init__(self, stream: ByteStream):
+        self.stream = stream
+        self._buffer = bytearray()
+
+    async def read_frame(self, max_size: int = DEFAULT_MAX_FRAME_SIZE, *,
+                         timeout: float | None = None) -> bytes:
+        """Read exactly one frame and return its payload (see `read_frame`)."""
+        try:
+            with _deadline(timeout):
+                await self._fill(HEADER_SIZE, "length prefix", clean_eof=True)
+                (size,) = _HEADER.unpack_from(self._buffer)
+                if size > max_size:
+                    raise FrameTooLarge(size, max_size)
+                await self._fill(HEADER_SIZE + size, "body", clean_eof=False)
+        except trio.TooSlowError:
+            raise FrameTimeout(f"no complete frame within {timeout} s") from None
+        payload = bytes(self._buffer[HEADER_SIZE:HEADER_SIZE + size])
+        del self._buffer[:HEADER_SIZE + size]
+        return payload
+
+    async def _fill(self, n: int, part: str, *, clean_eof: bool) -> None:
+        """Read until the buffer holds ``n`` bytes (each read bounded by READ_CHUNK)."""
+        while len(self._buffer) < n:
+            try:  # whatever has arrived: usually the whole frame in one read
+                chunk = await self.stream.read(READ_CHUNK)
+            except EOFError:
+                chunk = b""
+            except _broken_stream_errors() as exc:
+                raise FrameStreamError(f"stream broke while reading a frame {part}: "
+                                       f"{exc!r}") from exc
+            if not chunk:
+                if not self._buffer and clean_eof:
+                    raise FrameEOF("stream ended between frames")
+                got = len(self._buffer) - (HEADER_SIZE if part == "body" else 0)
+                raise FrameTruncated(part, n - (HEADER_SIZE if part == "body" else 0), got)
+            if len(chunk) > READ_CHUNK:
+                raise FrameStreamError(f"stream returned {len(chunk)} bytes for a read of "
+                                       f"{READ_CHUNK}")
+            self._buffer += chunk
+
+
 async def _read_exactly(stream: ByteStream, n: int, part: str, *, clean_eof: bool) -> bytes:
     """Read exactly ``n`` bytes, in as many reads as the stream needs."""
     chunks: list[bytes] = []

@@ -36,7 +36,7 @@ from compute.model import Transformer
 from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node.errors import NodeError
-from node.framing import FrameEOF, FrameTimeout, read_frame, write_frame
+from node.framing import FrameEOF, FrameReader, FrameTimeout, write_frame
 from node.host import Host
 from node.serve_protocol import (
     CODECS, INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, Busy, OpenSession, SessionAccepted,
@@ -168,8 +168,9 @@ class InferenceServer:
     # -- one stream = one session --------------------------------------------------------
 
     async def _serve(self, stream: INetStream, peer: ID) -> None:
+        reader = FrameReader(stream)  # many frames on this stream: few reads
         try:
-            first = await read_frame(stream, 4096, timeout=self.config.idle_timeout)
+            first = await reader.read_frame(4096, timeout=self.config.idle_timeout)
         except (FrameEOF, FrameTimeout):
             return  # a client that gave up before asking: nothing to score
         request = decode(first, OpenSession)  # garbage: the host resets and scores
@@ -185,7 +186,7 @@ class InferenceServer:
             return
         try:
             await self._reply(stream, SessionAccepted(session.cache.max_len))
-            await self._run_session(stream, session)
+            await self._run_session(stream, reader, session)
         finally:
             del self.sessions[session.id]
 
@@ -213,11 +214,11 @@ class InferenceServer:
         self.sessions[session.id] = session
         return session
 
-    async def _run_session(self, stream: INetStream, s: _Session) -> None:
+    async def _run_session(self, stream: INetStream, reader: FrameReader, s: _Session) -> None:
         while True:
             try:
-                data = await read_frame(stream, MAX_INFERENCE_FRAME,
-                                        timeout=self.config.idle_timeout)
+                data = await reader.read_frame(MAX_INFERENCE_FRAME,
+                                               timeout=self.config.idle_timeout)
             except (FrameEOF, FrameTimeout):
                 return  # the client is done (or gone quiet): free the cache
             step = decode(data, Step)

@@ -42,7 +42,7 @@ from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from compute.tokenizer import Tokenizer
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError, EncodeError
-from node.framing import FramingError, read_frame, write_frame
+from node.framing import FrameReader, FramingError, read_frame, write_frame
 from node.host import DialError, Host, PeerIdentity, RequestError, open_host
 from node.inference import tensor_work
 from node.serve_protocol import (
@@ -123,6 +123,7 @@ class _Session:
 
     def __init__(self, hop: Hop, stream: INetStream, served: Served):
         self.hop, self.stream, self.served = hop, stream, served
+        self.reader = FrameReader(stream)
         self.steps = 0
 
     async def close(self) -> None:
@@ -437,7 +438,7 @@ class _Run:
         try:
             with trio.fail_after(timeout):
                 await write_frame(session.stream, message)
-                reply = decode(await read_frame(session.stream, MAX_INFERENCE_FRAME),
+                reply = decode(await session.reader.read_frame(MAX_INFERENCE_FRAME),
                                (StepResult, SessionError))
         except trio.TooSlowError:
             raise HopFailed(f"{session.hop.peer_id} stalled: no answer in {timeout:.1f} s") from None

@@ -9,6 +9,8 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import trio
 from libp2p.network.stream.exceptions import StreamEOF, StreamReset
 
@@ -221,3 +223,50 @@ def test_a_stream_returning_more_than_asked_is_refused():
         with pytest.raises(FrameStreamError):
             await read_frame(Greedy(), 100)
     run(go)
+
+
+# -- FrameReader: many frames, few reads -------------------------------------------
+
+
+def framed(*payloads: bytes) -> bytes:
+    return b"".join(struct.pack(">I", len(p)) + p for p in payloads)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=8), st.integers(1, 64))
+def test_frame_reader_returns_what_read_frame_returns(payloads, piece):
+    from node.framing import FrameReader
+
+    async def both():
+        reader = FrameReader(FakeStream(framed(*payloads), piece=piece))
+        got = [await reader.read_frame() for _ in payloads]
+        with pytest.raises(FrameEOF):
+            await reader.read_frame()
+        return got
+    assert run(both) == payloads
+
+
+def test_frame_reader_reads_a_whole_frame_in_one_read_when_it_has_arrived():
+    from node.framing import FrameReader
+
+    stream = FakeStream(framed(b"a" * 100, b"b" * 50), piece=10_000)
+
+    async def go():
+        reader = FrameReader(stream)
+        return [await reader.read_frame(), await reader.read_frame()]
+    assert run(go) == [b"a" * 100, b"b" * 50]
+    assert len(stream.reads) == 1  # both frames came with the first read
+
+
+@pytest.mark.parametrize("data, error", [
+    (struct.pack(">I", 10) + b"abc", FrameTruncated),
+    (b"\x00\x00", FrameTruncated),
+    (struct.pack(">I", 2**31), FrameTooLarge),
+])
+def test_frame_reader_refuses_what_read_frame_refuses(data, error):
+    from node.framing import FrameReader
+
+    async def go():
+        return await FrameReader(FakeStream(data)).read_frame(1024)
+    with pytest.raises(error):
+        run(go)
