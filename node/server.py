@@ -217,10 +217,10 @@ class LayerServer:
 
     def _load_part(self, layers: range):
         """Load ``layers``; on a CPU keep only the packed copies (half the memory)."""
-        model = load_gguf(reader=self._reader, layers=layers, ends=False)
         if self.config.device != "cpu":
-            return model.move(self.config.device)
-        return model.serve_only()
+            return load_gguf(reader=self._reader, layers=layers, ends=False).move(
+                self.config.device)
+        return load_gguf(reader=self._reader, layers=layers, ends=False, serve_only=True)
 
 
 def _return_freed_memory() -> None:

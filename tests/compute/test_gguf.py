@@ -165,3 +165,19 @@ def test_a_model_part_holds_only_its_weights_and_refuses_the_rest(gguf_reader):
         part.head(h)
     with pytest.raises(ModelFileError, match="asked for"):
         load_gguf(reader=gguf_reader, layers=range(20, 31))
+
+
+def test_serve_only_loading_layer_by_layer_computes_the_same(gguf_reader):
+    from compute.gguf import load_gguf
+    from compute.kvcache import KVCache
+
+    plain = load_gguf(reader=gguf_reader, layers=range(4, 8), ends=False)
+    packed = load_gguf(reader=gguf_reader, layers=range(4, 8), ends=False, serve_only=True)
+    assert packed.part.layers == range(4, 8)
+    assert all(p.device.type == "meta" or not n.endswith(("wqkv.weight", "wo.weight"))
+               for n, p in packed.named_parameters())  # the plain matrices are gone
+    h = torch.randn(1, 5, plain.config.dim, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        want = plain.run_layers(h, 4, 8, cache=KVCache(plain.config, 8, layers=range(4, 8)))
+        got = packed.run_layers(h, 4, 8, cache=KVCache(plain.config, 8, layers=range(4, 8)))
+    assert torch.equal(got, want)
