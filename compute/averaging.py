@@ -53,6 +53,31 @@ def check_graph(graph: Graph) -> None:
                 raise AveragingError(f"edge {i!r} -> {j!r} has no reverse edge")
 
 
+def pair_weight(degree_i: int, degree_j: int) -> float:
+    """``W_ij`` of two neighbours of degrees ``d_i`` and ``d_j``: ``1 / (1 + max)``."""
+    return 1.0 / (1 + max(degree_i, degree_j))
+
+
+def mix(mine: Mapping[str, torch.Tensor], degree: int,
+        heard: list[tuple[int, Mapping[str, torch.Tensor]]]) -> dict[str, torch.Tensor]:
+    """One replica's side of a round: ``x_i + sum_j W_ij (x_j - x_i)``.
+
+    The same as ``sum_j W_ij x_j`` with ``W_ii = 1 - sum_j W_ij``, over the
+    neighbours ``heard`` (their degree and tensors); a neighbour of the
+    round's graph that was not heard from contributes nothing (it is left
+    out, and ``W_ii`` keeps its share). Float64 accumulation.
+    """
+    out = {}
+    for name, x in mine.items():
+        base = x.to(torch.float64)
+        acc = base.clone()
+        for their_degree, tensors in heard:
+            acc.add_(tensors[name].to(torch.float64) - base, alpha=pair_weight(degree,
+                                                                              their_degree))
+        out[name] = acc.to(x.dtype)
+    return out
+
+
 def metropolis_weights(graph: Graph) -> Weights:
     """The Metropolis-Hastings weight matrix of ``graph``, row by row.
 
@@ -67,7 +92,7 @@ def metropolis_weights(graph: Graph) -> Weights:
     degree = {i: len(n) for i, n in graph.items()}
     weights: Weights = {}
     for i, neighbours in graph.items():
-        row = {j: 1.0 / (1 + max(degree[i], degree[j])) for j in neighbours}
+        row = {j: pair_weight(degree[i], degree[j]) for j in neighbours}
         row[i] = 1.0 - sum(row.values())
         weights[i] = row
     return weights
