@@ -19,6 +19,12 @@ from ledger.codec import (
 )
 
 COIN = 1_000_000
+
+
+def format_coins(units: int) -> str:
+    """Base units as coins, without trailing zeros: 2_500_000 -> '2.5'."""
+    whole, frac = divmod(units, COIN)
+    return f"{whole}.{frac:06d}".rstrip("0").rstrip(".")
 PeerId = Annotated[bytes, MaxLen(64)]
 
 # Compute-block kinds (DESIGN.md section 4).

@@ -34,7 +34,7 @@ from node.datadir import (
     DataDir, libp2p_peer_id, read_genesis_file, write_genesis_file, write_seed_file,
 )
 from node.errors import ChainCorruptError, DataDirError, ProofError
-from wallet.keystore import read_public_key, write_key_file
+from wallet.keystore import read_key_file, read_public_key, write_key_file
 
 DEFAULT_PARAMS = dict(slot_ms=2000, max_future_ms=15_000, min_bond=10 * COIN, reward=COIN,
                       challenge_window=10, unit_timeout=20, max_block_txs=5000, slash_bps=5000,
@@ -234,8 +234,14 @@ def _single(group: BaseExceptionGroup) -> BaseException:
               help="Allow-list (peer ids or multiaddrs, one per line): dial, sync, gossip with "
                    "and take announcements only from these; clients may still use the swarm "
                    "and inference protocols.")
+@click.option("--bond", "bond", default=None,
+              help="Coins to bond when the node registers itself [default: the chain's minimum].")
+@click.option("--passphrase-file", type=click.Path(dir_okay=False),
+              help="Unlocks the wallet so a serving node can register itself (else "
+                   "$PNODE_PASSPHRASE; without either it says it cannot register).")
 def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num_layers,
-          no_serve, gpu, threads, max_sessions, price, model_file, trusted_file) -> None:
+          no_serve, gpu, threads, max_sessions, price, model_file, trusted_file, bond,
+          passphrase_file) -> None:
     """Run the node: sync and produce the chain, serve model layers, until SIGINT/SIGTERM.
 
     Prints its address (also written to DATA_DIR/node.addr once it listens
@@ -266,10 +272,12 @@ def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num
     serve = _serve_config(layers, auto, num_layers, no_serve, gpu, threads, max_sessions,
                           price, model_file)
     trusted = read_peer_list(trusted_file) if trusted_file else None
+    wallet_key = _unlocked_wallet(data_dir, passphrase_file) if serve else None
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     node = Node(data_dir, now_ms, listen=listen, peers=peers, report=click.echo,
                 produce=produce, block_interval_ms=block_interval_ms, serve=serve,
-                trusted=trusted)
+                trusted=trusted, wallet_key=wallet_key,
+                bond=parse_coins(bond) if bond else None)
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -286,6 +294,20 @@ def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num
         trio.run(run)
     except BaseExceptionGroup as group:
         raise _single(group) from None
+
+
+def _unlocked_wallet(data_dir: str, passphrase_file: str | None):
+    """The wallet key when a passphrase is given (file or environment), else None.
+
+    A daemon never prompts: without a passphrase the node runs and says it
+    cannot register. A wrong passphrase is an error (exit 2).
+    """
+    if not passphrase_file and "PNODE_PASSPHRASE" not in os.environ:
+        return None
+    dd = DataDir(data_dir)
+    if not dd.wallet_file.exists():
+        return None
+    return crypto.SigningKey(read_key_file(dd.wallet_file, cliutil.passphrase(passphrase_file)))
 
 
 def _serve_config(layers, auto, num_layers, no_serve, gpu, threads, max_sessions, price,

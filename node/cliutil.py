@@ -18,7 +18,7 @@ import click
 
 from compute.errors import ComputeError
 from ledger.errors import LedgerError
-from ledger.types import COIN
+from ledger.types import COIN, format_coins  # noqa: F401 (re-exported for the CLIs)
 from node.datadir import DEFAULT_DATA_DIR, DataDir
 from node.errors import NodeError
 from wallet.errors import WalletError
@@ -104,11 +104,6 @@ def parse_coins(text: str) -> int:
     if units >= 2**64:
         raise click.BadParameter(f"{text!r} is more coins than can exist")
     return int(units)
-
-
-def format_coins(units: int) -> str:
-    whole, frac = divmod(units, COIN)
-    return f"{whole}.{frac:06d}".rstrip("0").rstrip(".")
 
 
 def parse_address(text: str) -> bytes:

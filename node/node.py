@@ -38,12 +38,14 @@ import trio
 from libp2p.peer.id import ID
 
 from ledger.codec import decode
+from ledger.crypto import SigningKey
 from ledger.state import ACCOUNT, NODE
 from ledger.types import TX_TYPES
 from node.control import BadRequest, ControlOp, ControlServer, socket_path
 from node.datadir import DataDir, write_private
 from node.host import DialError, PeerIdentity, open_host
 from node.producer import Producer
+from node.registrar import Registrar
 from node.server import LayerServer, ServeConfig
 from node.swarm import Announcer, announce_peer
 from node.sync import ChainService, Clock, SyncError, SyncResult
@@ -65,7 +67,8 @@ class Node:
                  dial_attempts: int = 5, first_backoff_s: float = 0.5,
                  resync_s: float = 5.0, produce: bool = True,
                  block_interval_ms: int | None = None, catch_up_s: float = 20.0,
-                 serve: ServeConfig | None = None, trusted: Collection[str] | None = None):
+                 serve: ServeConfig | None = None, trusted: Collection[str] | None = None,
+                 wallet_key: SigningKey | None = None, bond: int | None = None):
         """
         Args:
             data_dir: an initialised data dir (`pnode init`).
@@ -83,6 +86,9 @@ class Node:
             trusted: when given, the only peer ids (base58) this node dials,
                 syncs and gossips with and takes announcements from;
                 clients may still use its swarm and inference protocols.
+            wallet_key: the unlocked wallet key: a serving node registers
+                itself with it (None: it says it cannot).
+            bond: base units to bond when registering (None: the chain's minimum).
         """
         self.datadir = DataDir(data_dir)
         self.clock, self.listen, self.peers = clock, listen, tuple(peers)
@@ -95,6 +101,8 @@ class Node:
         self.trusted = None if trusted is None else {ID.from_base58(p) for p in trusted}
         self.announcer: Announcer | None = None
         self.server: LayerServer | None = None
+        self.wallet_key, self.bond = wallet_key, bond
+        self.registrar: Registrar | None = None
         self.addr: str | None = None
         self.service: ChainService | None = None
         self.txs: TxGossip | None = None
@@ -142,6 +150,8 @@ class Node:
                     task_status.started(self.addr)
                     if self.produce:
                         nursery.start_soon(self._produce_after, joined, key)
+                    if self.server is not None:
+                        nursery.start_soon(self._register_after, joined, key, identity)
                     nursery.start_soon(self._follow)
                     await trio.sleep_forever()
                 finally:
@@ -274,6 +284,16 @@ class Node:
         self.producer = Producer(self.service, key, self.clock,
                                  interval_ms=self.block_interval_ms, report=self.report)
         await self.producer.run()
+
+    async def _register_after(self, joined: trio.Event, key, identity) -> None:
+        """Register the served span once the first syncs are over (see `Registrar`)."""
+        with trio.move_on_after(self.catch_up_s):
+            await joined.wait()
+        layers = self.server.inference.layers
+        self.registrar = Registrar(self.service, self.txs, self.wallet_key, self.address, key,
+                                   identity.peer_id_bytes, (layers.start, layers.stop),
+                                   bond=self.bond, report=self.report)
+        await self.registrar.run()
 
     async def _join(self, addr: str) -> None:
         """Dial ``addr`` (retrying with backoff) and sync from it once."""

@@ -36,11 +36,12 @@ def spawn(tmp_path):
     procs: list[tuple[subprocess.Popen, Path, Path]] = []
     env = dict(os.environ, PYTHONUNBUFFERED="1", PNODE_PASSPHRASE="correct horse")
 
-    def start(name: str, *args: str):
+    def start(name: str, *args: str, env_remove: tuple[str, ...] = ()):
         out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+        env_here = {k: v for k, v in env.items() if k not in env_remove}
         with open(out, "w") as fo, open(err, "w") as fe:
             proc = subprocess.Popen([sys.executable, "-m", "node.cli", "start", *args],
-                                    cwd=ROOT, env=env, stdout=fo, stderr=fe)
+                                    cwd=ROOT, env=env_here, stdout=fo, stderr=fe)
         procs.append((proc, out, err))
         return proc, out, err
 

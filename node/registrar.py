@@ -1,0 +1,126 @@
+"""Registering a running node on the chain once its wallet can lock the bond.
+
+Owns `Registrar`, the component `pnode start` runs for a serving node
+(specs/consensus.md section 4): at start and after every new tip it looks
+at the chain; when this node's key has no registration and none is queued,
+it either submits a signed `Register` (the wallet key signs it, the node key
+binds itself and the peer id, the served span is the registered layers, the
+bond is ``bond`` or the chain's ``min_bond``) or says once, clearly, why it
+cannot: the wallet is locked (no passphrase given), or its balance is below
+the bond (with the address to fund). Registered, it says so once and stops.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from ledger.crypto import SigningKey
+from ledger.errors import ValidationError
+from ledger.state import ACCOUNT, KEY_PARAMS, NODE
+from ledger.types import ZERO_SIG, Register, binding_signature, format_coins, sign
+from node.sync import ChainService
+from node.txgossip import TxGossip
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Look:
+    """What the chain says about this node's registration (from a worker thread)."""
+
+    registered: bool
+    queued: bool
+    balance: int
+    nonce: int
+    bond: int
+    chain_id: str
+    tip: bytes
+    layers: tuple[int, int] | None  # of the registration, once registered
+
+
+class Registrar:
+    """Registers ``node_key`` with the wallet's bond when it can.
+
+    Args:
+        service, txs: the node's chain service and transaction gossip.
+        wallet: the wallet's signing key, or None when it is locked.
+        address: the wallet's account (known even when locked).
+        node_key: this node's key; peer_id: its libp2p peer id (ledger bytes).
+        layers: the span to register (the one served).
+        bond: base units to lock (None: the chain's ``min_bond``).
+        report: where the one-line messages go.
+    """
+
+    def __init__(self, service: ChainService, txs: TxGossip, wallet: SigningKey | None,
+                 address: bytes, node_key: SigningKey, peer_id: bytes,
+                 layers: tuple[int, int], *, bond: int | None = None,
+                 report: Callable[[str], None] = lambda line: None):
+        self.service, self.txs, self.wallet, self.address = service, txs, wallet, address
+        self.node_key, self.peer_id, self.layers = node_key, peer_id, layers
+        self.bond, self.report = bond, report
+        self.registered = False
+        self._said: str | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[Registrar] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Check at start and at every new tip until registered."""
+        task_status.started(self)
+        while True:
+            look = await self.service.call(self._look)
+            if look.registered:
+                self.registered = True
+                start, end = look.layers
+                self._say(f"registered on chain {look.chain_id}: layers {start}:{end}, bond "
+                          f"{format_coins(look.bond)}")
+                return
+            if not look.queued:
+                await self._try(look)
+            await self.service.wait_tip_change(look.tip)
+
+    def _look(self) -> _Look:
+        chain = self.service.chain
+        account = chain.state.get(ACCOUNT + self.address)
+        queued = any(isinstance(tx, Register) and tx.node_key == self.node_key.public
+                     for tx in chain.mempool())
+        record = chain.state.get(NODE + self.node_key.public)
+        bond = self.bond if self.bond is not None else chain.state.get(KEY_PARAMS).min_bond
+        return _Look(record is not None, queued, account.balance if account else 0,
+                     account.nonce if account else 0,
+                     account.bond if (account and record) else bond, chain.chain_id,
+                     chain.tip_hash,
+                     (record.layer_start, record.layer_end) if record else None)
+
+    async def _try(self, look: _Look) -> None:
+        if self.wallet is None:
+            self._say("not registered: the wallet is locked (start with PNODE_PASSPHRASE set "
+                      "or --passphrase-file to register this node)")
+            return
+        if look.balance < look.bond:
+            self._say(f"not registered: balance {format_coins(look.balance)} is below the "
+                      f"bond of {format_coins(look.bond)}; send coins to "
+                      f"{self.address.hex()} and it registers by itself")
+            return
+        chain_id = look.chain_id
+        register = sign(Register(
+            chain_id, self.wallet.public, self.node_key.public, self.peer_id, self.layers[0],
+            self.layers[1], look.bond, look.nonce,
+            binding_signature(self.node_key, chain_id, self.wallet.public, self.peer_id),
+            ZERO_SIG), self.wallet)
+        try:
+            txid = await self.txs.submit(register)
+        except ValidationError as exc:
+            self._say(f"not registered: the registration was refused: {type(exc).__name__}: "
+                      f"{exc}")
+            return
+        self._say(f"registering: layers {self.layers[0]}:{self.layers[1]}, bond "
+                  f"{format_coins(look.bond)} (tx {txid.hex()[:16]}..)")
+
+    def _say(self, line: str) -> None:
+        """Report a line once (the same situation is not repeated at every block)."""
+        if line != self._said:
+            self._said = line
+            self.report(line)

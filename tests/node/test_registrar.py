@@ -1,0 +1,59 @@
+"""A serving `pnode start` registers itself once its wallet can lock the bond (real processes)."""
+
+from __future__ import annotations
+
+from node.datadir import DataDir
+from tests.node.prockit import live_status, node_addr, read, stop, wait_for
+from wallet.keystore import read_public_key
+
+
+def test_a_serving_node_registers_itself_once_funded(tmp_path, pnode, pwallet, spawn):
+    a, b = tmp_path / "A", tmp_path / "B"
+    assert pnode("init", "--data-dir", str(a), "--chain-id", "t-reg", "--slot-ms", "50").code == 0
+    assert pnode("init", "--data-dir", str(b), "--genesis", str(a / "genesis.json")).code == 0
+    proc_a, _, err_a = spawn("a", "--no-serve", "--data-dir", str(a), "--block-interval-ms",
+                             "100")
+    addr_a = node_addr(a, proc_a)
+    # PNODE_PASSPHRASE is set for spawned nodes: B can sign its registration.
+    proc_b, out_b, err_b = spawn("b", "--data-dir", str(b), "--peers", addr_a, "--layers",
+                                 "0:2", "--no-produce")
+    node_addr(b, proc_b, 60)
+    wait_for(lambda: "not registered: balance 0 is below the bond of 10" in read(out_b),
+             "B to say why it is not registered", limit=30)
+    assert live_status(pnode, b)["registered"] is False
+
+    b_wallet = read_public_key(DataDir(b).wallet_file).hex()
+    r = pwallet("send", b_wallet, "25", "--data-dir", str(a))
+    assert r.code == 0, r.err
+    wait_for(lambda: "registering: layers 0:2, bond 10" in read(out_b), "B to register",
+             limit=30)
+    wait_for(lambda: "registered on chain t-reg: layers 0:2, bond 10" in read(out_b),
+             "B to see its registration in a block", limit=30)
+    status = wait_for(lambda: (s := live_status(pnode, b))["registered"] and s,
+                      "the registration to land in a block", limit=30)
+    assert status["layers"] == [0, 2] and status["bond"] == 10 * 10**6
+    assert status["balance"] == 15 * 10**6
+    seen_by_a = wait_for(lambda: (s := live_status(pnode, a)) and s, "A's status")
+    assert seen_by_a["height"] >= status["height"] - 2
+    assert stop(proc_b) == 0, read(err_b)
+    assert stop(proc_a) == 0, read(err_a)
+
+
+def test_a_locked_wallet_is_said_clearly_and_a_registered_node_says_so(tmp_path, pnode, spawn):
+    a, b = tmp_path / "A", tmp_path / "B"
+    assert pnode("init", "--data-dir", str(a), "--chain-id", "t-reg2").code == 0
+    assert pnode("init", "--data-dir", str(b), "--genesis", str(a / "genesis.json")).code == 0
+    locked = ("PNODE_PASSPHRASE",)
+    proc_a, out_a, err_a = spawn("a", "--data-dir", str(a), "--layers", "0:2", "--no-produce",
+                                 env_remove=locked)
+    proc_b, out_b, err_b = spawn("b", "--data-dir", str(b), "--layers", "0:2", "--no-produce",
+                                 env_remove=locked)
+    node_addr(a, proc_a, 60)
+    node_addr(b, proc_b, 60)
+    # Genesis registered A already: it says so, and needs no key for that.
+    wait_for(lambda: "registered on chain t-reg2: layers 0:30, bond 10" in read(out_a),
+             "A's registration line", limit=30)
+    wait_for(lambda: "not registered: the wallet is locked" in read(out_b),
+             "B to say its wallet is locked", limit=30)
+    assert stop(proc_a) == 0, read(err_a)
+    assert stop(proc_b) == 0, read(err_b)
