@@ -467,8 +467,27 @@ def status(data_dir, as_json) -> None:
         info["running"] = True
     except NodeNotRunning:
         info = _stored_status(DataDir(data_dir))
-    emit(as_json, info, lambda: "\n".join(
-        f"{k:16} {format_coins(v) if k in ('balance', 'bond') else v}" for k, v in info.items()))
+    emit(as_json, info, lambda: _status_text(info))
+
+
+def _status_text(info: dict) -> str:
+    """`pnode status` for people: one field a line, the swarm one server a line."""
+    lines = []
+    for key, value in info.items():
+        if key in ("balance", "bond"):
+            value = format_coins(value)
+        elif key in ("peers", "swarm"):
+            continue
+        lines.append(f"{key:16} {value}")
+    if "peers" in info:
+        lines.append(f"{'peers':16} {len(info['peers'])} connected")
+        lines += [f"  {p}" for p in info["peers"]]
+    if info.get("swarm") is not None:
+        lines.append(f"{'swarm':16} {len(info['swarm'])} servers announced")
+        lines += [f"  layers {s['layers'][0]:>3}:{s['layers'][1]:<3} {s['throughput']:7.1f} tok/s"
+                  f"  load {s['load']}  price {format_coins(s['price'])}  {s['peer_id']}"
+                  for s in info["swarm"]]
+    return "\n".join(lines)
 
 
 def _stored_status(dd: DataDir) -> dict:

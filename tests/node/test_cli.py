@@ -162,3 +162,19 @@ def test_bad_input_is_one_line_and_exit_2(pnode, tmp_path, args, message):
 def test_every_command_has_help_with_examples(pnode, command):
     r = pnode(*command, "--help")
     assert r.code == 0 and "Example" in r.out
+
+
+def test_status_text_lists_peers_and_the_swarm_a_line_each():
+    from node.cli import _status_text
+
+    info = {"height": 7, "balance": 2_500_000, "peers": ["12D3KooWA", "12D3KooWB"],
+            "serving": [0, 10],
+            "swarm": [{"peer_id": "12D3KooWB", "layers": [10, 20], "throughput": 98.54,
+                       "load": 1, "price": 1000}],
+            "running": True}
+    lines = _status_text(info).splitlines()
+    assert lines[0].split() == ["height", "7"] and lines[1].split() == ["balance", "2.5"]
+    assert "peers            2 connected" in lines and "  12D3KooWA" in lines
+    assert "swarm            1 servers announced" in lines
+    assert lines[-1].split() == ["layers", "10:20", "98.5", "tok/s", "load", "1", "price",
+                                 "0.001", "12D3KooWB"]
