@@ -5,7 +5,8 @@ sends it coins, seals the transfers into signed blocks, shows balances,
 history and a block, and re-verifies the whole chain from genesis. Then the
 main job: a local swarm on loopback, three `pnode start` processes each
 serving a third of SmolLM2's layers (the first also producing blocks), a
-transfer through the running node, and `pwallet infer --peers` generating
+transfer through the running node, a second server registering itself once
+its wallet is funded, and `pwallet infer --peers` generating
 over the three servers (the same text as the local run); then a short
 training run of the default job. Each step runs the installed `pnode` /
 `pwallet` commands exactly as a user would.
@@ -131,8 +132,17 @@ def main() -> None:
              "pnode", "status", "--data-dir", alice)
         step("A transfer through the running node, which gossips it and seals it",
              "pwallet", "send", bob, "1", "--data-dir", alice)
-        time.sleep(1.5)
+        server1 = str(root / "server1")
+        address = step("", "pwallet", "balance", "--data-dir", server1, "--json",
+                       capture_json=True, quiet=True)["address"]
+        step("Fund server 1's wallet: the node registers itself once it can pay the bond",
+             "pwallet", "send", address, "12", "--data-dir", alice)
+        time.sleep(2.5)
         step("", "pwallet", "balance", bob, "--data-dir", alice)
+        log = (root / "node1.log").read_text().splitlines()
+        for line in log:
+            if "regist" in line:
+                console.print(f"  server 1: {line}", highlight=False, markup=False)
         addr = (Path(alice) / "node.addr").read_text().strip()
         step("The same question over the swarm: layers 0-9, 10-19, 20-29 on three servers",
              "pwallet", "infer", "What is the capital of France?", "--peers", addr, "--greedy",
