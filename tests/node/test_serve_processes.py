@@ -59,8 +59,18 @@ def local_tokens(smol, smol_tokenizer):
     return tokens
 
 
-def wait_for_swarm(pwallet_view, count: int) -> None:
-    wait_for(lambda: len(pwallet_view()) >= count, f"{count} servers announced", limit=30)
+def client_parts(reader, tokenizer) -> ClientParts:
+    """A client's embeddings/head, from the session's shared GGUF reader."""
+    from compute.gguf import load_gguf, model_id
+    return ClientParts(load_gguf(reader=reader, layers=range(0)), tokenizer, model_id(reader))
+
+
+async def until_announced(client, count: int) -> None:
+    """Refresh the client's view until ``count`` servers are in it (20 s at most)."""
+    with trio.fail_after(20):
+        while len(client.servers()) < count:
+            await trio.sleep(0.3)
+            await client.refresh()
 
 
 def test_pwallet_over_three_server_processes_equals_local(servers, pwallet, pnode, tmp_path,
@@ -87,21 +97,15 @@ def test_pwallet_over_three_server_processes_equals_local(servers, pwallet, pnod
 
 def test_kill_9_mid_generation_a_fourth_server_takes_over(servers, gguf_reader, smol_tokenizer,
                                                           local_tokens):
-    from compute.gguf import load_gguf, model_id
-
     nodes = servers([(0, 10), (10, 20), (20, 30), (10, 20)])
-    parts = ClientParts(load_gguf(reader=gguf_reader, layers=range(0)), smol_tokenizer,
-                        model_id(gguf_reader))
+    parts = client_parts(gguf_reader, smol_tokenizer)
     by_peer = {addr.rsplit("/p2p/", 1)[1]: proc for proc, addr, _ in nodes}
     killed: list[tuple[str, float]] = []
     times: list[float] = []
 
     async def main():
         async with open_remote([nodes[0][1]], parts) as client:
-            with trio.fail_after(20):
-                while len(client.servers()) < 4:
-                    await trio.sleep(0.3)
-                    await client.refresh()
+            await until_announced(client, 4)
 
             def on_token(token) -> None:
                 times.append(time.monotonic())
@@ -140,21 +144,15 @@ def test_kill_9_mid_generation_a_fourth_server_takes_over(servers, gguf_reader, 
 def test_a_stalled_server_is_noticed_in_seconds_and_replaced(servers, gguf_reader,
                                                               smol_tokenizer, local_tokens):
     """SIGSTOP (a real stall: the connection stays up, nothing answers) mid-generation."""
-    from compute.gguf import load_gguf, model_id
-
     nodes = servers([(0, 30), (0, 30)])
-    parts = ClientParts(load_gguf(reader=gguf_reader, layers=range(0)), smol_tokenizer,
-                        model_id(gguf_reader))
+    parts = client_parts(gguf_reader, smol_tokenizer)
     by_peer = {addr.rsplit("/p2p/", 1)[1]: proc for proc, addr, _ in nodes}
     times: list[float] = []
     stalled: list[str] = []
 
     async def main():
         async with open_remote([nodes[0][1]], parts) as client:
-            with trio.fail_after(20):
-                while len(client.servers()) < 2:
-                    await trio.sleep(0.3)
-                    await client.refresh()
+            await until_announced(client, 2)
 
             def on_token(token) -> None:
                 times.append(time.monotonic())
