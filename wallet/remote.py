@@ -13,8 +13,8 @@ section 9.4), after Petals:
 4. failover: every input sent to a hop is kept. When a hop fails (its
    connection drops, it answers an error, or a step takes longer than
    ``step_timeout``), the hop's peer is excluded, the hop's span is planned
-   again over the other servers (`wallet.route.replan`: the hops before and
-   after keep their sessions), and the new hops replay the kept inputs in the
+   again over the other servers (`wallet.route.plan_route` over that span;
+   the hops before and after keep their sessions), and the new hops replay the kept inputs in the
    original chunks (prompt, then one token per step) so their KV caches are
    bit-identical to the lost one. The generation goes on; greedy output does
    not change.
@@ -221,14 +221,14 @@ class RemoteModel:
                 return tuple(addr for addr in a.addrs if addr.endswith(f"/p2p/{peer_id}"))
         return ()
 
-    def plan(self, start: int, end: int) -> list[Hop]:
-        """The cheapest route over [start, end) avoiding failed servers.
+    def plan(self, start: int, end: int, also_exclude: Collection[str] = ()) -> list[Hop]:
+        """The cheapest route over [start, end) avoiding failed (and ``also_exclude``) servers.
 
         Raises:
             NoRoute: the usable servers do not cover the span.
         """
-        return plan_route(self.servers(), start, end, rtt=self.rtt, exclude=self.dead,
-                          allowed=self.trusted)
+        return plan_route(self.servers(), start, end, rtt=self.rtt,
+                          exclude=self.dead | set(also_exclude), allowed=self.trusted)
 
     # -- generation -------------------------------------------------------------------
 
@@ -361,8 +361,7 @@ class _Run:
         give_up_at = trio.current_time() + client.config.busy_wait
         while True:
             try:
-                hops = plan_route(client.servers(), start, end, rtt=client.rtt,
-                                  exclude=client.dead | set(busy), allowed=client.trusted)
+                hops = client.plan(start, end, also_exclude=busy)
             except NoRoute:
                 waiting = busy or client.announced_full(start, end)
                 if not waiting or trio.current_time() >= give_up_at:
