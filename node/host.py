@@ -121,6 +121,9 @@ class Host:
         self._nursery: trio.Nursery | None = None
         self._stop = trio.Event()
         self._stopped = trio.Event()
+        # One scope per running stream handler: `stop` cancels them at once,
+        # so a stopped host answers nothing more while its connections close.
+        self._serving: set[trio.CancelScope] = set()
 
     async def run(self, *, task_status: trio.TaskStatus[Host] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen, serve and gossip until `stop`; reports itself started when ready.
@@ -151,8 +154,14 @@ class Host:
             self._stopped.set()
 
     def stop(self) -> None:
-        """Ask `run` to shut down (it returns once the host is closed)."""
+        """Ask `run` to shut down (it returns once the host is closed).
+
+        Every stream handler still running is cancelled now (its stream is
+        reset), not when the connection closes: peers see a stopped node stop.
+        """
         self._stop.set()
+        for scope in self._serving:
+            scope.cancel()
 
     async def wait_stopped(self) -> None:
         """Return once `run` has closed the host (after `stop`, or a failure)."""
@@ -278,9 +287,20 @@ class Host:
         """
         async def dispatch(stream: INetStream) -> None:
             peer = stream.muxed_conn.peer_id
-            if self.is_banned(peer) or not (public or self.is_trusted(peer)):
+            if (self._stop.is_set() or self.is_banned(peer)
+                    or not (public or self.is_trusted(peer))):
                 await _quietly(stream.reset)
                 return
+            with trio.CancelScope() as scope:
+                self._serving.add(scope)
+                try:
+                    await handle(stream, peer)
+                finally:
+                    self._serving.discard(scope)
+            if scope.cancelled_caught:  # the host is stopping
+                await _quietly(stream.reset)
+
+        async def handle(stream: INetStream, peer: ID) -> None:
             try:
                 await handler(stream, peer)
             except FrameStreamError as exc:

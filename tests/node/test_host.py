@@ -11,6 +11,7 @@ import struct
 import multiaddr
 import pytest
 import trio
+import trio.testing
 from libp2p import new_host
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
@@ -132,6 +133,37 @@ def test_framing_over_a_real_libp2p_stream():
             assert got == sent
             with pytest.raises(FrameEOF):
                 await read_frame(stream, 10, timeout=5)
+    run(main)
+
+
+def test_a_stopped_host_answers_nothing_more_on_open_streams():
+    """stop() cancels running handlers at once, not when the connections are
+    torn down: a killed server must look dead to its clients at once."""
+    async def main():
+        async with open_host(ident(1)) as a, open_host(ident(2)) as b:
+            started, ended = trio.Event(), trio.Event()
+
+            async def hold(stream, peer):
+                started.set()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    ended.set()
+
+            b.set_handler(RAW, hold)
+            await a.connect(b.addrs[0])
+            stream = await a.open_stream(b.peer_id, RAW)
+            await write_frame(stream, b"hello")
+            await started.wait()
+            b.stop()
+            await trio.testing.wait_all_tasks_blocked()
+            assert ended.is_set()
+            with pytest.raises(FramingError):
+                await read_frame(stream, 1 << 10, timeout=5)
+            with pytest.raises((RequestError, FramingError)):  # nor is a new stream
+                late = await a.open_stream(b.peer_id, RAW)
+                await write_frame(late, b"late")
+                await read_frame(late, 1 << 10, timeout=5)
     run(main)
 
 
