@@ -3,9 +3,11 @@
 Measures, against baselines measured in the same run:
   1. decode tokens/s of a greedy generation (--tokens, default 64, after a
      short prompt) over routes of 1, 2 and 3 server processes (30, 15+15,
-     10+10+10 layers), the client in this process; the baseline is
-     `pwallet infer --local`'s engine (`wallet.client.LocalModel`) in this
-     process with the same thread count. Decode rate = (tokens - 1) / time
+     10+10+10 layers), the client in this process, set up as `pwallet infer
+     --peers` sets itself up (`node.cliutil.share_cpus_politely`); the
+     baseline is `pwallet infer --local`'s engine (`wallet.client.LocalModel`)
+     in a process of its own with `--local`'s settings and the same thread
+     count, run alternately with the swarm (same machine load). Decode rate = (tokens - 1) / time
      from the first token to the last, so prompt processing is left out of
      both. Each figure is the median of --repeats generations; the outputs
      must equal the local ones (asserted);
@@ -46,6 +48,12 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+from node.cliutil import share_cpus_politely  # noqa: E402
+
+USER_ENV = dict(os.environ)  # before the client's own settings: for the baseline
+if "--local-worker" not in sys.argv:
+    share_cpus_politely()  # as `pwallet infer --peers` does, before torch loads
+
 import torch  # noqa: E402
 import trio  # noqa: E402
 
@@ -55,7 +63,7 @@ from wallet.remote import ClientConfig, ClientParts, load_client_parts, open_rem
 
 PROMPT = "The history of the Roman Empire"
 PETALS = {"ratio": 0.46, "rss_mib": 840}
-ENV = dict(os.environ, PYTHONUNBUFFERED="1", PNODE_PASSPHRASE="bench")
+ENV = dict(USER_ENV, PYTHONUNBUFFERED="1", PNODE_PASSPHRASE="bench")
 
 
 def pnode(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -116,13 +124,44 @@ def decode_rate(times: list[float]) -> float:
     return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
 
 
-def local_run(model: LocalModel, tokens: int) -> tuple[list[int], float]:
+def local_generate(model: LocalModel, tokens: int) -> tuple[list[int], float]:
     request = InferRequest(PROMPT, raw=True, max_tokens=tokens, sampling=Sampling())
     ids, times = [], []
     for token in model.generate(request):
         ids.append(token.id)
         times.append(time.perf_counter())
     return ids, decode_rate(times)
+
+
+def local_worker(threads: int) -> None:
+    """The baseline process: one local generation per line of stdin (a token count)."""
+    torch.set_num_threads(threads)
+    model = LocalModel()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        ids, rate = local_generate(model, int(line))
+        print(json.dumps({"ids": ids, "rate": rate}), flush=True)
+
+
+class Local:
+    """`--local`'s engine in a process of its own (its own OpenMP settings)."""
+
+    def __init__(self, threads: int):
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--local-worker", "--threads", str(threads)],
+            cwd=_ROOT, env=USER_ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True)
+        assert json.loads(self.proc.stdout.readline())["ready"]
+
+    def run(self, tokens: int) -> tuple[list[int], float]:
+        self.proc.stdin.write(f"{tokens}\n")
+        self.proc.stdin.flush()
+        reply = json.loads(self.proc.stdout.readline())
+        return reply["ids"], reply["rate"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
 
 
 async def remote_run(peer: str, parts: ClientParts, tokens: int, codec: str = "raw",
@@ -146,7 +185,7 @@ async def remote_run(peer: str, parts: ClientParts, tokens: int, codec: str = "r
     return result.token_ids, decode_rate(times), result, gaps
 
 
-def bench_routes(args, root: Path, parts: ClientParts, local: LocalModel) -> dict:
+def bench_routes(args, root: Path, parts: ClientParts, local: Local) -> dict:
     routes = {1: [(0, 30)], 2: [(0, 15), (15, 30)], 3: [(0, 10), (10, 20), (20, 30)]}
     out: dict = {"routes": {}}
     for n, spans in routes.items():
@@ -156,7 +195,7 @@ def bench_routes(args, root: Path, parts: ClientParts, local: LocalModel) -> dic
                 swarm.start(span)
             rows = []
             for _ in range(args.repeats):  # alternate: local, remote (same load)
-                want, local_rate = local_run(local, args.tokens)
+                want, local_rate = local.run(args.tokens)
                 ids, rate, result, _ = trio.run(remote_run, swarm.addrs[0], parts, args.tokens,
                                                 "raw", n)
                 assert ids == want, f"{n}-server output differs from local"
@@ -189,13 +228,13 @@ def bench_wire(args, swarm: Swarm, parts: ClientParts, want: list[int]) -> dict:
     return wire
 
 
-def bench_recovery(args, root: Path, parts: ClientParts, local: LocalModel) -> dict:
+def bench_recovery(args, root: Path, parts: ClientParts, local: Local) -> dict:
     swarm = Swarm(root / "recovery", args.server_threads)
     try:
         for span in [(0, 10), (10, 20), (20, 30), (10, 20)]:
             swarm.start(span)
         procs = {a.rsplit("/p2p/", 1)[1]: p for a, p in zip(swarm.addrs, swarm.procs)}
-        want, _ = local_run(local, args.tokens)
+        want, _ = local.run(args.tokens)
         ids, _, result, gaps = trio.run(remote_run, swarm.addrs[0], parts, args.tokens, "raw",
                                         4, 8, procs)
         assert ids == want, "output after failover differs from local"
@@ -257,15 +296,21 @@ def main() -> None:
     p.add_argument("--server-threads", type=int, default=2)
     p.add_argument("--blocks", type=int, default=2000)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--local-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.local_worker:
+        return local_worker(args.threads)
     torch.set_num_threads(args.threads)
-    local = LocalModel()
+    local = Local(args.threads)
     parts = load_client_parts()
-    with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp:
-        root = Path(tmp)
-        results = bench_routes(args, root, parts, local)
-        results["recovery"] = bench_recovery(args, root, parts, local)
-        results["sync"] = bench_sync(args, root)
+    try:
+        with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp:
+            root = Path(tmp)
+            results = bench_routes(args, root, parts, local)
+            results["recovery"] = bench_recovery(args, root, parts, local)
+            results["sync"] = bench_sync(args, root)
+    finally:
+        local.close()
     if args.json:
         print(json.dumps(results, indent=2))
         return

@@ -24,6 +24,7 @@ the average is exact to the float32 cast); torch work runs in worker threads.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Annotated
@@ -117,18 +118,32 @@ class Averager:
         self._done = trio.Event()
 
     def start(self) -> None:
-        """Answer neighbours' offers (register the stream handler)."""
-        self.host.set_handler(AVERAGING_PROTOCOL, self._answer)
+        """Answer neighbours' offers for this section.
 
-    async def average(self, neighbours: Collection[str]) -> RoundResult:
+        A host has one handler for the protocol; it passes each offer to the
+        `Averager` of the offer's section (a node may hold several sections).
+        """
+        sections = _AVERAGERS.get(self.host)
+        if sections is None:
+            sections = _AVERAGERS[self.host] = {}
+            self.host.set_handler(AVERAGING_PROTOCOL, _dispatch(sections))
+        sections[self.section] = self
+
+    async def average(self, neighbours: Collection[str], round: int | None = None
+                      ) -> RoundResult:
         """Run one round with ``neighbours`` (peer ids); returns who took part.
 
         Each neighbour must run its round concurrently (it answers only while
         its own round is open); one that does not within ``timeout`` is left
         out.
+
+        Args:
+            neighbours: peer ids (base58) of this round's neighbours.
+            round: the round's number, the same at every replica (e.g. the
+                training step); None: one more than this averager's last.
         """
         me = str(self.host.peer_id)
-        self.round += 1
+        self.round = self.round + 1 if round is None else round
         self.degree = len(neighbours)
         self._snapshot = {n: t.detach().clone() for n, t in self.get_weights().items()}
         self._heard = {}
@@ -167,9 +182,7 @@ class Averager:
         except (RequestError, DecodeError, AveragingError) as exc:
             log.info("averaging with %s left out: %s", peer, exc)
 
-    async def _answer(self, stream: INetStream, peer_id: ID) -> None:
-        offer = decode(await read_frame(stream, MAX_AVERAGING_FRAME, timeout=self.timeout),
-                       AverageOffer)
+    async def _answer(self, stream: INetStream, peer_id: ID, offer: AverageOffer) -> None:
         # Wait (briefly) for our own round to open: the two sides start at nearly once.
         with trio.move_on_after(self.timeout):
             while self._snapshot is None or self.round < offer.round:
@@ -187,6 +200,21 @@ class Averager:
         except FramingError:
             return  # it gave up on us: it leaves us out, so we leave it out too
         self._record(str(peer_id), offer.degree, theirs)
+
+
+_AVERAGERS: weakref.WeakKeyDictionary[Host, dict[str, Averager]] = weakref.WeakKeyDictionary()
+
+
+def _dispatch(sections: dict[str, Averager]):
+    """The host's one handler: an offer goes to its section's `Averager`."""
+    async def answer(stream: INetStream, peer_id: ID) -> None:
+        timeout = max((a.timeout for a in sections.values()), default=10.0)
+        offer = decode(await read_frame(stream, MAX_AVERAGING_FRAME, timeout=timeout),
+                       AverageOffer)
+        averager = sections.get(offer.section)
+        if averager is not None:  # else: close without an answer (we hold no such section)
+            await averager._answer(stream, peer_id, offer)
+    return answer
 
 
 def _encode(tensors: dict[str, torch.Tensor]) -> tuple[NamedTensor, ...]:

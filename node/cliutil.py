@@ -187,13 +187,22 @@ def parse_peer_addr(text: str) -> str:
     return parse_multiaddr(text, peer=True)
 
 
+SPIN_COUNT = "10000"  # libgomp spins: about 0.1 ms at ~1e5 spins/ms
+
+
 def share_cpus_politely() -> None:
-    """Let idle OpenMP threads sleep instead of spinning (before torch is imported).
+    """Let idle OpenMP threads spin only briefly, then sleep (before torch loads).
 
     A swarm hop is a pipeline: while one process computes, the others wait
-    for it. OpenMP's default is to spin a while after each parallel region,
-    and on a machine with few cores those spinning threads steal the cores
-    the next hop needs (measured with three servers and a client on 2 cores:
-    decode 0.57x -> 0.67x of local). A user's own OMP_WAIT_POLICY wins.
+    for it. libgomp's default spins about 3 ms after each parallel region, and
+    on a machine with few cores those spinning threads steal the cores the
+    next hop needs; never spinning (``OMP_WAIT_POLICY=PASSIVE``) makes every
+    parallel region of a step pay a futex wake-up instead. A spin of about
+    0.1 ms (``GOMP_SPINCOUNT=10000``) bridges the microsecond gaps between
+    the regions of one forward call and yields the core soon after it ends
+    (three servers and a client on 2 cores, 3-hop decode: 0.57x of local with
+    the default, 0.68x PASSIVE, 0.79-0.85x with this; BENCHMARKS.md "Swarm").
+    A user's own ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` wins.
     """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)

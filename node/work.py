@@ -1,14 +1,34 @@
-"""Where compute blocks meet the ledger: a partition's blocks as job units.
+"""Where compute jobs meet the ledger: units, commitments and the `Job` transaction.
 
-compute/ names a block by its `BlockSpec`; the ledger knows units as
-`UnitTemplate`s and ids them with `ledger.types.unit_id`. Neither package may
-import the other (DESIGN.md section 2), so the node maps one onto the other.
+compute/ names a block by its `BlockSpec` and a job by its `JobConfig`; the
+ledger knows units as `UnitTemplate`s (ids by `ledger.types.unit_id`) and a
+job by three hashes. Neither package may import the other (DESIGN.md
+section 2), so the node maps one onto the other (specs/consensus.md section 5):
+
+- ``model_hash``: `tensor_digest` of every tensor of the job's initial model,
+  in name order (so a node that builds the model from the config proves it
+  starts from the committed weights);
+- ``data_hash``: SHA-256 of the corpus's token bytes;
+- ``hyper_hash``: SHA-256 of the config's canonical JSON (`config_json`),
+  which pins everything else: optimizer, batches, seed, steps, partition k
+  and the MLP slice count.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import asdict
+
+import torch
+
+from compute.data import DataSpec, JobConfig, load_corpus, make_model
+from compute.model import ModelConfig
 from compute.partition import KIND_CODES, BlockSpec, Partition
-from ledger.types import UnitTemplate
+from ledger.crypto import SigningKey
+from ledger.types import ZERO_SIG, Job, UnitTemplate, sign
+
+TENSOR_DOMAIN = b"pnode:tensor:"
 
 
 def unit_template(spec: BlockSpec) -> UnitTemplate:
@@ -20,3 +40,66 @@ def unit_template(spec: BlockSpec) -> UnitTemplate:
 def job_units(plan: Partition) -> tuple[UnitTemplate, ...]:
     """The units of every training step of a job trained with ``plan``, in order."""
     return tuple(unit_template(spec) for spec in plan.blocks())
+
+
+def tensor_digest(t: torch.Tensor) -> bytes:
+    """SHA-256 of a tensor as (dtype, shape, little-endian bytes) (DESIGN.md section 3)."""
+    t = t.detach().to("cpu").contiguous()
+    head = f"{str(t.dtype).removeprefix('torch.')}:{','.join(map(str, t.shape))}:".encode()
+    h = hashlib.sha256(TENSOR_DOMAIN + head)
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.digest()
+
+
+def tensors_digest(named: dict[str, torch.Tensor]) -> bytes:
+    """SHA-256 over (name, `tensor_digest`) pairs in name order."""
+    h = hashlib.sha256(TENSOR_DOMAIN + b"named")
+    for name in sorted(named):
+        h.update(name.encode() + b"\x00" + tensor_digest(named[name]))
+    return h.digest()
+
+
+def config_json(config: JobConfig) -> str:
+    """The canonical JSON of a job config (sorted keys, no spaces)."""
+    return json.dumps(asdict(config), sort_keys=True, separators=(",", ":"))
+
+
+def config_from_json(text: str) -> JobConfig:
+    """A `JobConfig` from `config_json`'s form (a job file).
+
+    Raises:
+        ValueError: not JSON, or fields that a `JobConfig` does not have.
+        ConfigError, DataError: values out of range (compute's checks).
+    """
+    raw = json.loads(text)
+    if not isinstance(raw, dict):
+        raise ValueError("a job file holds one JSON object")
+    try:
+        model = ModelConfig(**raw.pop("model"))
+        data = DataSpec(**raw.pop("data"))
+        if "betas" in raw:
+            raw["betas"] = tuple(raw["betas"])
+        return JobConfig(model=model, data=data, **raw)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a job config: {exc}") from None
+
+
+def commitments(config: JobConfig) -> tuple[bytes, bytes, bytes]:
+    """(model_hash, data_hash, hyper_hash) of a job (module docstring)."""
+    model = make_model(config)
+    model_hash = tensors_digest(dict(model.state_dict()))
+    data_hash = bytes.fromhex(load_corpus(config.data).sha256)
+    return model_hash, data_hash, hashlib.sha256(config_json(config).encode()).digest()
+
+
+def job_tx(config: JobConfig, chain_id: str, authority: SigningKey, nonce: int,
+           plan: Partition) -> Job:
+    """The signed `Job` transaction of ``config`` trained with ``plan``."""
+    model_hash, data_hash, hyper_hash = commitments(config)
+    return sign(Job(chain_id, authority.public, model_hash, data_hash, hyper_hash,
+                    config.steps, job_units(plan), nonce, ZERO_SIG), authority)
+
+
+def matches(job: Job, config: JobConfig) -> bool:
+    """Whether an on-chain job is ``config`` (its hyperparameters' hash; cheap)."""
+    return job.hyper_hash == hashlib.sha256(config_json(config).encode()).digest()

@@ -1,0 +1,89 @@
+"""A development network: a fresh chain whose genesis carries a training job.
+
+Owns what `pnode devnet` builds before it starts any process
+(specs/consensus.md section 6): the nodes' keys, which layers each registers
+(`devnet_spans`), and the genesis (allocations that fund the bonds, the
+registrations, the job). The runner that starts the processes and sums up
+lives in `node.devnet_run`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from compute.blocks import model_partition
+from compute.data import JobConfig, make_model
+from ledger.crypto import SigningKey
+from ledger.types import (
+    COIN, ZERO_SIG, Allocation, Genesis, Params, Register, binding_signature, sign,
+)
+from node.datadir import libp2p_peer_id
+from node.work import job_tx
+
+#: Devnet chain constants: fast slots, short windows, so a short run pays out.
+DEVNET_PARAMS = dict(slot_ms=300, max_future_ms=15_000, min_bond=10 * COIN, reward=COIN,
+                     challenge_window=4, unit_timeout=30, max_block_txs=5000, slash_bps=5000,
+                     verifier_bps=5000)
+BOND = 10 * COIN
+
+
+@dataclass(frozen=True, slots=True)
+class DevnetKeys:
+    """One devnet node's keys (`pnode init` writes the same three)."""
+
+    node: SigningKey
+    peer: SigningKey
+    wallet: SigningKey
+
+    @classmethod
+    def fresh(cls) -> DevnetKeys:
+        return cls(*(SigningKey(os.urandom(32)) for _ in range(3)))
+
+    @property
+    def peer_id(self) -> bytes:
+        return libp2p_peer_id(self.peer.public)
+
+
+def devnet_spans(n_nodes: int, sections: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The layers each node registers: node i < k takes section i, the rest the whole model.
+
+    So every section has a holder of its own, and with more nodes than
+    sections every section has a second holder (a replica) that can take
+    over its units when a node dies.
+    """
+    whole = (sections[0][0], sections[-1][1])
+    return [sections[i] if i < len(sections) and n_nodes > 1 else whole
+            for i in range(n_nodes)]
+
+
+def devnet_job(steps: int, n_nodes: int, **overrides) -> JobConfig:
+    """The default job for ``n_nodes`` nodes: two sections (one with a single node)."""
+    return JobConfig(**{"steps": steps, "k": min(2, max(n_nodes, 1)), **overrides})
+
+
+def devnet_genesis(chain_id: str, keys: list[DevnetKeys], config: JobConfig, time_ms: int,
+                   *, authority: SigningKey | None = None, **params) -> Genesis:
+    """Genesis: each wallet funded with its bond, registered for `devnet_spans`, the job.
+
+    Args:
+        chain_id: the new chain's id.
+        keys: each node's keys, in node order.
+        config: the training job, posted by ``authority``.
+        time_ms: the genesis time.
+        authority: the job authority (default: the first node's wallet).
+        params: overrides of `DEVNET_PARAMS`.
+    """
+    authority = authority or keys[0].wallet
+    plan = model_partition(make_model(config), config.k, config.mlp_slices)
+    sections = [(s.layer_start, s.layer_end) for s in plan.blocks()[:plan.k]]
+    regs = []
+    for k, (start, end) in zip(keys, devnet_spans(len(keys), sections)):
+        reg = Register(chain_id, k.wallet.public, k.node.public, k.peer_id, start, end, BOND, 0,
+                       binding_signature(k.node, chain_id, k.wallet.public, k.peer_id), ZERO_SIG)
+        regs.append(sign(reg, k.wallet))
+    nonce = 1 if any(k.wallet.public == authority.public for k in keys) else 0
+    allocations = tuple(Allocation(k.wallet.public, BOND) for k in keys)
+    return Genesis(chain_id, time_ms, Params(**{**DEVNET_PARAMS, **params},
+                                             job_authority=authority.public),
+                   allocations, tuple(regs), (job_tx(config, chain_id, authority, nonce, plan),))

@@ -1,0 +1,488 @@
+"""Mining: running the units of a training job that the chain assigns to this node.
+
+Owns `Miner`, the component a mining `pnode start` runs (specs/consensus.md
+section 5). The chain decides everything: which job (a `Job` whose
+``hyper_hash`` is this node's job config), which step is open, which node
+runs each unit of it (the longest-wait rule, `ledger.rules`). The miner:
+
+1. holds the job's model and the optimizer state of every section its
+   registered span covers, plus the client part (embedding, final norm,
+   head), which every miner holds;
+2. for each unit of the open step assigned to it, in unit order: waits for
+   the unit's inputs, runs it (`compute.blocks`), pushes its outputs to
+   every node that could need them (`node.train_protocol`: to every holder
+   of the consuming section, so a unit reassigned after a timeout finds its
+   inputs at its new node too), then signs a `Receipt` (input, output and
+   weight-gradient hashes) and submits it;
+3. once the chain has moved past a step, applies that step's update: every
+   holder of a section receives the section's weight gradients and steps
+   the same AdamW, so replicas stay equal (up to float rounding); every
+   ``average_every`` updates the replicas of each section also average
+   their weights (`node.averaging`, eq. 7-8), which removes that rounding
+   drift.
+
+A forward unit of section s takes the states entering s (section 0: the
+embedded batch, which every miner can compute: the batch is a pure function
+of the job and step) and sends its output to the holders of s+1; the last
+section's forward also computes the loss and sends dL/d(output) back to the
+holders of its own section. A backward unit of s takes the states entering
+s and dL/d(its output), sends dL/d(its input) to the holders of s-1
+(section 0: the embedding gradient to every miner) and its weight gradients
+to the holders of s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import trio
+from libp2p.abc import INetStream
+from libp2p.peer.id import ID
+
+from compute.blocks import add_grads, backward_block, forward_block
+from compute.data import JobConfig, batch, load_corpus, make_model
+from compute.quant import WireTensorError, decode_tensor, encode_tensor
+from compute.train import embed_backward, head_loss_block, make_sections
+from ledger.codec import decode, encode
+from ledger.crypto import SigningKey
+from ledger.errors import ValidationError
+from ledger.state import JOB, NODE, UNIT
+from ledger.crypto import ZERO32
+from ledger.types import ZERO_SIG, Receipt, sign, unit_id
+from node.averaging import Averager, NamedTensor
+from node.errors import NodeError
+from node.framing import FramingError, read_frame, write_frame
+from node.host import RequestError
+from node.sync import ChainService
+from node.train_protocol import (
+    ACTIVATION, CLIENT, EMBED_GRADS, GRADIENT, HEAD_GRADS, MAX_TRAIN_FRAME, SECTION_GRADS,
+    TRAIN_PROTOCOL, WHATS, StepTensors,
+)
+from node.txgossip import TxGossip
+from node.work import commitments, job_units, matches, tensor_digest, tensors_digest
+
+log = logging.getLogger(__name__)
+
+
+class MinerError(NodeError):
+    """A job this node cannot mine (its commitments or partition do not match)."""
+
+
+class BadPush(MinerError):
+    """A pushed `StepTensors` that does not fit the job (the pusher is scored)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """What the chain says about the job now (read in a worker thread)."""
+
+    tip: bytes
+    height: int
+    job_id: bytes | None
+    step: int
+    steps: int
+    mine: tuple[int, ...]  # unit indices of the open step assigned to this node, not done
+    holders: tuple[tuple[str, ...], ...]  # per section: peer ids of the nodes covering it
+    miners: tuple[str, ...]  # every registered node's peer id
+    span: tuple[int, int] | None  # this node's registered layers
+
+
+class Miner:
+    """Runs this node's units of the job ``config`` as the chain assigns them.
+
+    Args:
+        service, txs: the node's chain service and transaction gossip.
+        node_key: signs receipts (the key the chain assigns units to).
+        config: the job this node trains (found on chain by its hashes).
+        log_file: where each computed loss is appended as a JSON line.
+        average_every: updates between averaging rounds of the replicas.
+        wait_s: most seconds to wait for a unit's inputs before looking again.
+        report: gets the lines `pnode start` prints.
+    """
+
+    def __init__(self, service: ChainService, txs: TxGossip, node_key: SigningKey,
+                 config: JobConfig, *, log_file: Path | None = None, average_every: int = 10,
+                 wait_s: float = 20.0, report: Callable[[str], None] = lambda line: None):
+        self.service, self.txs, self.key, self.config = service, txs, node_key, config
+        self.host = service.host
+        self.log_file, self.average_every, self.wait_s = log_file, average_every, wait_s
+        self.report = report
+        self.me = str(self.host.peer_id)
+        self.job_id: bytes | None = None
+        self.version = 0  # updates applied: the step whose units this node may run
+        self.units_done = 0
+        self.losses: list[tuple[int, float]] = []
+        self._inbox: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}
+        self._arrived = trio.Event()
+        self._done: set[tuple[int, int]] = set()
+        self._view: _View | None = None
+        self._compute = trio.CapacityLimiter(1)
+        self._said: str | None = None
+        self._averagers: dict[int, Averager] = {}
+        self._background: trio.Nursery | None = None
+        self.push_wait_s, self.push_retry_s = 5.0, 60.0
+
+    def status(self) -> dict:
+        """Mining fields of `pnode status`."""
+        last = self.losses[-1] if self.losses else None
+        return {"job": self.job_id.hex() if self.job_id else None, "step": self.version,
+                "units_done": self.units_done,
+                "loss": None if last is None else round(last[1], 4),
+                "loss_step": None if last is None else last[0]}
+
+    async def run(self, *, task_status: trio.TaskStatus[Miner] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Mine until cancelled (module docstring)."""
+        async with trio.open_nursery() as self._background:  # pushes still being retried
+            task_status.started(self)
+            await self._mine()
+
+    async def _mine(self) -> None:
+        while True:
+            view = self._view = await self.service.call(self._look)
+            if not await self._ready(view):
+                await self.service.wait_tip_change(view.tip)
+                continue
+            todo = [i for i in view.mine if (view.step, i) not in self._done]
+            if todo:
+                await self._run_unit(view, todo[0])
+                continue
+            await self.service.wait_tip_change(view.tip)
+
+    async def _ready(self, view: _View) -> bool:
+        """Set up for the job and catch up with the open step; False: nothing to do now."""
+        if view.job_id is None:
+            self._say("mining: no job on the chain matches this node's job config")
+            return False
+        if view.span is None:
+            self._say("mining: this node is not registered, so no units are assigned to it")
+            return False
+        if self.job_id is None:
+            await self._setup(view)
+        if view.step >= view.steps and self.version >= view.steps:
+            self._say(f"mining: job {view.job_id.hex()[:16]}.. finished ({view.steps} steps)")
+            return False
+        while self.version < view.step:
+            if not await self._apply_update(self.version):
+                self._say(f"mining: out of step: the update of step {self.version} did not "
+                          "arrive; this node's units will be reassigned")
+                return False
+        return True
+
+    def _say(self, line: str) -> None:
+        if line != self._said:
+            self._said = line
+            self.report(line)
+
+    # -- the chain's view ------------------------------------------------------------
+
+    def _look(self) -> _View:
+        chain = self.service.chain
+        st = chain.state
+        job_id = next((j for j in st.ids(JOB) if matches(st.get(JOB + j).job, self.config)), None)
+        nodes = [st.get(NODE + k) for k in st.ids(NODE)]
+        by_key = dict(zip(st.ids(NODE), nodes))
+        miners = tuple(sorted(str(ID(n.peer_id)) for n in nodes))
+        mine_rec = by_key.get(self.key.public)
+        span = (mine_rec.layer_start, mine_rec.layer_end) if mine_rec else None
+        if job_id is None:
+            return _View(chain.tip_hash, chain.height, None, 0, 0, (), (), miners, span)
+        record = st.get(JOB + job_id)
+        units = record.job.units
+        holders = tuple(tuple(sorted(str(ID(n.peer_id)) for n in nodes
+                                     if n.layer_start <= t.layer_start and t.layer_end <= n.layer_end))
+                        for t in units[:len(units) // 2])
+        mine = []
+        if record.step < record.job.steps:
+            for i, t in enumerate(units):
+                a = st.get(UNIT + unit_id(job_id, record.step, t))
+                if a is not None and a.node_key == self.key.public and not a.done:
+                    mine.append(i)
+        return _View(chain.tip_hash, chain.height, job_id, record.step, record.job.steps,
+                     tuple(mine), holders, miners, span)
+
+    async def _setup(self, view: _View) -> None:
+        """Build the job's model and check it against the chain's commitments.
+
+        Raises:
+            MinerError: the job's hashes or units are not this config's.
+        """
+        job = await self.service.call(lambda: self.service.chain.state.get(JOB + view.job_id).job)
+        built = await trio.to_thread.run_sync(self._build)
+        if (job.model_hash, job.data_hash, job.hyper_hash) != built["commitments"]:
+            raise MinerError("the job on chain does not commit to this config's initial "
+                             "weights and data")
+        if job.units != job_units(self.sections.partition):
+            raise MinerError("the job's units are not this config's partition")
+        if any(s.head_start != s.head_end for s in self.sections.forward):
+            raise MinerError("jobs that split layers into pieces are not mined yet")
+        self.job_id, self.units = view.job_id, job.units
+        lo, hi = view.span
+        self.held = [s for s, spec in enumerate(self.sections.forward)
+                     if lo <= spec.layer_start and spec.layer_end <= hi]
+        for s in [*self.held, CLIENT]:
+            averager = Averager(self.host, f"{self.job_id.hex()[:32]}/{s}",
+                                lambda s=s: self._weights(s),
+                                lambda w, s=s: self._install(s, w), timeout=10.0)
+            averager.start()
+            self._averagers[s] = averager
+        # Only now: a push that comes earlier fails, and its sender tries again.
+        self.host.set_handler(TRAIN_PROTOCOL, self._receive)
+        held = ", ".join(f"{self.sections.forward[s].layer_start}:"
+                         f"{self.sections.forward[s].layer_end}" for s in self.held)
+        self._say(f"mining job {self.job_id.hex()[:16]}..: holding sections [{held}] and the "
+                  "client part")
+
+    def _build(self) -> dict:
+        self.model = make_model(self.config)
+        self.sections = make_sections(self.model, self.config)
+        self.corpus = load_corpus(self.config.data)
+        self.k = len(self.sections.forward)
+        return {"commitments": commitments(self.config)}
+
+    # -- units --------------------------------------------------------------------------
+
+    async def _run_unit(self, view: _View, index: int) -> None:
+        """Run unit ``index`` of the open step once its inputs are here; push, sign, submit."""
+        t, k = view.step, self.k
+        forward = index < k
+        section = index if forward else 2 * k - 1 - index
+        needs = [] if section == 0 else [(t, ACTIVATION, section)]
+        needs += [] if forward else [(t, GRADIENT, section)]
+        inputs = await self._wait_inbox(needs)
+        if inputs is None:
+            return  # not here in time: look at the chain again (it may reassign)
+        ids, targets = batch(self.config, t, corpus=self.corpus)
+        if section == 0:
+            with torch.no_grad():
+                x = self.model.embed(ids)  # (B, T, C)
+        else:
+            x = inputs[0]["h"]
+        if forward:
+            spec = self.sections.forward[section]
+            pushes, digests = await trio.to_thread.run_sync(
+                self._forward, t, section, spec, x, targets, limiter=self._compute)
+        else:
+            spec = self.sections.backward[section]  # (B_0 .. B_k-1)
+            pushes, digests = await trio.to_thread.run_sync(
+                self._backward, t, section, spec, x, inputs[-1]["g"], ids,
+                limiter=self._compute)
+        await self._push_all(view, pushes)
+        self._done.add((t, index))
+        receipt = sign(Receipt(self.service.chain.chain_id, self.key.public, view.job_id,
+                               unit_id(view.job_id, t, self.units[index]), *digests, ZERO_SIG),
+                       self.key)
+        try:
+            await self.txs.submit(receipt)
+            self.units_done += 1
+        except ValidationError as exc:  # e.g. reassigned meanwhile: the work is not paid
+            log.info("receipt of step %d unit %d refused: %s", t, index, exc)
+
+    def _forward(self, t: int, s: int, spec, x: torch.Tensor, targets: torch.Tensor):
+        """Forward of section ``s`` (worker thread): the pushes and the receipt's hashes."""
+        y = forward_block(self.model, spec, x)
+        pushes = []
+        cert = ZERO32
+        if s + 1 < self.k:
+            pushes.append((s + 1, t, ACTIVATION, s + 1, {"h": y}))
+        else:
+            loss, g, head_grads = head_loss_block(self.model, y, targets)
+            self._record_loss(t, loss.item())
+            pushes.append((s, t, GRADIENT, s, {"g": g}))
+            pushes.append((CLIENT, t, HEAD_GRADS, CLIENT, head_grads))
+            cert = tensors_digest(head_grads)
+        return pushes, (tensor_digest(x), tensor_digest(y), cert)
+
+    def _backward(self, t: int, s: int, spec, x: torch.Tensor, g: torch.Tensor, ids):
+        """Backward of section ``s`` (worker thread): the pushes and the receipt's hashes."""
+        g_in, grads = backward_block(self.model, spec, x, g)
+        pushes = [(s, t, SECTION_GRADS, s, grads)]
+        if s > 0:
+            pushes.append((s - 1, t, GRADIENT, s - 1, {"g": g_in}))
+        else:
+            pushes.append((CLIENT, t, EMBED_GRADS, CLIENT, embed_backward(self.model, ids, g_in)))
+        both = tensors_digest({"h": x, "g": g})
+        return pushes, (both, tensor_digest(g_in), tensors_digest(grads))
+
+    def _record_loss(self, step: int, loss: float) -> None:
+        self.losses.append((step, loss))
+        if self.log_file is not None:
+            with open(self.log_file, "a") as f:
+                f.write(json.dumps({"step": step, "loss": loss}) + "\n")
+
+    # -- updates and averaging ----------------------------------------------------------
+
+    async def _apply_update(self, t: int) -> bool:
+        """Apply step ``t``'s update to the held sections and the client part."""
+        needs = [(t, SECTION_GRADS, s) for s in self.held]
+        needs += [(t, HEAD_GRADS, CLIENT), (t, EMBED_GRADS, CLIENT)]
+        got = await self._wait_inbox(needs)
+        if got is None:
+            return False
+        grads: dict[str, torch.Tensor] = {}
+        for named in got:
+            add_grads(grads, named)
+        await trio.to_thread.run_sync(self._step_optimizers, grads, limiter=self._compute)
+        for key in [key for key in self._inbox if key[0] <= t]:
+            del self._inbox[key]
+        self.version = t + 1
+        if self.version % self.average_every == 0:
+            await self._average()
+        return True
+
+    def _step_optimizers(self, grads: dict[str, torch.Tensor]) -> None:
+        for s in self.held:
+            self.sections.optimizers[s].step(grads)
+        self.sections.client.step(grads)
+
+    def _optimizer(self, s: int):
+        return self.sections.client if s == CLIENT else self.sections.optimizers[s]
+
+    def _weights(self, s: int) -> dict[str, torch.Tensor]:
+        opt = self._optimizer(s)
+        return {sl.name: p.detach() for sl, p in zip(opt.slices, opt.params)}
+
+    def _install(self, s: int, weights: dict[str, torch.Tensor]) -> None:
+        opt = self._optimizer(s)
+        with torch.no_grad():
+            for sl, p, target in zip(opt.slices, opt.params, opt.targets):
+                p.copy_(weights[sl.name])
+                sl.of(target).copy_(p)
+
+    async def _average(self) -> None:
+        """One averaging round per held section (and the client part) with the other holders."""
+        view = self._view
+        for s, averager in self._averagers.items():
+            group = view.miners if s == CLIENT else view.holders[s]
+            neighbours = [p for p in group if p != self.me]
+            if neighbours:
+                result = await averager.average(neighbours, round=self.version)
+                if result.missed:
+                    log.info("averaging section %s at %d left out %s", s, self.version,
+                             result.missed)
+
+    # -- the inbox and pushes -----------------------------------------------------------
+
+    async def _wait_inbox(self, keys: list[tuple[int, int, int]]):
+        """The tensors of ``keys`` once all are here; None after ``wait_s``."""
+        with trio.move_on_after(self.wait_s):
+            while not all(key in self._inbox for key in keys):
+                self._arrived = trio.Event()
+                await self._arrived.wait()
+            return [self._inbox[key] for key in keys]
+        return None
+
+    def _deliver(self, step: int, what: int, section: int, tensors: dict[str, torch.Tensor]
+                 ) -> None:
+        self._inbox.setdefault((step, what, section), tensors)
+        self._arrived.set()
+
+    async def _push_all(self, view: _View, pushes) -> None:
+        """Deliver each push to its group: this node at once, the others over the network.
+
+        Pushes are (group, step, what, section, tensors), the group a section
+        (its holders) or `CLIENT` (every miner). Waits ``push_wait_s`` at most:
+        a push to a node that is down or not yet mining goes on being retried
+        in the background for ``push_retry_s``.
+        """
+        sent: list[trio.Event] = []
+        for group, t, what, section, tensors in pushes:
+            peers = view.miners if group == CLIENT else view.holders[group]
+            msg = None
+            for peer in peers:
+                if peer == self.me:
+                    self._deliver(t, what, section, tensors)
+                    continue
+                if msg is None:
+                    msg = encode(StepTensors(view.job_id, t, what, section, tuple(
+                        NamedTensor(n, encode_tensor(v.detach().contiguous()))
+                        for n, v in sorted(tensors.items()))))
+                sent.append(trio.Event())
+                self._background.start_soon(self._push, peer, msg, WHATS[what], t, sent[-1])
+        with trio.move_on_after(self.push_wait_s):
+            for event in sent:
+                await event.wait()
+
+    async def _push(self, peer: str, msg: bytes, what: str, step: int, sent: trio.Event
+                    ) -> None:
+        """Push one frame to ``peer``, trying again until ``push_retry_s`` has passed."""
+        with trio.move_on_after(self.push_retry_s):
+            while True:
+                try:
+                    with trio.fail_after(self.push_wait_s):
+                        stream = await self.host.open_stream(peer, TRAIN_PROTOCOL)
+                        await write_frame(stream, msg)
+                        await stream.close()
+                    sent.set()
+                    return
+                except (RequestError, FramingError, trio.TooSlowError) as exc:
+                    log.debug("push of %s (step %d) to %s: %s; trying again", what, step,
+                              peer, exc)
+                await trio.sleep(0.5)
+        log.info("push of %s (step %d) to %s given up", what, step, peer)
+
+    async def _receive(self, stream: INetStream, peer: ID) -> None:
+        """A pushed `StepTensors`: checked against the job, then kept until used.
+
+        Raises:
+            BadPush, DecodeError, FramingError: the host resets the stream and
+                scores the peer.
+        """
+        msg = decode(await read_frame(stream, MAX_TRAIN_FRAME, timeout=self.wait_s), StepTensors)
+        view = self._view
+        if view is None or self.job_id is None or msg.job_id != self.job_id:
+            return  # not (yet) mining that job: nothing to keep
+        if str(peer) not in view.miners:
+            raise BadPush(f"{peer} is not a registered node")
+        if msg.step < self.version or msg.step > self.version + 2:
+            return  # stale or far ahead: dropped, not an offence
+        expect = self._expected(msg.what, msg.section)
+        tensors = {}
+        for item in msg.tensors:
+            shape = expect.get(item.name)
+            if shape is None or item.name in tensors:
+                raise BadPush(f"unexpected tensor {item.name!r} in {WHATS[msg.what]}")
+            try:
+                value = decode_tensor(item.data, max(1, _numel(shape)))
+            except WireTensorError as exc:
+                raise BadPush(f"bad tensor {item.name!r}: {exc}") from None
+            if tuple(value.shape) != shape or value.dtype != torch.float32:
+                raise BadPush(f"{item.name!r}: expected {shape} float32, got "
+                              f"{tuple(value.shape)} {value.dtype}")
+            tensors[item.name] = value
+        if set(tensors) != set(expect):
+            raise BadPush(f"{WHATS[msg.what]} lacks {sorted(set(expect) - set(tensors))}")
+        self._deliver(msg.step, msg.what, msg.section, tensors)
+
+    def _expected(self, what: int, section: int) -> dict[str, tuple[int, ...]]:
+        """Names and shapes a push of ``what`` for ``section`` must hold. Raises BadPush."""
+        c = self.config
+        hidden = (c.batch_size, c.seq_len, c.model.dim)
+        if what in (ACTIVATION, GRADIENT, SECTION_GRADS) and not (
+                0 <= section < self.k and (what != ACTIVATION or section > 0)):
+            raise BadPush(f"{WHATS[what]} for section {section} of a {self.k}-section job")
+        if what == ACTIVATION:
+            return {"h": hidden}
+        if what == GRADIENT:
+            return {"g": hidden}
+        if what == SECTION_GRADS:
+            opt = self.sections.optimizers[section]
+            return {sl.name: tuple(t.shape) for sl, t in zip(opt.slices, opt.targets)}
+        if what in (HEAD_GRADS, EMBED_GRADS) and section == CLIENT:
+            shapes = {n: tuple(p.shape) for n, p in self.model.named_parameters()}
+            head = "tok_emb.weight" if c.model.tie_embeddings else "lm_head.weight"
+            names = ("norm.weight", head) if what == HEAD_GRADS else ("tok_emb.weight",)
+            return {n: shapes[n] for n in names}
+        raise BadPush(f"unknown push kind {what} for section {section}")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

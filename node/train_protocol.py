@@ -1,0 +1,38 @@
+"""The training protocol's message: `/pnode/train/1.0.0` (specs/consensus.md section 5.3).
+
+Owns `StepTensors`, the one message nodes push to each other while they run a
+job's step: the activations entering a section, the gradient leaving one, and
+the weight gradients every holder of a section applies. A push is one frame
+on a fresh stream, which the receiver closes; there is no reply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ledger.codec import U8, U32, U64, Hash32, wire
+from node.averaging import Named
+
+TRAIN_PROTOCOL = "/pnode/train/1.0.0"
+#: One frame: a section's weight gradients of a small job fit with room.
+MAX_TRAIN_FRAME = 64 * 1024 * 1024
+
+#: ``StepTensors.what``: the states entering ``section`` (named "h"), dL/d(states
+#: leaving ``section``) (named "g"), the weight gradients of ``section``'s
+#: backward unit, and the client part's gradients from the head (loss) and from
+#: the embedding (``section`` is `CLIENT` for those two).
+ACTIVATION, GRADIENT, SECTION_GRADS, HEAD_GRADS, EMBED_GRADS = range(5)
+WHATS = ("activation", "gradient", "section grads", "head grads", "embedding grads")
+CLIENT = 0xFFFF_FFFF
+
+
+@wire(69)
+@dataclass(frozen=True, slots=True)
+class StepTensors:
+    """Tensors of one step of a job, pushed to the nodes that need them."""
+
+    job_id: Hash32
+    step: U64
+    what: U8
+    section: U32
+    tensors: Named

@@ -1,0 +1,86 @@
+"""node.miner: a job's units run by the nodes the chain assigns (real hosts, real chains).
+
+Three nodes on 127.0.0.1, each a chain, a producer, transaction gossip and a
+miner; the genesis carries a small job of two sections, node 0 holding
+section 0, node 1 section 1 and node 2 both. Compared with compute's own
+reference: training the same job locally, block by block.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import trio
+
+from compute.train import train_local
+from ledger.state import ACCOUNT, JOB
+from ledger.store import MemoryStore
+from ledger.chaindb import ChainDB
+from ledger.crypto import SigningKey
+from node.devnet import DevnetKeys, devnet_genesis, devnet_job
+from node.miner import Miner
+from node.protocols import BLOCKS_TOPIC
+from tests.node.netkit import chain_node, eventually, ident, meshed, run
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def cast(n: int) -> list[DevnetKeys]:
+    keys = [DevnetKeys(SigningKey(bytes([50 + i]) * 32), SigningKey(bytes([i + 1]) * 32),
+                       SigningKey(bytes([80 + i]) * 32)) for i in range(n)]
+    for i, k in enumerate(keys):  # the peer key is the host's identity of the test
+        assert k.peer_id == ident(i + 1).peer_id_bytes
+    return keys
+
+
+def job_step(db) -> int:
+    [job_id] = db.state.ids(JOB)
+    return db.state.get(JOB + job_id).step
+
+
+def test_three_nodes_train_a_job_exactly_as_local_block_by_block_training():
+    config = devnet_job(4, 3, batch_size=4, seq_len=32)
+    keys = cast(3)
+    genesis = devnet_genesis("pnode-mine", keys, config, now_ms())
+    dbs = [ChainDB.create(MemoryStore(), genesis) for _ in keys]
+    miners: list[Miner] = []
+
+    async def main():
+        async with chain_node(1, dbs[0], now_ms, producer_key=keys[0].node, interval_ms=50) as a, \
+                chain_node(2, dbs[1], now_ms, producer_key=keys[1].node, interval_ms=50) as b, \
+                chain_node(3, dbs[2], now_ms, producer_key=keys[2].node, interval_ms=50) as c, \
+                trio.open_nursery() as nursery:
+            nodes = [a, b, c]
+            await a.host.connect(b.host.addrs[0])
+            await a.host.connect(c.host.addrs[0])
+            await b.host.connect(c.host.addrs[0])
+            await meshed(BLOCKS_TOPIC, (a.host, b.host), (b.host, c.host), (c.host, a.host))
+            for node, k in zip(nodes, keys):
+                miners.append(await nursery.start(Miner(node.service, node.txs, k.node, config,
+                                                        average_every=2).run))
+            await eventually(lambda: all(job_step(db) == config.steps for db in dbs)
+                             and all(m.version == config.steps for m in miners),
+                             "the job's steps", 60)
+            nursery.cancel_scope.cancel()
+    run(main, 90)
+
+    local = train_local(config, decomposed=True)
+    losses = dict(step_loss for m in miners for step_loss in m.losses)
+    assert sorted(losses) == list(range(config.steps))
+    assert [round(losses[s], 5) for s in range(config.steps)] == \
+        [round(x, 5) for x in local.losses]
+    reference = dict(local.model.named_parameters())
+    for m in miners:  # every held section and the client part equal the local model's
+        for s in [*m.held, 0xFFFF_FFFF]:
+            for name, value in m._weights(s).items():
+                assert torch.allclose(value, reference[name], atol=1e-5), (m.held, name)
+    assert [m.held for m in miners] == [[0], [1], [0, 1]]
+    done = sum(m.units_done for m in miners)
+    assert done == 4 * config.steps  # two sections: F0 F1 B1 B0 per step
+    assert all(m.units_done > 0 for m in miners)  # longest wait spreads the work
+    for db in dbs:  # nobody lost its bond, and nobody was paid for what it did not do
+        for k in keys:
+            assert db.state.get(ACCOUNT + k.wallet.public).bond == 10 ** 7
