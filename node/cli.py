@@ -239,14 +239,23 @@ def _single(group: BaseExceptionGroup) -> BaseException:
 @click.option("--passphrase-file", type=click.Path(dir_okay=False),
               help="Unlocks the wallet so a serving node can register itself (else "
                    "$PNODE_PASSPHRASE; without either it says it cannot register).")
+@click.option("--mine/--no-mine", default=True, show_default=True,
+              help="Run the units of the training job the chain assigns to this node.")
+@click.option("--job", "job_file", type=click.Path(dir_okay=False, exists=True),
+              help="The job config to mine (JSON, as `pnode devnet` writes it) [default: the "
+                   "default job].")
+@click.option("--average-every", type=click.IntRange(1, 1_000_000), default=10,
+              show_default=True, help="Training steps between the replicas' averaging rounds.")
 def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num_layers,
           no_serve, gpu, threads, max_sessions, price, model_file, trusted_file, bond,
-          passphrase_file) -> None:
+          passphrase_file, mine, job_file, average_every) -> None:
     """Run the node: sync and produce the chain, serve model layers, until SIGINT/SIGTERM.
 
     Prints its address (also written to DATA_DIR/node.addr once it listens
     and serves), what it serves, a line for each sync that brings in blocks
-    and for each block it makes. While it runs, `pnode status` and `pwallet
+    and for each block it makes. When the chain carries the job it mines
+    (the default job, or --job), it runs the units assigned to it and prints
+    each loss it computes (also appended to DATA_DIR/train.jsonl). While it runs, `pnode status` and `pwallet
     send/balance` go through its control socket (DATA_DIR/node.sock).
 
     \b
@@ -257,6 +266,7 @@ def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num
       pnode start --data-dir D --listen /ip4/0.0.0.0/tcp/4001 --peers A1 --peers A2
       pnode start --data-dir D --no-serve --no-produce       # follow the chain only
       pnode start --data-dir D --trusted-peers friends.txt   # a private swarm
+      pnode start --data-dir D/node1 --no-serve --job D/job.json   # mine a devnet's job
     """
     import logging
     import signal
@@ -272,12 +282,13 @@ def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num
     serve = _serve_config(layers, auto, num_layers, no_serve, gpu, threads, max_sessions,
                           price, model_file)
     trusted = read_peer_list(trusted_file) if trusted_file else None
+    job = _job_config(job_file) if mine else None
     wallet_key = _unlocked_wallet(data_dir, passphrase_file) if serve else None
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     node = Node(data_dir, now_ms, listen=listen, peers=peers, report=click.echo,
                 produce=produce, block_interval_ms=block_interval_ms, serve=serve,
                 trusted=trusted, wallet_key=wallet_key,
-                bond=parse_coins(bond) if bond else None)
+                bond=parse_coins(bond) if bond else None, mine=job, average_every=average_every)
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -294,6 +305,20 @@ def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num
         trio.run(run)
     except BaseExceptionGroup as group:
         raise _single(group) from None
+
+
+def _job_config(job_file: str | None):
+    """The job config to mine: the file's, or the default job."""
+    from compute.data import JobConfig
+    from compute.errors import ComputeError
+    from node.work import config_from_json
+
+    if job_file is None:
+        return JobConfig()
+    try:
+        return config_from_json(Path(job_file).read_text())
+    except (ValueError, ComputeError) as exc:
+        raise click.BadParameter(f"{job_file}: {exc}", param_hint="--job") from None
 
 
 def _unlocked_wallet(data_dir: str, passphrase_file: str | None):
@@ -401,6 +426,83 @@ def _train_with_progress(job, decomposed: bool, *, quiet: bool, train_local):
         return train_local(job, decomposed=decomposed,
                            on_step=lambda i, loss: bar.update(task, completed=i + 1,
                                                              loss=f"{loss:.3f}"))
+
+
+# -- devnet -------------------------------------------------------------------------------
+
+
+@main_group.command()
+@click.option("--nodes", "n_nodes", type=click.IntRange(1, 16), default=3, show_default=True,
+              help="Node processes to start.")
+@click.option("--steps", type=click.IntRange(1, 100_000), default=30, show_default=True,
+              help="Training steps of the devnet's job.")
+@click.option("--duration", type=click.FloatRange(1, 86_400), default=None,
+              help="Stop after this many seconds even if the job is not done.")
+@click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="Where the node data dirs go (D/node<i>, D/job.json) [default: a new "
+                   "temporary dir].")
+@click.option("--keep-running", is_flag=True,
+              help="Leave the nodes running after the summary (stop them with Ctrl-C).")
+@json_option
+def devnet(n_nodes, steps, duration, data_dir, keep_running, as_json) -> None:
+    """Start a local devnet: N node processes on loopback mine the default job.
+
+    A fresh genesis registers every node (node i < 2 holds one section of the
+    job's model, the others all of it) and carries the job; the nodes produce
+    blocks, run the units the chain assigns them and earn a coin per accepted
+    unit. Prints a summary once every node applied the last step (and the
+    rewards' challenge windows closed): height, each node's tip, units and
+    coins, the first and last loss, the supply. Wallets are sealed with
+    $PNODE_PASSPHRASE (default "devnet").
+
+    \b
+    Examples:
+      pnode devnet                                   # 3 nodes, 30 steps
+      pnode devnet --nodes 3 --steps 20 --data-dir /tmp/dn --json
+      pnode devnet --nodes 2 --duration 60
+    """
+    import tempfile
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from node import devnet_run
+
+    root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="pnode-devnet-"))
+    secret = os.environ.get("PNODE_PASSPHRASE", "devnet")
+    err = Console(stderr=True)
+    dirs, job_file = devnet_run.create(root, n_nodes, steps, secret)
+    say = (lambda line: None) if as_json else (lambda line: err.print(line))
+    say(f"devnet in {root}: {n_nodes} nodes, job of {steps} steps")
+    with devnet_run.Devnet(dirs, job_file, log=say) as net:
+        for i in range(n_nodes):
+            net.start(i)
+        columns = (TextColumn("training"), BarColumn(),
+                   TextColumn("step {task.completed}/{task.total}  height {task.fields[height]}"))
+        with Progress(*columns, console=err, transient=True,
+                      disable=as_json or not sys.stderr.isatty()) as bar:
+            task = bar.add_task("devnet", total=steps, height=0)
+            done = devnet_run.follow(net, steps, duration, lambda step, height: bar.update(
+                task, completed=step, height=height))
+        if done:  # let every reward's challenge window close, on one tip
+            from node.devnet import DEVNET_PARAMS
+            devnet_run.settle(net, DEVNET_PARAMS["challenge_window"] + 2)
+        if keep_running:
+            say("nodes running; Ctrl-C stops them")
+            try:
+                while True:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+    info = devnet_run.summary(dirs)
+    info.update(data_dir=str(root), steps=steps, finished=done)
+    emit(as_json, info, lambda: "\n".join([
+        f"devnet {root}: height {info['height']}, {'finished' if done else 'stopped'} after "
+        f"{len(info['losses'])} of {steps} steps",
+        f"loss {info['loss_first']:.3f} -> {info['loss_last']:.3f}" if info["losses"] else
+        "no loss computed", f"supply {info['supply']} coins ({info['minted']} minted)",
+        *(f"node{i}: {n['units_accepted']} units accepted, {n['coins']} coins"
+          for i, n in enumerate(info["nodes"]))]))
 
 
 # -- ledger show / status / proof ------------------------------------------------------------

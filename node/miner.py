@@ -274,6 +274,8 @@ class Miner:
                 limiter=self._compute)
         await self._push_all(view, pushes)
         self._done.add((t, index))
+        if forward and section == k - 1:
+            self.report(f"step {t}: loss {self.losses[-1][1]:.4f}")
         receipt = sign(Receipt(self.service.chain.chain_id, self.key.public, view.job_id,
                                unit_id(view.job_id, t, self.units[index]), *digests, ZERO_SIG),
                        self.key)

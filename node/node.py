@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = "/ip4/127.0.0.1/tcp/0"
 ADDR_FILE = "node.addr"
+TRAIN_LOG = "train.jsonl"  # one JSON line per loss this node computed
 
 
 class Node:
@@ -68,7 +69,8 @@ class Node:
                  resync_s: float = 5.0, produce: bool = True,
                  block_interval_ms: int | None = None, catch_up_s: float = 20.0,
                  serve: ServeConfig | None = None, trusted: Collection[str] | None = None,
-                 wallet_key: SigningKey | None = None, bond: int | None = None):
+                 wallet_key: SigningKey | None = None, bond: int | None = None,
+                 mine: Any = None, average_every: int = 10):
         """
         Args:
             data_dir: an initialised data dir (`pnode init`).
@@ -89,6 +91,9 @@ class Node:
             wallet_key: the unlocked wallet key: a serving node registers
                 itself with it (None: it says it cannot).
             bond: base units to bond when registering (None: the chain's minimum).
+            mine: the job config (`compute.data.JobConfig`) to mine when the
+                chain carries that job (None: do not mine).
+            average_every: updates between the replicas' averaging rounds.
         """
         self.datadir = DataDir(data_dir)
         self.clock, self.listen, self.peers = clock, listen, tuple(peers)
@@ -103,6 +108,8 @@ class Node:
         self.server: LayerServer | None = None
         self.wallet_key, self.bond = wallet_key, bond
         self.registrar: Registrar | None = None
+        self.mine, self.average_every = mine, average_every
+        self.miner = None
         self.addr: str | None = None
         self.service: ChainService | None = None
         self.txs: TxGossip | None = None
@@ -152,6 +159,8 @@ class Node:
                         nursery.start_soon(self._produce_after, joined, key)
                     if self.server is not None:
                         nursery.start_soon(self._register_after, joined, key, identity)
+                    if self.mine is not None:
+                        nursery.start_soon(self._mine_after, joined, key)
                     nursery.start_soon(self._follow)
                     await trio.sleep_forever()
                 finally:
@@ -185,6 +194,7 @@ class Node:
             info["swarm"] = [{"peer_id": str(announce_peer(a)), "layers": [a.layer_start,
                               a.layer_end], "throughput": a.throughput, "load": a.load,
                               "price": a.price} for a in self.announcer.fresh()]
+        info["mining"] = self.miner.status() if self.miner else None
         info["trusted_peers"] = None if self.trusted is None else sorted(map(str, self.trusted))
         return info
 
@@ -294,6 +304,17 @@ class Node:
                                    identity.peer_id_bytes, (layers.start, layers.stop),
                                    bond=self.bond, report=self.report)
         await self.registrar.run()
+
+    async def _mine_after(self, joined: trio.Event, key) -> None:
+        """Mine once the first syncs are over (see `node.miner.Miner`)."""
+        from node.miner import Miner  # torch loads with it
+
+        with trio.move_on_after(self.catch_up_s):
+            await joined.wait()
+        self.miner = Miner(self.service, self.txs, key, self.mine,
+                           log_file=self.datadir.path / TRAIN_LOG,
+                           average_every=self.average_every, report=self.report)
+        await self.miner.run()
 
     async def _join(self, addr: str) -> None:
         """Dial ``addr`` (retrying with backoff) and sync from it once."""

@@ -1,0 +1,205 @@
+"""`pnode devnet`: N real node processes on loopback train the devnet's job.
+
+Owns the runner (specs/consensus.md section 6): it writes D/node<i> data
+dirs (keys, the shared genesis of `node.devnet`, a chain store) and
+D/job.json, starts one `pnode start --no-serve --job D/job.json` process per
+node (each dials the ones before it), follows their status over the control
+sockets until every node has applied the job's last update (or the duration
+is up), lets the chain run until every reward's challenge window has closed,
+stops the processes (SIGTERM: a clean stop) and reads the summary from each
+node's own chain store and loss log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ledger.chaindb import ChainDB
+from ledger.state import ACCOUNT, KEY_PARAMS, KEY_SUPPLY
+from ledger.store import LevelDBStore
+from ledger.types import COIN, Receipt
+from node.control import ControlError, NodeNotRunning, control_call
+from node.datadir import DataDir, write_genesis_file, write_seed_file
+from node.devnet import DevnetKeys, devnet_genesis, devnet_job
+from node.errors import NodeError
+from node.node import ADDR_FILE, TRAIN_LOG
+from node.work import config_json
+from wallet.keystore import write_key_file
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+class DevnetError(NodeError):
+    """A devnet that could not start or finish (a node died, a timeout)."""
+
+
+def create(root: Path, n_nodes: int, steps: int, passphrase: str, *,
+           job_overrides: dict | None = None) -> tuple[list[Path], Path]:
+    """Write the node data dirs and D/job.json; returns (node dirs, job file).
+
+    Raises:
+        DevnetError: ``root`` already holds a devnet.
+    """
+    if root.exists() and any(root.iterdir()):
+        raise DevnetError(f"{root} is not empty: give a new --data-dir")
+    config = devnet_job(steps, n_nodes, **(job_overrides or {}))
+    keys = [DevnetKeys.fresh() for _ in range(n_nodes)]
+    genesis = devnet_genesis(f"devnet-{os.urandom(3).hex()}", keys, config,
+                             time.time_ns() // 1_000_000)
+    root.mkdir(parents=True, exist_ok=True)
+    job_file = root / "job.json"
+    job_file.write_text(config_json(config) + "\n")
+    dirs = []
+    for i, k in enumerate(keys):
+        dd = DataDir(root / f"node{i}")
+        dd.path.mkdir(parents=True)
+        write_seed_file(dd.node_key_file, k.node)
+        write_seed_file(dd.peer_key_file, k.peer)
+        write_key_file(dd.wallet_file, k.wallet.seed(), passphrase)
+        write_genesis_file(dd.genesis_file, genesis)
+        ChainDB.create(LevelDBStore(dd.chain_dir), genesis).store.close()
+        dirs.append(dd.path)
+    return dirs, job_file
+
+
+class Devnet:
+    """The node processes of a devnet; `stop` (or leaving the `with`) stops them all."""
+
+    def __init__(self, dirs: list[Path], job_file: Path, *, block_interval_ms: int = 200,
+                 log: Callable[[str], None] = lambda line: None):
+        self.dirs, self.job_file = dirs, job_file
+        self.block_interval_ms, self.log = block_interval_ms, log
+        self.procs: list[subprocess.Popen | None] = []
+        self.addrs: list[str] = []
+
+    def __enter__(self) -> Devnet:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self, i: int, timeout: float = 120.0) -> str:
+        """Start node i (dialing every node already up); its address once it listens."""
+        d = self.dirs[i]
+        (d / ADDR_FILE).unlink(missing_ok=True)
+        peers = [arg for a in self.addrs if a for arg in ("--peers", a)]
+        out = open(d / "node.log", "a")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "node.cli", "start", "--data-dir", str(d), "--no-serve",
+             "--job", str(self.job_file), "--block-interval-ms", str(self.block_interval_ms),
+             "--average-every", "5", *peers],
+            cwd=_ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+        while len(self.procs) <= i:
+            self.procs.append(None)
+            self.addrs.append("")
+        self.procs[i] = proc
+        deadline = time.monotonic() + timeout
+        addr_file = d / ADDR_FILE
+        while not addr_file.exists() or not addr_file.read_text().strip():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise DevnetError(f"node{i} did not start: see {d / 'node.log'}")
+            time.sleep(0.05)
+        self.addrs[i] = addr_file.read_text().strip()
+        self.log(f"node{i} up: {self.addrs[i]}")
+        return self.addrs[i]
+
+    def kill(self, i: int) -> None:
+        """SIGKILL node i (a crash, for tests)."""
+        self.procs[i].kill()
+        self.procs[i].wait()
+
+    def status(self, i: int) -> dict[str, Any] | None:
+        """Node i's `pnode status`, None when it is not answering."""
+        try:
+            return control_call(self.dirs[i], "status")
+        except (NodeNotRunning, ControlError, OSError):
+            return None
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def follow(net: Devnet, steps: int, duration: float | None,
+           progress: Callable[[int, int], None] = lambda step, height: None) -> bool:
+    """Poll until every live node applied the last update; False if ``duration`` ran out."""
+    began = time.monotonic()
+    while duration is None or time.monotonic() - began < duration:
+        live = [s for i in range(len(net.dirs)) if net.procs[i] is not None
+                and net.procs[i].poll() is None and (s := net.status(i)) is not None]
+        if not live:
+            raise DevnetError("no node is running")
+        step = min((s.get("mining") or {}).get("step", 0) for s in live)
+        progress(step, max(s["height"] for s in live))
+        if step >= steps:
+            return True
+        time.sleep(0.3)
+    return False
+
+
+def settle(net: Devnet, blocks: int, timeout: float = 120.0) -> None:
+    """Let the chain grow ``blocks`` more blocks and the live nodes agree on one tip."""
+    live = [i for i, p in enumerate(net.procs) if p is not None and p.poll() is None]
+    start = max(net.status(i)["height"] for i in live)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = [net.status(i) for i in live]
+        if all(s is not None for s in states) and min(s["height"] for s in states) \
+                >= start + blocks and len({s["tip"] for s in states}) == 1:
+            return
+        time.sleep(0.3)
+    raise DevnetError(f"the nodes did not agree on a tip {blocks} blocks on")
+
+
+def summary(dirs: list[Path]) -> dict[str, Any]:
+    """The scripting contract's JSON, read from each (stopped) node's store and loss log."""
+    tips, nodes, losses = [], [], {}
+    heights, supply, minted = [], None, None
+    for d in dirs:
+        dd = DataDir(d)
+        db = dd.open_chain()
+        try:
+            node_key = dd.node_key().public
+            from wallet.keystore import read_public_key
+            wallet = read_public_key(dd.wallet_file)
+            accepted = sum(isinstance(tx, Receipt) and tx.node_key == node_key
+                           for block in db.iter_blocks() for tx in block.txs)
+            account = db.state.get(ACCOUNT + wallet)
+            reward = db.state.get(KEY_PARAMS).reward
+            s = db.state.get(KEY_SUPPLY)
+            supply = (s.premine + s.minted - s.burned) / COIN
+            minted = s.minted / COIN
+            tips.append(db.tip_hash.hex())
+            heights.append(db.height)
+            nodes.append({"data_dir": str(d), "units_accepted": accepted,
+                          "coins": account.balance // reward if account else 0,  # rewards only: bonds are not balance
+                          "balance": account.balance if account else 0})
+        finally:
+            db.store.close()
+        log_file = d / TRAIN_LOG
+        if log_file.exists():
+            for line in log_file.read_text().splitlines():
+                item = json.loads(line)
+                losses.setdefault(item["step"], item["loss"])
+    ordered = [losses[s] for s in sorted(losses)]
+    return {"height": max(heights), "tips": tips, "nodes": nodes,
+            "loss_first": ordered[0] if ordered else None,
+            "loss_last": ordered[-1] if ordered else None,
+            "losses": ordered, "supply": supply, "minted": minted}
