@@ -23,7 +23,7 @@ from node.work import job_tx
 
 #: Devnet chain constants: fast slots, short windows, so a short run pays out.
 DEVNET_PARAMS = dict(slot_ms=300, max_future_ms=15_000, min_bond=10 * COIN, reward=COIN,
-                     challenge_window=4, unit_timeout=30, max_block_txs=5000, slash_bps=5000,
+                     challenge_window=4, unit_timeout=15, max_block_txs=5000, slash_bps=5000,
                      verifier_bps=5000)
 BOND = 10 * COIN
 

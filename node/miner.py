@@ -119,7 +119,9 @@ class Miner:
         self.losses: list[tuple[int, float]] = []
         self._inbox: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}
         self._arrived = trio.Event()
-        self._done: set[tuple[int, int]] = set()
+        # Receipts of the units run, by (step, unit index): a unit that the
+        # chain took away (a timeout) and hands back gets the same receipt again.
+        self._receipts: dict[tuple[int, int], Receipt] = {}
         self._view: _View | None = None
         self._compute = trio.CapacityLimiter(1)
         self._said: str | None = None
@@ -148,10 +150,12 @@ class Miner:
             if not await self._ready(view):
                 await self.service.wait_tip_change(view.tip)
                 continue
-            todo = [i for i in view.mine if (view.step, i) not in self._done]
+            todo = [i for i in view.mine if (view.step, i) not in self._receipts]
             if todo:
                 await self._run_unit(view, todo[0])
                 continue
+            for index in view.mine:  # run already, not on chain yet: (again) in the mempool
+                await self._submit(self._receipts[(view.step, index)])
             await self.service.wait_tip_change(view.tip)
 
     async def _ready(self, view: _View) -> bool:
@@ -254,9 +258,9 @@ class Miner:
         section = index if forward else 2 * k - 1 - index
         needs = [] if section == 0 else [(t, ACTIVATION, section)]
         needs += [] if forward else [(t, GRADIENT, section)]
-        inputs = await self._wait_inbox(needs)
+        inputs = await self._wait_inbox(needs, view.tip)
         if inputs is None:
-            return  # not here in time: look at the chain again (it may reassign)
+            return  # not here yet and the chain moved on: look again (it may have reassigned)
         ids, targets = batch(self.config, t, corpus=self.corpus)
         if section == 0:
             with torch.no_grad():
@@ -273,17 +277,23 @@ class Miner:
                 self._backward, t, section, spec, x, inputs[-1]["g"], ids,
                 limiter=self._compute)
         await self._push_all(view, pushes)
-        self._done.add((t, index))
         if forward and section == k - 1:
             self.report(f"step {t}: loss {self.losses[-1][1]:.4f}")
         receipt = sign(Receipt(self.service.chain.chain_id, self.key.public, view.job_id,
                                unit_id(view.job_id, t, self.units[index]), *digests, ZERO_SIG),
                        self.key)
+        self._receipts[(t, index)] = receipt
+        if await self._submit(receipt):
+            self.units_done += 1
+
+    async def _submit(self, receipt: Receipt) -> bool:
+        """Admit and gossip a receipt; False when the chain refuses it now."""
         try:
             await self.txs.submit(receipt)
-            self.units_done += 1
-        except ValidationError as exc:  # e.g. reassigned meanwhile: the work is not paid
-            log.info("receipt of step %d unit %d refused: %s", t, index, exc)
+            return True
+        except ValidationError as exc:  # e.g. reassigned meanwhile: kept for a hand-back
+            log.info("receipt of unit %s.. refused: %s", receipt.unit_id.hex()[:16], exc)
+            return False
 
     def _forward(self, t: int, s: int, spec, x: torch.Tensor, targets: torch.Tensor):
         """Forward of section ``s`` (worker thread): the pushes and the receipt's hashes."""
@@ -332,6 +342,8 @@ class Miner:
         await trio.to_thread.run_sync(self._step_optimizers, grads, limiter=self._compute)
         for key in [key for key in self._inbox if key[0] <= t]:
             del self._inbox[key]
+        for key in [key for key in self._receipts if key[0] <= t]:
+            del self._receipts[key]
         self.version = t + 1
         if self.version % self.average_every == 0:
             await self._average()
@@ -370,12 +382,26 @@ class Miner:
 
     # -- the inbox and pushes -----------------------------------------------------------
 
-    async def _wait_inbox(self, keys: list[tuple[int, int, int]]):
-        """The tensors of ``keys`` once all are here; None after ``wait_s``."""
+    async def _wait_inbox(self, keys: list[tuple[int, int, int]], tip: bytes | None = None):
+        """The tensors of ``keys`` once all are here.
+
+        None after ``wait_s``, or (given ``tip``) as soon as the chain's tip
+        is another one while some are still missing: a unit waiting for
+        inputs must not keep this node from the units the new tip hands it.
+        """
+        async def tip_moved(cancel_scope: trio.CancelScope) -> None:
+            await self.service.wait_tip_change(tip)
+            cancel_scope.cancel()
+
         with trio.move_on_after(self.wait_s):
-            while not all(key in self._inbox for key in keys):
-                self._arrived = trio.Event()
-                await self._arrived.wait()
+            async with trio.open_nursery() as nursery:
+                if tip is not None:
+                    nursery.start_soon(tip_moved, nursery.cancel_scope)
+                while not all(key in self._inbox for key in keys):
+                    self._arrived = trio.Event()
+                    await self._arrived.wait()
+                nursery.cancel_scope.cancel()
+        if all(key in self._inbox for key in keys):
             return [self._inbox[key] for key in keys]
         return None
 

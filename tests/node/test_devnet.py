@@ -1,0 +1,64 @@
+"""pnode devnet: real node processes on 127.0.0.1 mine a job (the scripting contract).
+
+The reference for the losses is compute's own local training of the same
+job, block by block (`train_local(decomposed=True)`), which tests/compute
+checks against whole-model autograd.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from compute.train import train_local
+from node import devnet_run
+from node.devnet import devnet_job
+from tests.node.prockit import ROOT
+
+
+def pnode(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "node.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_devnet_of_three_nodes_mines_the_job_and_pays_each_unit(tmp_path):
+    steps = 5
+    r = pnode("devnet", "--nodes", "3", "--steps", str(steps), "--data-dir",
+              str(tmp_path / "dn"), "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads(r.stdout)
+    assert info["finished"] and len(set(info["tips"])) == 1 and len(info["tips"]) == 3
+    units = [n["units_accepted"] for n in info["nodes"]]
+    assert sum(units) == 4 * steps  # F0 F1 B1 B0 of every step, each paid once
+    assert all(n["coins"] == n["units_accepted"] > 0 for n in info["nodes"])
+    assert info["minted"] == sum(units) and info["supply"] == 3 * 10 + info["minted"]
+    local = train_local(devnet_job(steps, 3)).losses  # whole-model reference
+    assert info["losses"] == pytest.approx(list(local), rel=1e-4)
+    assert info["loss_last"] < info["loss_first"]
+    for i in range(3):  # each node's own store re-validates (assignments, supply)
+        v = pnode("verify", "chain", "--data-dir", str(tmp_path / "dn" / f"node{i}"))
+        assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_a_node_killed_mid_job_is_replaced_and_the_job_goes_on(tmp_path):
+    steps = 5
+    dirs, job_file = devnet_run.create(tmp_path / "dn", 3, steps, "devnet")
+    with devnet_run.Devnet(dirs, job_file) as net:
+        for i in range(3):
+            net.start(i)
+        deadline = time.monotonic() + 120
+        while ((net.status(1) or {}).get("mining") or {}).get("step", 0) < 1:
+            assert time.monotonic() < deadline, "the job did not get going"
+            time.sleep(0.2)
+        net.kill(1)  # holds section 1 with node 2: node 2 takes its units over
+        assert devnet_run.follow(net, steps, duration=240)
+        devnet_run.settle(net, 2)
+    info = devnet_run.summary(dirs)
+    assert len(info["losses"]) == steps and info["loss_last"] < info["loss_first"]
+    assert info["tips"][0] == info["tips"][2]  # the survivors agree
+    local = train_local(devnet_job(steps, 3)).losses
+    assert info["losses"] == pytest.approx(list(local), rel=1e-4)  # nothing lost, nothing twice
