@@ -285,7 +285,9 @@ def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num
     job = _job_config(job_file) if mine else None
     wallet_key = _unlocked_wallet(data_dir, passphrase_file) if serve else None
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    node = Node(data_dir, now_ms, listen=listen, peers=peers, report=click.echo,
+    status = _StatusLine() if sys.stdout.isatty() else None  # a live line on a terminal only
+    node = Node(data_dir, now_ms, listen=listen, peers=peers,
+                report=status.print if status else click.echo,
                 produce=produce, block_interval_ms=block_interval_ms, serve=serve,
                 trusted=trusted, wallet_key=wallet_key,
                 bond=parse_coins(bond) if bond else None, mine=job, average_every=average_every)
@@ -299,12 +301,59 @@ def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num
                         nursery.cancel_scope.cancel()
                         return
                 nursery.start_soon(stop_on_signal)
-                click.echo(f"listening on {await nursery.start(node.run)}")
+                addr = await nursery.start(node.run)
+                (status.print if status else click.echo)(f"listening on {addr}")
+                if status:
+                    nursery.start_soon(status.follow, node)
 
     try:
-        trio.run(run)
+        if status:
+            with status:
+                trio.run(run)
+        else:
+            trio.run(run)
     except BaseExceptionGroup as group:
         raise _single(group) from None
+
+
+class _StatusLine:
+    """`pnode start`'s live bottom line on a terminal: height, units, coins, loss.
+
+    The node's report lines print above it; it is redrawn twice a second
+    from the node's own status (the control op that `pnode status` uses).
+    """
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.live = Live("starting", console=Console(), transient=True, refresh_per_second=4)
+
+    def __enter__(self) -> _StatusLine:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.live.__exit__(*exc)
+
+    def print(self, line: str) -> None:
+        self.live.console.print(line, markup=False, highlight=False)
+
+    async def follow(self, node) -> None:
+        import trio
+
+        while True:
+            try:
+                info = await node.status({})
+            except Exception:  # stopping: the line goes with the process
+                return
+            mining = info.get("mining") or {}
+            loss = mining.get("loss")
+            self.live.update(
+                f"height {info['height']}  peers {len(info['peers'])}  units done "
+                f"{mining.get('units_done', 0)}  balance {format_coins(info['balance'])}  "
+                f"loss {'-' if loss is None else loss}  step {mining.get('step', '-')}")
+            await trio.sleep(0.5)
 
 
 def _job_config(job_file: str | None):

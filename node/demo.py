@@ -8,7 +8,8 @@ serving a third of SmolLM2's layers (the first also producing blocks), a
 transfer through the running node, a second server registering itself once
 its wallet is funded, and `pwallet infer --peers` generating
 over the three servers (the same text as the local run); then a short
-training run of the default job. Each step runs the installed `pnode` /
+training run of the default job, and the same job mined by a three-node
+devnet (`pnode devnet`), whose coins per node equal its accepted units. Each step runs the installed `pnode` /
 `pwallet` commands exactly as a user would.
 
 Usage:  python -m node.demo [--data-dir DIR]
@@ -156,6 +157,11 @@ def main() -> None:
         stop_swarm(nodes)
     step("The default training job, locally: the loss falls", "pnode", "train",
          "--steps", "60")
+    step("Mining: three node processes train that job together and earn a coin per unit",
+         "pnode", "devnet", "--nodes", "3", "--steps", "20", "--data-dir",
+         str(root / "devnet"))
+    step("Each miner's chain re-validates: every receipt's assignment, the supply",
+         "pnode", "verify", "chain", "--data-dir", str(root / "devnet" / "node2"))
     console.rule("[bold green]demo done")
     console.print(f"The chain is in {root}. Try: pnode --help, pwallet --help")
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -325,7 +326,7 @@ class Miner:
         self.losses.append((step, loss))
         if self.log_file is not None:
             with open(self.log_file, "a") as f:
-                f.write(json.dumps({"step": step, "loss": loss}) + "\n")
+                f.write(json.dumps({"step": step, "loss": loss, "time": time.time()}) + "\n")
 
     # -- updates and averaging ----------------------------------------------------------
 
