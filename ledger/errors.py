@@ -110,6 +110,10 @@ class UnassignedReceipt(ValidationError):
     """A receipt for a unit that is not (or no longer) assigned to its signer."""
 
 
+class UnchainedReceipt(ValidationError):
+    """A receipt whose input or output hash does not match its neighbour unit's receipt."""
+
+
 class NotRegistered(ValidationError):
     """A node key or account that the transaction needs to be registered."""
 

@@ -17,12 +17,14 @@ from ledger import merkle, schedule
 from ledger.codec import encode
 from ledger.errors import (
     BadAmount, BadJob, BadNonce, BadRegistration, BadSignature, BadVerdict, InsufficientFunds,
-    NotRegistered, UnassignedReceipt, WrongChainId,
+    NotRegistered, UnassignedReceipt, UnchainedReceipt, WrongChainId,
 )
 from ledger.state import JOB, NODE, PENDING, UNIT, KEY_LOG, KEY_SUPPLY, Overlay
+from ledger.crypto import ZERO32
 from ledger.types import (
-    UNIT_KINDS, Assignment, InferencePayment, Job, JobRecord, NodeRecord, Pending, Receipt,
-    Register, Transfer, Verdict, binding_ok, signature_ok, tx_hash, unit_id, usage_ok,
+    BACKWARD, FORWARD, UNIT_KINDS, Assignment, InferencePayment, Job, JobRecord, NodeRecord,
+    Pending, Receipt, Register, Transfer, UnitTemplate, Verdict, binding_ok, signature_ok,
+    tx_hash, unit_id, usage_ok,
 )
 
 U64_MAX = 2**64 - 1
@@ -176,17 +178,61 @@ def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt, raw: bytes) -> None:
     node = st.get(NODE + tx.node_key)
     if node is None:
         raise NotRegistered("receipt signer is no longer registered")
+    _check_links(st, assignment, tx)
     receipt_hash = tx_hash(tx, raw)
     verifier = schedule.assigned_verifier(_mature(st, ctx.height), ctx.prev_hash + tx.unit_id,
                                           tx.node_key)
     window = st.params().challenge_window
-    st.put(UNIT + tx.unit_id, replace(assignment, done=True))
+    st.put(UNIT + tx.unit_id, replace(assignment, done=True, input_hash=tx.input_hash,
+                                      output_hash=tx.output_hash))
     st.put(PENDING + receipt_hash, Pending(node.account, tx.node_key, verifier or bytes(32),
                                            ctx.height + window, False))
     log = st.log()
     frontier = merkle.Frontier(log.size, log.peaks).append(merkle.leaf_hash(raw))
     st.put(KEY_LOG, replace(log, size=frontier.size, peaks=frontier.peaks))
     ctx.log_appends.append(raw)
+
+
+def _linked(a: UnitTemplate, b: UnitTemplate) -> bool:
+    """Whether unit ``b`` takes unit ``a``'s output as its input.
+
+    Whole-layer units of one kind that meet: a forward unit ending where the
+    next begins, a backward unit starting where the next (lower) one ends.
+    Pieces of a layer are not chained (they share an input and are summed).
+    """
+    whole = a.head_start == a.head_end == 0 and b.head_start == b.head_end == 0
+    if not whole or a.kind != b.kind:
+        return False
+    if a.kind == FORWARD:
+        return a.layer_end == b.layer_start
+    return a.kind == BACKWARD and b.layer_end == a.layer_start
+
+
+def _check_links(st: Overlay, assignment: Assignment, tx: Receipt) -> None:
+    """A receipt's hashes must chain with its done neighbours' (the units before and after).
+
+    Attack note: this only makes the receipts of one step consistent with
+    each other; it cannot tell which of two disagreeing receipts lied (the
+    later one is refused). Re-execution (Proof-of-Learning verdicts) is what
+    checks the hashes against the work.
+    """
+    units = st.get(JOB + assignment.job_id).job.units
+    i = assignment.index
+    for j, before in ((i - 1, True), (i + 1, False)):
+        if not 0 <= j < len(units):
+            continue
+        a, b = (units[j], units[i]) if before else (units[i], units[j])
+        if not _linked(a, b):
+            continue
+        other = st.get(UNIT + unit_id(assignment.job_id, assignment.step, units[j]))
+        if other is None or not other.done:
+            continue
+        if before and other.output_hash != tx.input_hash:
+            raise UnchainedReceipt(f"input hash {tx.input_hash.hex()[:16]}.. is not the output "
+                                   f"{other.output_hash.hex()[:16]}.. of unit {j}")
+        if not before and other.input_hash != tx.output_hash:
+            raise UnchainedReceipt(f"output hash {tx.output_hash.hex()[:16]}.. is not the input "
+                                   f"{other.input_hash.hex()[:16]}.. of unit {j}")
 
 
 def _mature(st: Overlay, height: int) -> list[schedule.Candidate]:
@@ -328,7 +374,8 @@ def _assign_step(st: Overlay, ctx: Any, job_id: bytes, record: JobRecord, uids: 
         return  # some unit has no node serving its layers: try again next block
     deadline = ctx.height + st.params().unit_timeout
     for index, (uid, node_key) in enumerate(zip(uids, chosen)):
-        st.put(UNIT + uid, Assignment(job_id, record.step, index, node_key, deadline, False))
+        st.put(UNIT + uid, Assignment(job_id, record.step, index, node_key, deadline, False,
+                                      ZERO32, ZERO32))
         _mark_served(st, node_key, ctx.height)
 
 

@@ -293,10 +293,14 @@ class JobRecord:
     step: U64  # the open step; == job.steps once the job is finished
 
 
-@wire(23)
+@wire(23, 2)
 @dataclass(frozen=True, slots=True)
 class Assignment:
-    """Who must execute one unit of an open step, and by when."""
+    """Who must execute one unit of an open step, and by when; once done, its hashes.
+
+    ``input_hash`` / ``output_hash`` are the accepted receipt's (zeros until
+    then): the receipts of neighbouring units must chain through them.
+    """
 
     job_id: Hash32
     step: U64
@@ -304,6 +308,8 @@ class Assignment:
     node_key: Key32
     deadline: U64
     done: bool
+    input_hash: Hash32
+    output_hash: Hash32
 
 
 @wire(24)

@@ -319,8 +319,10 @@ class Miner:
             pushes.append((s - 1, t, GRADIENT, s - 1, {"g": g_in}))
         else:
             pushes.append((CLIENT, t, EMBED_GRADS, CLIENT, embed_backward(self.model, ids, g_in)))
-        both = tensors_digest({"h": x, "g": g})
-        return pushes, (both, tensor_digest(g_in), tensors_digest(grads))
+        # Chained like the forward units (specs/ledger.md 5.2): in = the gradient
+        # from above, out = the one passed down; the cert commits the activation
+        # the unit recomputed from and its weight gradients.
+        return pushes, (tensor_digest(g), tensor_digest(g_in), tensors_digest({"h": x, **grads}))
 
     def _record_loss(self, step: int, loss: float) -> None:
         self.losses.append((step, loss))

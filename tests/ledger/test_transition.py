@@ -255,6 +255,42 @@ def test_duplicate_receipt_is_rejected(job_chain):
         check(db, with_txs(next_block(db, net).block, net, [receipt, receipt]))
 
 
+def two_section_chain():
+    """A chain whose job has two sections: units F0 F1 B1 B0 (indices 0-3)."""
+    net = make_net()
+    net.genesis = replace(net.genesis, jobs=(job(net.authority, layers=((0, 15), (15, 30))),))
+    db = new_db(net)
+    due = {db.state.get(UNIT + r.unit_id).index: r for r in receipts_due(db, net)}
+    return net, db, due
+
+
+def hashed(net, receipt, input_byte: int, output_byte: int):
+    return sign(replace(receipt, input_hash=bytes([input_byte]) * 32,
+                        output_hash=bytes([output_byte]) * 32), net.node_key(receipt.node_key))
+
+
+def test_receipts_must_chain_with_their_done_neighbours():
+    net, db, due = two_section_chain()
+    f0, f1, b1, b0 = (due[i] for i in range(4))
+    # F1 takes F0's output; B0 takes B1's output; F1 -> B1 (kinds differ) is not a link.
+    good = [hashed(net, f0, 1, 2), hashed(net, f1, 2, 3), hashed(net, b1, 9, 4),
+            hashed(net, b0, 4, 5)]
+    with pytest.raises(E.UnchainedReceipt, match="input hash .* is not the output"):
+        check(db, with_txs(next_block(db, net).block, net,
+                           [hashed(net, f0, 1, 2), hashed(net, f1, 7, 3)]))
+    with pytest.raises(E.UnchainedReceipt, match="output hash .* is not the input"):
+        check(db, with_txs(next_block(db, net).block, net,  # later unit first: same rule
+                           [hashed(net, b0, 4, 5), hashed(net, b1, 9, 6)]))
+    grow(db, net, 1, good[:3])  # chained: accepted, and the hashes are kept
+    kept = {db.state.get(UNIT + r.unit_id).index: db.state.get(UNIT + r.unit_id) for r in good}
+    assert [(a.input_hash[0], a.output_hash[0], a.done) for a in kept.values()] == \
+        [(1, 2, True), (2, 3, True), (9, 4, True), (0, 0, False)]
+    with pytest.raises(E.UnchainedReceipt):  # against a neighbour in an earlier block too
+        check(db, with_txs(next_block(db, net).block, net, [hashed(net, b0, 8, 5)]))
+    grow(db, net, 1, good[3:])
+    assert db.state.get(UNIT + b0.unit_id) is None  # the step closed
+
+
 def test_reward_is_minted_only_after_the_challenge_window(job_chain):
     net, db = job_chain
     receipt = receipts_due(db, net)[0]
