@@ -51,7 +51,7 @@ from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from compute.train import embed_backward, head_loss_block, make_sections
 from ledger.codec import decode, encode
 from ledger.crypto import SigningKey
-from ledger.errors import ValidationError
+from ledger.errors import DecodeError, ValidationError
 from ledger.state import JOB, NODE, UNIT
 from ledger.crypto import ZERO32
 from ledger.types import ZERO_SIG, Receipt, sign, unit_id
@@ -62,7 +62,7 @@ from node.host import RequestError
 from node.sync import ChainService
 from node.train_protocol import (
     ACTIVATION, CLIENT, EMBED_GRADS, GRADIENT, HEAD_GRADS, MAX_TRAIN_FRAME, SECTION_GRADS,
-    TRAIN_PROTOCOL, WHATS, StepTensors,
+    STATE_PROTOCOL, TRAIN_PROTOCOL, WHATS, StateReply, StateRequest, StepTensors,
 )
 from node.txgossip import TxGossip
 from node.work import commitments, job_units, matches, tensor_digest, tensors_digest
@@ -128,6 +128,7 @@ class Miner:
         self._said: str | None = None
         self._averagers: dict[int, Averager] = {}
         self._background: trio.Nursery | None = None
+        self._weights_version = 0  # updates in the weights (set in the compute thread)
         self.push_wait_s, self.push_retry_s = 5.0, 60.0
 
     def status(self) -> dict:
@@ -173,9 +174,13 @@ class Miner:
             self._say(f"mining: job {view.job_id.hex()[:16]}.. finished ({view.steps} steps)")
             return False
         while self.version < view.step:
-            if not await self._apply_update(self.version):
-                self._say(f"mining: out of step: the update of step {self.version} did not "
-                          "arrive; this node's units will be reassigned")
+            # One update behind: it is (being) pushed here. Further behind (this
+            # node joined late or was down): fetch the state from a holder.
+            if self.version == view.step - 1 and await self._apply_update(self.version):
+                continue
+            if not await self._fetch_state(view):
+                self._say(f"mining: out of step at update {self.version} of {view.step}; "
+                          "waiting for a holder that can send the current weights")
                 return False
         return True
 
@@ -238,6 +243,8 @@ class Miner:
             self._averagers[s] = averager
         # Only now: a push that comes earlier fails, and its sender tries again.
         self.host.set_handler(TRAIN_PROTOCOL, self._receive)
+        self.host.set_request_handler(STATE_PROTOCOL, self._serve_state,
+                                      max_request_size=1024)
         held = ", ".join(f"{self.sections.forward[s].layer_start}:"
                          f"{self.sections.forward[s].layer_end}" for s in self.held)
         self._say(f"mining job {self.job_id.hex()[:16]}..: holding sections [{held}] and the "
@@ -342,7 +349,7 @@ class Miner:
         grads: dict[str, torch.Tensor] = {}
         for named in got:
             add_grads(grads, named)
-        await trio.to_thread.run_sync(self._step_optimizers, grads, limiter=self._compute)
+        await trio.to_thread.run_sync(self._step_optimizers, grads, t + 1, limiter=self._compute)
         for key in [key for key in self._inbox if key[0] <= t]:
             del self._inbox[key]
         for key in [key for key in self._receipts if key[0] <= t]:
@@ -352,10 +359,11 @@ class Miner:
             await self._average()
         return True
 
-    def _step_optimizers(self, grads: dict[str, torch.Tensor]) -> None:
+    def _step_optimizers(self, grads: dict[str, torch.Tensor], version: int) -> None:
         for s in self.held:
             self.sections.optimizers[s].step(grads)
         self.sections.client.step(grads)
+        self._weights_version = version  # what the weights are now (compute thread's view)
 
     def _optimizer(self, s: int):
         return self.sections.client if s == CLIENT else self.sections.optimizers[s]
@@ -382,6 +390,75 @@ class Miner:
                 if result.missed:
                     log.info("averaging section %s at %d left out %s", s, self.version,
                              result.missed)
+
+    # -- catching up: the state of a holder ---------------------------------------------
+
+    async def _fetch_state(self, view: _View) -> bool:
+        """Take every held part's weights and AdamW state from holders at the open step."""
+        got: dict[int, dict[str, torch.Tensor]] = {}
+        for s in [*self.held, CLIENT]:
+            group = view.miners if s == CLIENT else view.holders[s]
+            for peer in (p for p in group if p != self.me):
+                try:
+                    reply = decode(await self.host.request(
+                        peer, STATE_PROTOCOL, encode(StateRequest(view.job_id, s)),
+                        timeout=self.wait_s, max_response_size=MAX_TRAIN_FRAME), StateReply)
+                    tensors = {t.name: decode_tensor(t.data) for t in reply.tensors}
+                except (RequestError, DecodeError, WireTensorError) as exc:
+                    log.info("state of section %s from %s: %s", s, peer, exc)
+                    continue
+                if reply.version == view.step and self._fits(s, tensors):
+                    got[s] = tensors
+                    break
+            if s not in got:
+                return False
+        await trio.to_thread.run_sync(self._restore_all, got, view.step, limiter=self._compute)
+        self.version = view.step
+        self._say(f"mining: caught up at step {view.step} with the holders' weights")
+        return True
+
+    def _fits(self, s: int, tensors: dict[str, torch.Tensor]) -> bool:
+        opt = self._optimizer(s)
+        return all(sl.name in tensors and tensors[sl.name].shape == p.shape
+                   for sl, p in zip(opt.slices, opt.params))
+
+    def _restore_all(self, got: dict[int, dict[str, torch.Tensor]], version: int) -> None:
+        self._weights_version = version
+        for s, tensors in got.items():
+            opt = self._optimizer(s)
+            self._install(s, tensors)
+            for sl, p in zip(opt.slices, opt.params):
+                if sl.name + "#step" in tensors:
+                    opt.optimizer.state[p] = {
+                        "step": tensors[sl.name + "#step"].reshape(()).clone(),
+                        "exp_avg": tensors[sl.name + "#exp_avg"].clone(),
+                        "exp_avg_sq": tensors[sl.name + "#exp_avg_sq"].clone()}
+                else:
+                    opt.optimizer.state.pop(p, None)
+
+    def _snapshot(self, s: int) -> tuple[int, dict[str, torch.Tensor]]:
+        """(updates applied, a held part's weights and AdamW state) (compute thread)."""
+        opt = self._optimizer(s)
+        out = {}
+        for sl, p in zip(opt.slices, opt.params):
+            out[sl.name] = p.detach().clone()
+            state = opt.optimizer.state.get(p)
+            if state:
+                out[sl.name + "#step"] = state["step"].detach().reshape(1).float().clone()
+                out[sl.name + "#exp_avg"] = state["exp_avg"].detach().clone()
+                out[sl.name + "#exp_avg_sq"] = state["exp_avg_sq"].detach().clone()
+        return self._weights_version, out
+
+    async def _serve_state(self, peer: ID, request: bytes) -> bytes:
+        """Answer a `StateRequest`: this node's version and, if it holds the part, its state."""
+        req = decode(request, StateRequest)
+        held = req.job_id == self.job_id and (req.section == CLIENT or req.section in self.held)
+        if not held:
+            return encode(StateReply(self.version, ()))
+        version, tensors = await trio.to_thread.run_sync(self._snapshot, req.section,
+                                                         limiter=self._compute)
+        return encode(StateReply(version, tuple(
+            NamedTensor(n, encode_tensor(t)) for n, t in sorted(tensors.items()))))
 
     # -- the inbox and pushes -----------------------------------------------------------
 

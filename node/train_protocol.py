@@ -36,3 +36,30 @@ class StepTensors:
     what: U8
     section: U32
     tensors: Named
+
+
+#: Request/response: a node that missed updates (it joined late, or was down)
+#: asks a holder for a section's weights and optimizer state.
+STATE_PROTOCOL = "/pnode/train-state/1.0.0"
+
+
+@wire(70)
+@dataclass(frozen=True, slots=True)
+class StateRequest:
+    """Asks for the weights and AdamW state of ``section`` (`CLIENT`: the client part)."""
+
+    job_id: Hash32
+    section: U32
+
+
+@wire(71)
+@dataclass(frozen=True, slots=True)
+class StateReply:
+    """The holder's updates applied, and its tensors (none when it does not hold the section).
+
+    Names: each parameter's name, and ``name#exp_avg``, ``name#exp_avg_sq``,
+    ``name#step`` for its AdamW state once it has taken a step.
+    """
+
+    version: U64
+    tensors: Named

@@ -44,21 +44,36 @@ def test_devnet_of_three_nodes_mines_the_job_and_pays_each_unit(tmp_path):
         assert v.returncode == 0, v.stdout + v.stderr
 
 
-def test_a_node_killed_mid_job_is_replaced_and_the_job_goes_on(tmp_path):
-    steps = 5
+def wait_for(net, what: str, predicate, limit: float = 180) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def mining(net, i: int) -> dict:
+    return (net.status(i) or {}).get("mining") or {}
+
+
+def test_a_late_node_catches_up_and_a_killed_node_is_replaced(tmp_path):
+    """Node 2 (the whole model) starts at step 2: it fetches the holders' weights
+    and optimizer state and works; then node 1 (section 1) is killed mid-job and
+    node 2 takes its units over. The losses stay those of local training."""
+    steps = 6
     dirs, job_file = devnet_run.create(tmp_path / "dn", 3, steps, "devnet")
     with devnet_run.Devnet(dirs, job_file) as net:
-        for i in range(3):
-            net.start(i)
-        deadline = time.monotonic() + 120
-        while ((net.status(1) or {}).get("mining") or {}).get("step", 0) < 1:
-            assert time.monotonic() < deadline, "the job did not get going"
-            time.sleep(0.2)
-        net.kill(1)  # holds section 1 with node 2: node 2 takes its units over
+        net.start(0)
+        net.start(1)
+        wait_for(net, "the job got going", lambda: mining(net, 0).get("step", 0) >= 2)
+        net.start(2)
+        wait_for(net, "the late node worked", lambda: mining(net, 2).get("units_done", 0) > 0)
+        assert mining(net, 2)["step"] >= 2  # it did not replay the updates: it fetched them
+        net.kill(1)
         assert devnet_run.follow(net, steps, duration=240)
         devnet_run.settle(net, 2)
     info = devnet_run.summary(dirs)
     assert len(info["losses"]) == steps and info["loss_last"] < info["loss_first"]
     assert info["tips"][0] == info["tips"][2]  # the survivors agree
+    assert info["nodes"][2]["units_accepted"] > 0
     local = train_local(devnet_job(steps, 3)).losses
     assert info["losses"] == pytest.approx(list(local), rel=1e-4)  # nothing lost, nothing twice
