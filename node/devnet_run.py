@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.chaindb import ChainDB
-from ledger.state import ACCOUNT, KEY_PARAMS, KEY_SUPPLY
+from ledger.state import ACCOUNT, KEY_SUPPLY
 from ledger.store import LevelDBStore
 from ledger.types import COIN, Receipt
 from node.control import ControlError, NodeNotRunning, control_call
@@ -157,7 +157,10 @@ def follow(net: Devnet, steps: int, duration: float | None,
 def settle(net: Devnet, blocks: int, timeout: float = 120.0) -> None:
     """Let the chain grow ``blocks`` more blocks and the live nodes agree on one tip."""
     live = [i for i, p in enumerate(net.procs) if p is not None and p.poll() is None]
-    start = max(net.status(i)["height"] for i in live)
+    heights = [s["height"] for i in live if (s := net.status(i)) is not None]
+    if not heights:
+        raise DevnetError("no node is answering")
+    start = max(heights)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         states = [net.status(i) for i in live]
@@ -182,14 +185,14 @@ def summary(dirs: list[Path]) -> dict[str, Any]:
             accepted = sum(isinstance(tx, Receipt) and tx.node_key == node_key
                            for block in db.iter_blocks() for tx in block.txs)
             account = db.state.get(ACCOUNT + wallet)
-            reward = db.state.get(KEY_PARAMS).reward
             s = db.state.get(KEY_SUPPLY)
             supply = (s.premine + s.minted - s.burned) / COIN
             minted = s.minted / COIN
             tips.append(db.tip_hash.hex())
             heights.append(db.height)
             nodes.append({"data_dir": str(d), "units_accepted": accepted,
-                          "coins": account.balance // reward if account else 0,  # rewards only: bonds are not balance
+                          # Rewards only (bonds are not balance): whole coins, one per accepted unit.
+            "coins": account.balance // COIN if account else 0,
                           "balance": account.balance if account else 0})
         finally:
             db.store.close()

@@ -52,7 +52,8 @@ from compute.train import embed_backward, head_loss_block, make_sections
 from ledger.codec import decode, encode
 from ledger.crypto import SigningKey
 from ledger.errors import DecodeError, ValidationError
-from ledger.state import JOB, NODE, UNIT
+from ledger.rules import candidates
+from ledger.state import JOB, NODE, UNIT, Overlay
 from ledger.crypto import ZERO32
 from ledger.types import ZERO_SIG, Receipt, sign, unit_id
 from node.averaging import Averager, NamedTensor
@@ -195,8 +196,10 @@ class Miner:
         chain = self.service.chain
         st = chain.state
         job_id = next((j for j in st.ids(JOB) if matches(st.get(JOB + j).job, self.config)), None)
-        nodes = [st.get(NODE + k) for k in st.ids(NODE)]
-        by_key = dict(zip(st.ids(NODE), nodes))
+        # Holders are the nodes the longest-wait rule may pick: registered and bonded.
+        bonded = [c.node_key for c in candidates(Overlay(st))]
+        nodes = [st.get(NODE + k) for k in bonded]
+        by_key = dict(zip(bonded, nodes))
         miners = tuple(sorted(str(ID(n.peer_id)) for n in nodes))
         mine_rec = by_key.get(self.key.public)
         span = (mine_rec.layer_start, mine_rec.layer_end) if mine_rec else None
@@ -231,6 +234,11 @@ class Miner:
             raise MinerError("the job's units are not this config's partition")
         if any(s.head_start != s.head_end for s in self.sections.forward):
             raise MinerError("jobs that split layers into pieces are not mined yet")
+        for opt in (*self.sections.optimizers, self.sections.client):  # weights + 2 AdamW moments
+            size = 3 * 4 * sum(p.numel() for p in opt.params)
+            if size > MAX_TRAIN_FRAME - (1 << 20):
+                raise MinerError(f"a section's state ({size} bytes) does not fit one "
+                                 f"{MAX_TRAIN_FRAME}-byte frame: use more sections (k)")
         self.job_id, self.units = view.job_id, job.units
         lo, hi = view.span
         self.held = [s for s, spec in enumerate(self.sections.forward)
@@ -284,7 +292,12 @@ class Miner:
             pushes, digests = await trio.to_thread.run_sync(
                 self._backward, t, section, spec, x, inputs[-1]["g"], ids,
                 limiter=self._compute)
-        await self._push_all(view, pushes)
+        try:
+            await self._push_all(view, pushes)
+        except WireTensorError as exc:  # non-finite outputs (the run diverged): not work
+            self._say(f"mining: step {t} unit {index} gave non-finite values ({exc}); "
+                      "not pushed, no receipt")
+            return
         if forward and section == k - 1:
             self.report(f"step {t}: loss {self.losses[-1][1]:.4f}")
         receipt = sign(Receipt(self.service.chain.chain_id, self.key.public, view.job_id,
@@ -418,9 +431,20 @@ class Miner:
         return True
 
     def _fits(self, s: int, tensors: dict[str, torch.Tensor]) -> bool:
+        """Every parameter, and its AdamW state either whole or absent, with our shapes."""
         opt = self._optimizer(s)
-        return all(sl.name in tensors and tensors[sl.name].shape == p.shape
-                   for sl, p in zip(opt.slices, opt.params))
+        for sl, p in zip(opt.slices, opt.params):
+            if sl.name not in tensors or tensors[sl.name].shape != p.shape:
+                return False
+            extra = [tensors.get(sl.name + suffix) for suffix in ("#exp_avg", "#exp_avg_sq")]
+            step = tensors.get(sl.name + "#step")
+            if step is None and extra == [None, None]:
+                continue
+            if step is None or step.numel() != 1 or any(
+                    e is None or e.shape != p.shape for e in extra):
+                return False
+        names = {sl.name + x for sl in opt.slices for x in ("", "#exp_avg", "#exp_avg_sq", "#step")}
+        return set(tensors) <= names
 
     def _restore_all(self, got: dict[int, dict[str, torch.Tensor]], version: int) -> None:
         self._weights_version = version
@@ -450,9 +474,14 @@ class Miner:
         return self._weights_version, out
 
     async def _serve_state(self, peer: ID, request: bytes) -> bytes:
-        """Answer a `StateRequest`: this node's version and, if it holds the part, its state."""
+        """Answer a `StateRequest`: this node's version and, if it holds the part, its state.
+
+        Only registered nodes get the state (it is a full copy of a section).
+        """
         req = decode(request, StateRequest)
-        held = req.job_id == self.job_id and (req.section == CLIENT or req.section in self.held)
+        registered = self._view is not None and str(peer) in self._view.miners
+        held = registered and req.job_id == self.job_id and (
+            req.section == CLIENT or req.section in self.held)
         if not held:
             return encode(StateReply(self.version, ()))
         version, tensors = await trio.to_thread.run_sync(self._snapshot, req.section,
@@ -528,7 +557,8 @@ class Miner:
                         await stream.close()
                     sent.set()
                     return
-                except (RequestError, FramingError, trio.TooSlowError) as exc:
+                except (RequestError, FramingError, trio.TooSlowError, Exception) as exc:
+                    # Anything a dying or reset stream raises: a push never stops the miner.
                     log.debug("push of %s (step %d) to %s: %s; trying again", what, step,
                               peer, exc)
                 await trio.sleep(0.5)
@@ -541,12 +571,14 @@ class Miner:
             BadPush, DecodeError, FramingError: the host resets the stream and
                 scores the peer.
         """
-        msg = decode(await read_frame(stream, MAX_TRAIN_FRAME, timeout=self.wait_s), StepTensors)
         view = self._view
-        if view is None or self.job_id is None or msg.job_id != self.job_id:
+        if view is None or str(peer) not in view.miners:
+            # Not a holder as far as this node's (possibly stale) view goes: read
+            # nothing, score nothing; the stream closes and the sender retries.
+            return
+        msg = decode(await read_frame(stream, MAX_TRAIN_FRAME, timeout=self.wait_s), StepTensors)
+        if self.job_id is None or msg.job_id != self.job_id:
             return  # not (yet) mining that job: nothing to keep
-        if str(peer) not in view.miners:
-            raise BadPush(f"{peer} is not a registered node")
         if msg.step < self.version or msg.step > self.version + 2:
             return  # stale or far ahead: dropped, not an offence
         expect = self._expected(msg.what, msg.section)

@@ -22,7 +22,12 @@ from ledger.chaindb import ChainDB
 from ledger.crypto import SigningKey
 from ledger.types import Receipt
 from node.devnet import DevnetKeys, devnet_genesis, devnet_job
+from compute.quant import encode_tensor
+from ledger.codec import encode
+from node.averaging import NamedTensor
+from node.framing import write_frame
 from node.miner import Miner
+from node.train_protocol import ACTIVATION, TRAIN_PROTOCOL, StepTensors
 from node.protocols import BLOCKS_TOPIC
 from tests.node.netkit import chain_node, eventually, ident, meshed, run
 
@@ -65,6 +70,14 @@ def test_three_nodes_train_a_job_exactly_as_local_block_by_block_training():
             for node, k in zip(nodes, keys):
                 miners.append(await nursery.start(Miner(node.service, node.txs, k.node, config,
                                                         average_every=2).run))
+            # A registered peer's malformed push is refused and scored; mining goes on.
+            await eventually(lambda: miners[0].job_id is not None, "node 0 mining")
+            bad = encode(StepTensors(miners[0].job_id, miners[0].version + 1, ACTIVATION, 1, (
+                NamedTensor("h", encode_tensor(torch.zeros(2, 2))),)))
+            stream = await c.host.open_stream(a.host.peer_id, TRAIN_PROTOCOL)
+            await write_frame(stream, bad)
+            await eventually(lambda: a.host.misbehaving.get(c.host.peer_id, 0) >= 1,
+                             "the bad push scored")
             await eventually(lambda: all(job_step(db) == config.steps for db in dbs)
                              and all(m.version == config.steps for m in miners),
                              "the job's steps", 60)
