@@ -307,14 +307,17 @@ class Node:
 
     async def _mine_after(self, joined: trio.Event, key) -> None:
         """Mine once the first syncs are over (see `node.miner.Miner`)."""
-        from node.miner import Miner  # torch loads with it
+        from node.miner import Miner, MinerError  # torch loads with it
 
         with trio.move_on_after(self.catch_up_s):
             await joined.wait()
         self.miner = Miner(self.service, self.txs, key, self.mine,
                            log_file=self.datadir.path / TRAIN_LOG,
                            average_every=self.average_every, report=self.report)
-        await self.miner.run()
+        try:
+            await self.miner.run()
+        except MinerError as exc:  # a job this node cannot mine: the node goes on without
+            self.report(f"not mining: {exc}")
 
     async def _join(self, addr: str) -> None:
         """Dial ``addr`` (retrying with backoff) and sync from it once."""
