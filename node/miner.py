@@ -58,7 +58,7 @@ from ledger.crypto import ZERO32
 from ledger.types import ZERO_SIG, Receipt, sign, unit_id
 from node.averaging import Averager, NamedTensor
 from node.errors import NodeError
-from node.framing import FramingError, read_frame, write_frame
+from node.framing import read_frame, write_frame
 from node.host import RequestError
 from node.sync import ChainService
 from node.train_protocol import (
@@ -557,7 +557,7 @@ class Miner:
                         await stream.close()
                     sent.set()
                     return
-                except (RequestError, FramingError, trio.TooSlowError, Exception) as exc:
+                except Exception as exc:
                     # Anything a dying or reset stream raises: a push never stops the miner.
                     log.debug("push of %s (step %d) to %s: %s; trying again", what, step,
                               peer, exc)
