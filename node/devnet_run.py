@@ -32,7 +32,7 @@ from node.devnet import DevnetKeys, devnet_genesis, devnet_job
 from node.errors import NodeError
 from node.node import ADDR_FILE, TRAIN_LOG
 from node.work import config_json
-from wallet.keystore import write_key_file
+from wallet.keystore import read_public_key, write_key_file
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -180,7 +180,6 @@ def summary(dirs: list[Path]) -> dict[str, Any]:
         db = dd.open_chain()
         try:
             node_key = dd.node_key().public
-            from wallet.keystore import read_public_key
             wallet = read_public_key(dd.wallet_file)
             accepted = sum(isinstance(tx, Receipt) and tx.node_key == node_key
                            for block in db.iter_blocks() for tx in block.txs)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,7 +85,6 @@ class _View:
     """What the chain says about the job now (read in a worker thread)."""
 
     tip: bytes
-    height: int
     job_id: bytes | None
     step: int
     steps: int
@@ -204,7 +204,7 @@ class Miner:
         mine_rec = by_key.get(self.key.public)
         span = (mine_rec.layer_start, mine_rec.layer_end) if mine_rec else None
         if job_id is None:
-            return _View(chain.tip_hash, chain.height, None, 0, 0, (), (), miners, span)
+            return _View(chain.tip_hash, None, 0, 0, (), (), miners, span)
         record = st.get(JOB + job_id)
         units = record.job.units
         holders = tuple(tuple(sorted(str(ID(n.peer_id)) for n in nodes
@@ -216,7 +216,7 @@ class Miner:
                 a = st.get(UNIT + unit_id(job_id, record.step, t))
                 if a is not None and a.node_key == self.key.public and not a.done:
                     mine.append(i)
-        return _View(chain.tip_hash, chain.height, job_id, record.step, record.job.steps,
+        return _View(chain.tip_hash, job_id, record.step, record.job.steps,
                      tuple(mine), holders, miners, span)
 
     async def _setup(self, view: _View) -> None:
@@ -588,7 +588,7 @@ class Miner:
             if shape is None or item.name in tensors:
                 raise BadPush(f"unexpected tensor {item.name!r} in {WHATS[msg.what]}")
             try:
-                value = decode_tensor(item.data, max(1, _numel(shape)))
+                value = decode_tensor(item.data, max(1, math.prod(shape)))
             except WireTensorError as exc:
                 raise BadPush(f"bad tensor {item.name!r}: {exc}") from None
             if tuple(value.shape) != shape or value.dtype != torch.float32:
@@ -619,10 +619,3 @@ class Miner:
             names = ("norm.weight", head) if what == HEAD_GRADS else ("tok_emb.weight",)
             return {n: shapes[n] for n in names}
         raise BadPush(f"unknown push kind {what} for section {section}")
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
