@@ -178,3 +178,15 @@ def test_status_text_lists_peers_and_the_swarm_a_line_each():
     assert "swarm            1 servers announced" in lines
     assert lines[-1].split() == ["layers", "10:20", "98.5", "tok/s", "load", "1", "price",
                                  "0.001", "12D3KooWB"]
+
+
+def test_bad_job_file_and_a_used_devnet_dir_are_clear_errors(pnode, tmp_path):
+    bad = tmp_path / "job.json"
+    bad.write_text('{"model": {"dim": 1}}')
+    r = pnode("start", "--data-dir", str(tmp_path / "n"), "--no-serve", "--job", str(bad))
+    assert r.code == 2 and "job.json" in r.err and "not a job config" in r.err
+    used = tmp_path / "dn"
+    used.mkdir()
+    (used / "x").write_text("")
+    r = pnode("devnet", "--data-dir", str(used), "--steps", "1")
+    assert r.code == 2 and "is not empty" in r.err and (used / "x").exists()
