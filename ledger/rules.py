@@ -19,15 +19,17 @@ from ledger.errors import (
     BadAmount, BadJob, BadNonce, BadRegistration, BadSignature, BadVerdict, InsufficientFunds,
     NotRegistered, UnassignedReceipt, UnchainedReceipt, WrongChainId,
 )
-from ledger.state import JOB, NODE, PENDING, UNIT, KEY_LOG, KEY_SUPPLY, Overlay
+from ledger.state import JAIL, JOB, NODE, PENDING, UNIT, KEY_LOG, KEY_SUPPLY, Overlay
 from ledger.crypto import ZERO32
 from ledger.types import (
-    BACKWARD, FORWARD, UNIT_KINDS, Assignment, InferencePayment, Job, JobRecord, NodeRecord,
+    BACKWARD, FORWARD, UNIT_KINDS, Assignment, InferencePayment, Jail, Job, JobRecord, NodeRecord,
     Pending, Receipt, Register, Transfer, UnitTemplate, Verdict, binding_ok, signature_ok,
     tx_hash, unit_id, usage_ok,
 )
 
 U64_MAX = 2**64 - 1
+#: A jail term is ``unit_timeout << min(strikes - 1, MAX_JAIL_DOUBLINGS)`` blocks.
+MAX_JAIL_DOUBLINGS = 6
 
 
 def apply_tx(st: Overlay, ctx: Any, tx: Any, encoded: bytes | None = None) -> None:
@@ -54,15 +56,17 @@ def apply_tx(st: Overlay, ctx: Any, tx: Any, encoded: bytes | None = None) -> No
 
 
 def candidates(st: Overlay) -> list[schedule.Candidate]:
-    """Registered nodes whose account holds at least the minimum bond."""
+    """Registered nodes whose account holds at least the minimum bond (with any jail term)."""
     min_bond = st.params().min_bond
     out = []
     for node_key in st.ids(NODE):
         node = st.get(NODE + node_key)
         account = st.account(node.account)
         if account.bond >= min_bond:
+            jail = st.get(JAIL + node.account)
             out.append(schedule.Candidate(node_key, account.last_served_height,
-                                          node.layer_start, node.layer_end))
+                                          node.layer_start, node.layer_end,
+                                          0 if jail is None else jail.until))
     return out
 
 
@@ -185,6 +189,9 @@ def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt, raw: bytes) -> None:
     window = st.params().challenge_window
     st.put(UNIT + tx.unit_id, replace(assignment, done=True, input_hash=tx.input_hash,
                                       output_hash=tx.output_hash))
+    jail = st.get(JAIL + node.account)
+    if jail is not None and jail.until <= ctx.height:  # served its term and works again
+        st.delete(JAIL + node.account)
     st.put(PENDING + receipt_hash, Pending(node.account, tx.node_key, verifier or bytes(32),
                                            ctx.height + window, False))
     log = st.log()
@@ -330,11 +337,13 @@ def finalize_rewards(st: Overlay, ctx: Any) -> None:
 
 
 def reassign_timeouts(st: Overlay, ctx: Any) -> None:
-    """Hand every unit whose deadline passed to the next-longest waiter."""
+    """Jail every node that let a deadline pass; hand its units to the next-longest waiter."""
     late = [(uid, st.get(UNIT + uid)) for uid in st.ids(UNIT)]
     late = [(uid, a) for uid, a in late if not a.done and a.deadline < ctx.height]
     if not late:
         return
+    for node_key in sorted({a.node_key for _, a in late}):
+        _jail(st, ctx, node_key)
     able = candidates(st)
     units = []
     for _, a in late:
@@ -377,6 +386,23 @@ def _assign_step(st: Overlay, ctx: Any, job_id: bytes, record: JobRecord, uids: 
         st.put(UNIT + uid, Assignment(job_id, record.step, index, node_key, deadline, False,
                                       ZERO32, ZERO32))
         _mark_served(st, node_key, ctx.height)
+
+
+def _jail(st: Overlay, ctx: Any, node_key: bytes) -> None:
+    """One more strike for the account of ``node_key``: a term twice the last one.
+
+    Attack note: the jail is kept per account, not per node key, so that
+    registering a fresh node key does not walk out of it. A node that missed
+    a deadline only because it was slow pays with a shorter queue position,
+    never with coins: slashing is for work that verifiably lied.
+    """
+    node = st.get(NODE + node_key)
+    if node is None:  # deregistered since: nothing to keep out
+        return
+    jail = st.get(JAIL + node.account)
+    strikes = 1 if jail is None else jail.strikes + 1
+    term = st.params().unit_timeout << min(strikes - 1, MAX_JAIL_DOUBLINGS)
+    st.put(JAIL + node.account, Jail(ctx.height + term, min(strikes, 2**32 - 1)))
 
 
 def _mark_served(st: Overlay, node_key: bytes, height: int) -> None:

@@ -20,12 +20,13 @@ WEIGHT_BITS = 32
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A node that may be given work: its key, wait and served layers."""
+    """A node that may be given work: its key, wait, served layers and jail term."""
 
     node_key: bytes
     last_served_height: int
     layer_start: int
     layer_end: int
+    jailed_until: int = 0  # a height; units go to it only when no free node covers them
 
     def covers(self, layer_start: int, layer_end: int) -> bool:
         return self.layer_start <= layer_start and layer_end <= self.layer_end
@@ -69,7 +70,10 @@ def assign_units(
 
     A node handed a unit counts as served at ``height``, so the next unit of
     the same step goes to the next-longest waiter: work spreads over all
-    nodes that serve a section before any node gets a second unit.
+    nodes that serve a section before any node gets a second unit. A node
+    jailed at ``height`` (``jailed_until > height``) comes after every free
+    node that covers the unit, however long it waited: it gets a unit only
+    when no free node can take it, so a jail slows nothing down.
 
     Args:
         units: (layer_start, layer_end) of each unit, in canonical order.
@@ -91,7 +95,8 @@ def assign_units(
         if not able:
             chosen.append(None)
             continue
-        best = min(able, key=lambda c: (served[c.node_key], tiebreak(seed, c.node_key)))
+        best = min(able, key=lambda c: (c.jailed_until > height, served[c.node_key],
+                                        tiebreak(seed, c.node_key)))
         served[best.node_key] = (height, i + 1)
         chosen.append(best.node_key)
     return chosen

@@ -8,7 +8,7 @@ is invalid) and how a reorg rewinds without touching the committed copy.
 The state root is the RFC 6962 Merkle root over every record, sorted by key,
 each leaf being ``len(key) || key || encode(record)``. It commits balances,
 nonces, bonds, waits, registrations, jobs, assignments, pending rewards, the
-coin supply, the receipt log's frontier and the chain parameters.
+coin supply, jailed nodes, the receipt log's frontier and the chain parameters.
 
 Determinism: every iteration that can affect the state goes through
 ``ids(kind)``, which is sorted; dict order never leaks into consensus.
@@ -22,15 +22,16 @@ from ledger import merkle
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError, SupplyMismatch
 from ledger.types import (
-    Account, Assignment, JobRecord, LogState, NodeRecord, Params, Pending, Supply,
+    Account, Assignment, Jail, JobRecord, LogState, NodeRecord, Params, Pending, Supply,
 )
 
 ACCOUNT, NODE, JOB, UNIT, PENDING, META = b"A", b"N", b"J", b"U", b"P", b"M"
+JAIL = b"X"
 KEY_PARAMS, KEY_SUPPLY, KEY_LOG = META + b"params", META + b"supply", META + b"log"
 
 _KIND_TYPES: dict[bytes, tuple[type, ...]] = {
     ACCOUNT: (Account,), NODE: (NodeRecord,), JOB: (JobRecord,), UNIT: (Assignment,),
-    PENDING: (Pending,), META: (Params, Supply, LogState),
+    PENDING: (Pending,), JAIL: (Jail,), META: (Params, Supply, LogState),
 }
 
 _META_TYPES: dict[bytes, tuple[type, ...]] = {

@@ -334,6 +334,19 @@ class Supply:
     burned: U64
 
 
+@wire(27)
+@dataclass(frozen=True, slots=True)
+class Jail:
+    """A node that let a unit's deadline pass: last in line for units until ``until``.
+
+    ``strikes`` counts deadlines missed since the node last had a receipt
+    accepted after serving its time; each doubles the next term.
+    """
+
+    until: U64
+    strikes: U32
+
+
 @wire(26)
 @dataclass(frozen=True, slots=True)
 class LogState:

@@ -63,7 +63,8 @@ def devnet_job(steps: int, n_nodes: int, **overrides) -> JobConfig:
 
 
 def devnet_genesis(chain_id: str, keys: list[DevnetKeys], config: JobConfig, time_ms: int,
-                   *, authority: SigningKey | None = None, **params) -> Genesis:
+                   *, authority: SigningKey | None = None,
+                   spans: list[tuple[int, int]] | None = None, **params) -> Genesis:
     """Genesis: each wallet funded with its bond, registered for `devnet_spans`, the job.
 
     Args:
@@ -72,13 +73,14 @@ def devnet_genesis(chain_id: str, keys: list[DevnetKeys], config: JobConfig, tim
         config: the training job, posted by ``authority``.
         time_ms: the genesis time.
         authority: the job authority (default: the first node's wallet).
+        spans: the layers each node registers (default: `devnet_spans`).
         params: overrides of `DEVNET_PARAMS`.
     """
     authority = authority or keys[0].wallet
     plan = model_partition(make_model(config), config.k, config.mlp_slices)
     sections = [(s.layer_start, s.layer_end) for s in plan.blocks()[:plan.k]]
     regs = []
-    for k, (start, end) in zip(keys, devnet_spans(len(keys), sections)):
+    for k, (start, end) in zip(keys, spans or devnet_spans(len(keys), sections)):
         reg = Register(chain_id, k.wallet.public, k.node.public, k.peer_id, start, end, BOND, 0,
                        binding_signature(k.node, chain_id, k.wallet.public, k.peer_id), ZERO_SIG)
         regs.append(sign(reg, k.wallet))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.chaindb import ChainDB
-from ledger.state import ACCOUNT, KEY_SUPPLY
+from ledger.state import ACCOUNT, JAIL, KEY_SUPPLY
 from ledger.store import LevelDBStore
 from ledger.types import COIN, Receipt
 from node.control import ControlError, NodeNotRunning, control_call
@@ -175,12 +175,15 @@ def summary(dirs: list[Path]) -> dict[str, Any]:
     """The scripting contract's JSON, read from each (stopped) node's store and loss log."""
     tips, nodes, losses = [], [], {}
     heights, supply, minted = [], None, None
-    for d in dirs:
+    wallets = [read_public_key(DataDir(d).wallet_file) for d in dirs]
+    strikes: list[int] = []  # per node, on the tallest chain: deadlines missed (jail)
+    for d, wallet in zip(dirs, wallets):
         dd = DataDir(d)
         db = dd.open_chain()
         try:
             node_key = dd.node_key().public
-            wallet = read_public_key(dd.wallet_file)
+            if not heights or db.height > max(heights):
+                strikes = [getattr(db.state.get(JAIL + w), "strikes", 0) for w in wallets]
             accepted = sum(isinstance(tx, Receipt) and tx.node_key == node_key
                            for block in db.iter_blocks() for tx in block.txs)
             account = db.state.get(ACCOUNT + wallet)
@@ -201,6 +204,8 @@ def summary(dirs: list[Path]) -> dict[str, Any]:
                 item = json.loads(line)
                 losses.setdefault(item["step"], item["loss"])
     ordered = [losses[s] for s in sorted(losses)]
+    for node, n in zip(nodes, strikes):
+        node["strikes"] = n
     return {"height": max(heights), "tips": tips, "nodes": nodes,
             "loss_first": ordered[0] if ordered else None,
             "loss_last": ordered[-1] if ordered else None,

@@ -21,3 +21,11 @@ class ProofError(NodeError):
 
 class BalanceError(NodeError, ValueError):
     """A layer count, span length or gain factor out of range for layer choice."""
+
+
+class MinerError(NodeError):
+    """A job this node cannot mine (its commitments or partition do not match)."""
+
+
+class BadPush(MinerError):
+    """A pushed `StepTensors` that does not fit the job (the pusher is scored)."""

@@ -8,11 +8,13 @@ runs each unit of it (the longest-wait rule, `ledger.rules`). The miner:
 1. holds the job's model and the optimizer state of every section its
    registered span covers, plus the client part (embedding, final norm,
    head), which every miner holds;
-2. for each unit of the open step assigned to it, in unit order: waits for
-   the unit's inputs, runs it (`compute.blocks`), pushes its outputs to
-   every node that could need them (`node.train_protocol`: to every holder
-   of the consuming section, so a unit reassigned after a timeout finds its
-   inputs at its new node too), then signs a `Receipt` (input, output and
+2. for each unit of the open step assigned to it, phase by phase
+   (`node.phases`: a unit of whole layers is one phase, a piece of a split
+   layer runs half by half): waits for the phase's inputs, runs it
+   (`compute.blocks`), pushes its outputs to every node that could need
+   them (`node.train_protocol`: to every holder of the consuming sections,
+   so a unit reassigned after a timeout finds its inputs at its new node
+   too); after a unit's last phase, signs a `Receipt` (input, output and
    weight-gradient hashes) and submits it;
 3. once the chain has moved past a step, applies that step's update: every
    holder of a section receives the section's weight gradients and steps
@@ -46,38 +48,46 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
-from compute.blocks import add_grads, backward_block, forward_block
+from compute.blocks import add_grads
 from compute.data import JobConfig, batch, load_corpus, make_model
 from compute.quant import WireTensorError, decode_tensor, encode_tensor
-from compute.train import embed_backward, head_loss_block, make_sections
+from compute.train import ParamSlice, make_sections
 from ledger.codec import decode, encode
 from ledger.crypto import SigningKey
 from ledger.errors import DecodeError, ValidationError
 from ledger.rules import candidates
 from ledger.state import JOB, NODE, UNIT, Overlay
-from ledger.crypto import ZERO32
 from ledger.types import ZERO_SIG, Receipt, sign, unit_id
 from node.averaging import Averager, NamedTensor
-from node.errors import NodeError
+from node.errors import BadPush, MinerError
 from node.framing import read_frame, write_frame
 from node.host import RequestError
 from node.sync import ChainService
+from node.phases import Phase, PhaseResult, StepPlan
 from node.train_protocol import (
-    ACTIVATION, CLIENT, EMBED_GRADS, GRADIENT, HEAD_GRADS, MAX_TRAIN_FRAME, SECTION_GRADS,
-    STATE_PROTOCOL, TRAIN_PROTOCOL, WHATS, StateReply, StateRequest, StepTensors,
+    CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, TRAIN_PROTOCOL, WHATS, StateReply, StateRequest,
+    StepTensors,
 )
 from node.txgossip import TxGossip
-from node.work import commitments, job_units, matches, tensor_digest, tensors_digest
+from node.work import commitments, job_units, matches
 
 log = logging.getLogger(__name__)
 
 
-class MinerError(NodeError):
-    """A job this node cannot mine (its commitments or partition do not match)."""
+__all__ = ["BadPush", "Miner", "MinerError"]
 
 
-class BadPush(MinerError):
-    """A pushed `StepTensors` that does not fit the job (the pusher is scored)."""
+def slice_keys(slices: tuple[ParamSlice, ...]) -> list[str]:
+    """A name per slice: its parameter's, with ``@n`` for the n-th further slice of it.
+
+    (A piece of a layer owns several slices of one tensor: q rows, k and v shares.)
+    """
+    seen: dict[str, int] = {}
+    out = []
+    for sl in slices:
+        n = seen[sl.name] = seen.get(sl.name, -1) + 1
+        out.append(sl.name if n == 0 else f"{sl.name}@{n}")
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +134,8 @@ class Miner:
         # Receipts of the units run, by (step, unit index): a unit that the
         # chain took away (a timeout) and hands back gets the same receipt again.
         self._receipts: dict[tuple[int, int], Receipt] = {}
+        # Phases run of units not yet signed, by (step, unit index): their results.
+        self._phases: dict[tuple[int, int], dict[str, PhaseResult]] = {}
         self._view: _View | None = None
         self._compute = trio.CapacityLimiter(1)
         self._said: str | None = None
@@ -153,9 +165,11 @@ class Miner:
             if not await self._ready(view):
                 await self.service.wait_tip_change(view.tip)
                 continue
-            todo = [i for i in view.mine if (view.step, i) not in self._receipts]
+            todo = [phase for i in view.mine if (view.step, i) not in self._receipts
+                    for phase in self.plan.phases(i)
+                    if phase.kind not in self._phases.get((view.step, i), {})]
             if todo:
-                await self._run_unit(view, todo[0])
+                await self._run_phase(view, min(todo, key=lambda p: p.order))
                 continue
             for index in view.mine:  # run already, not on chain yet: (again) in the mempool
                 await self._submit(self._receipts[(view.step, index)])
@@ -232,8 +246,6 @@ class Miner:
                              "weights and data")
         if job.units != job_units(self.sections.partition):
             raise MinerError("the job's units are not this config's partition")
-        if any(s.head_start != s.head_end for s in self.sections.forward):
-            raise MinerError("jobs that split layers into pieces are not mined yet")
         for opt in (*self.sections.optimizers, self.sections.client):  # weights + 2 AdamW moments
             size = 3 * 4 * sum(p.numel() for p in opt.params)
             if size > MAX_TRAIN_FRAME - (1 << 20):
@@ -263,47 +275,45 @@ class Miner:
         self.sections = make_sections(self.model, self.config)
         self.corpus = load_corpus(self.config.data)
         self.k = len(self.sections.forward)
+        c = self.config
+        self.plan = StepPlan(self.model, self.sections, (c.batch_size, c.seq_len, c.model.dim))
         return {"commitments": commitments(self.config)}
 
     # -- units --------------------------------------------------------------------------
 
-    async def _run_unit(self, view: _View, index: int) -> None:
-        """Run unit ``index`` of the open step once its inputs are here; push, sign, submit."""
-        t, k = view.step, self.k
-        forward = index < k
-        section = index if forward else 2 * k - 1 - index
-        needs = [] if section == 0 else [(t, ACTIVATION, section)]
-        needs += [] if forward else [(t, GRADIENT, section)]
-        inputs = await self._wait_inbox(needs, view.tip)
-        if inputs is None:
+    async def _run_phase(self, view: _View, phase: Phase) -> None:
+        """Run one phase of a unit once its inputs are here and push its outputs.
+
+        After the unit's last phase, sign its receipt and submit it.
+        """
+        t, index = view.step, phase.index
+        needs = self.plan.needs(t, phase)
+        got = await self._wait_inbox(needs, view.tip)
+        if got is None:
             return  # not here yet and the chain moved on: look again (it may have reassigned)
         ids, targets = batch(self.config, t, corpus=self.corpus)
-        if section == 0:
-            with torch.no_grad():
-                x = self.model.embed(ids)  # (B, T, C)
-        else:
-            x = inputs[0]["h"]
-        if forward:
-            spec = self.sections.forward[section]
-            pushes, digests = await trio.to_thread.run_sync(
-                self._forward, t, section, spec, x, targets, limiter=self._compute)
-        else:
-            spec = self.sections.backward[section]  # (B_0 .. B_k-1)
-            pushes, digests = await trio.to_thread.run_sync(
-                self._backward, t, section, spec, x, inputs[-1]["g"], ids,
-                limiter=self._compute)
+        result = await trio.to_thread.run_sync(self.plan.run, phase, t, dict(zip(needs, got)),
+                                               ids, targets, limiter=self._compute)
         try:
-            await self._push_all(view, pushes)
+            await self._push_all(view, result.pushes)
         except WireTensorError as exc:  # non-finite outputs (the run diverged): not work
             self._say(f"mining: step {t} unit {index} gave non-finite values ({exc}); "
                       "not pushed, no receipt")
+            await self.service.wait_tip_change(view.tip)
             return
-        if forward and section == k - 1:
-            self.report(f"step {t}: loss {self.losses[-1][1]:.4f}")
+        if result.loss is not None:
+            self._record_loss(t, result.loss)
+            self.report(f"step {t}: loss {result.loss:.4f}")
+        done = self._phases.setdefault((t, index), {})
+        done[phase.kind] = result
+        if not phase.last:
+            return
+        hashes = self.plan.receipt_hashes(index, list(done.values()))
         receipt = sign(Receipt(self.service.chain.chain_id, self.key.public, view.job_id,
-                               unit_id(view.job_id, t, self.units[index]), *digests, ZERO_SIG),
+                               unit_id(view.job_id, t, self.units[index]), *hashes, ZERO_SIG),
                        self.key)
         self._receipts[(t, index)] = receipt
+        del self._phases[(t, index)]
         if await self._submit(receipt):
             self.units_done += 1
 
@@ -316,34 +326,6 @@ class Miner:
             log.info("receipt of unit %s.. refused: %s", receipt.unit_id.hex()[:16], exc)
             return False
 
-    def _forward(self, t: int, s: int, spec, x: torch.Tensor, targets: torch.Tensor):
-        """Forward of section ``s`` (worker thread): the pushes and the receipt's hashes."""
-        y = forward_block(self.model, spec, x)
-        pushes = []
-        cert = ZERO32
-        if s + 1 < self.k:
-            pushes.append((s + 1, t, ACTIVATION, s + 1, {"h": y}))
-        else:
-            loss, g, head_grads = head_loss_block(self.model, y, targets)
-            self._record_loss(t, loss.item())
-            pushes.append((s, t, GRADIENT, s, {"g": g}))
-            pushes.append((CLIENT, t, HEAD_GRADS, CLIENT, head_grads))
-            cert = tensors_digest(head_grads)
-        return pushes, (tensor_digest(x), tensor_digest(y), cert)
-
-    def _backward(self, t: int, s: int, spec, x: torch.Tensor, g: torch.Tensor, ids):
-        """Backward of section ``s`` (worker thread): the pushes and the receipt's hashes."""
-        g_in, grads = backward_block(self.model, spec, x, g)
-        pushes = [(s, t, SECTION_GRADS, s, grads)]
-        if s > 0:
-            pushes.append((s - 1, t, GRADIENT, s - 1, {"g": g_in}))
-        else:
-            pushes.append((CLIENT, t, EMBED_GRADS, CLIENT, embed_backward(self.model, ids, g_in)))
-        # Chained like the forward units (specs/ledger.md 5.2): in = the gradient
-        # from above, out = the one passed down; the cert commits the activation
-        # the unit recomputed from and its weight gradients.
-        return pushes, (tensor_digest(g), tensor_digest(g_in), tensors_digest({"h": x, **grads}))
-
     def _record_loss(self, step: int, loss: float) -> None:
         self.losses.append((step, loss))
         if self.log_file is not None:
@@ -354,19 +336,19 @@ class Miner:
 
     async def _apply_update(self, t: int) -> bool:
         """Apply step ``t``'s update to the held sections and the client part."""
-        needs = [(t, SECTION_GRADS, s) for s in self.held]
-        needs += [(t, HEAD_GRADS, CLIENT), (t, EMBED_GRADS, CLIENT)]
-        got = await self._wait_inbox(needs)
+        got = await self._wait_inbox(self.plan.update_needs(t, self.held))
         if got is None:
             return False
         grads: dict[str, torch.Tensor] = {}
-        for named in got:
-            add_grads(grads, named)
+        for named in got:  # a piece's share also carries dL/dh ("g"): not a weight
+            add_grads(grads, {n: v for n, v in named.items() if n != "g"})
         await trio.to_thread.run_sync(self._step_optimizers, grads, t + 1, limiter=self._compute)
         for key in [key for key in self._inbox if key[0] <= t]:
             del self._inbox[key]
         for key in [key for key in self._receipts if key[0] <= t]:
             del self._receipts[key]
+        for key in [key for key in self._phases if key[0] <= t]:
+            del self._phases[key]
         self.version = t + 1
         if self.version % self.average_every == 0:
             await self._average()
@@ -383,13 +365,14 @@ class Miner:
 
     def _weights(self, s: int) -> dict[str, torch.Tensor]:
         opt = self._optimizer(s)
-        return {sl.name: p.detach() for sl, p in zip(opt.slices, opt.params)}
+        return {key: p.detach() for key, p in zip(slice_keys(opt.slices), opt.params)}
 
     def _install(self, s: int, weights: dict[str, torch.Tensor]) -> None:
         opt = self._optimizer(s)
         with torch.no_grad():
-            for sl, p, target in zip(opt.slices, opt.params, opt.targets):
-                p.copy_(weights[sl.name])
+            for key, sl, p, target in zip(slice_keys(opt.slices), opt.slices, opt.params,
+                                          opt.targets):
+                p.copy_(weights[key])
                 sl.of(target).copy_(p)
 
     async def _average(self) -> None:
@@ -433,17 +416,18 @@ class Miner:
     def _fits(self, s: int, tensors: dict[str, torch.Tensor]) -> bool:
         """Every parameter, and its AdamW state either whole or absent, with our shapes."""
         opt = self._optimizer(s)
-        for sl, p in zip(opt.slices, opt.params):
-            if sl.name not in tensors or tensors[sl.name].shape != p.shape:
+        keys = slice_keys(opt.slices)
+        for key, p in zip(keys, opt.params):
+            if key not in tensors or tensors[key].shape != p.shape:
                 return False
-            extra = [tensors.get(sl.name + suffix) for suffix in ("#exp_avg", "#exp_avg_sq")]
-            step = tensors.get(sl.name + "#step")
+            extra = [tensors.get(key + suffix) for suffix in ("#exp_avg", "#exp_avg_sq")]
+            step = tensors.get(key + "#step")
             if step is None and extra == [None, None]:
                 continue
             if step is None or step.numel() != 1 or any(
                     e is None or e.shape != p.shape for e in extra):
                 return False
-        names = {sl.name + x for sl in opt.slices for x in ("", "#exp_avg", "#exp_avg_sq", "#step")}
+        names = {key + x for key in keys for x in ("", "#exp_avg", "#exp_avg_sq", "#step")}
         return set(tensors) <= names
 
     def _restore_all(self, got: dict[int, dict[str, torch.Tensor]], version: int) -> None:
@@ -451,12 +435,12 @@ class Miner:
         for s, tensors in got.items():
             opt = self._optimizer(s)
             self._install(s, tensors)
-            for sl, p in zip(opt.slices, opt.params):
-                if sl.name + "#step" in tensors:
+            for key, p in zip(slice_keys(opt.slices), opt.params):
+                if key + "#step" in tensors:
                     opt.optimizer.state[p] = {
-                        "step": tensors[sl.name + "#step"].reshape(()).clone(),
-                        "exp_avg": tensors[sl.name + "#exp_avg"].clone(),
-                        "exp_avg_sq": tensors[sl.name + "#exp_avg_sq"].clone()}
+                        "step": tensors[key + "#step"].reshape(()).clone(),
+                        "exp_avg": tensors[key + "#exp_avg"].clone(),
+                        "exp_avg_sq": tensors[key + "#exp_avg_sq"].clone()}
                 else:
                     opt.optimizer.state.pop(p, None)
 
@@ -464,13 +448,13 @@ class Miner:
         """(updates applied, a held part's weights and AdamW state) (compute thread)."""
         opt = self._optimizer(s)
         out = {}
-        for sl, p in zip(opt.slices, opt.params):
-            out[sl.name] = p.detach().clone()
+        for key, p in zip(slice_keys(opt.slices), opt.params):
+            out[key] = p.detach().clone()
             state = opt.optimizer.state.get(p)
             if state:
-                out[sl.name + "#step"] = state["step"].detach().reshape(1).float().clone()
-                out[sl.name + "#exp_avg"] = state["exp_avg"].detach().clone()
-                out[sl.name + "#exp_avg_sq"] = state["exp_avg_sq"].detach().clone()
+                out[key + "#step"] = state["step"].detach().reshape(1).float().clone()
+                out[key + "#exp_avg"] = state["exp_avg"].detach().clone()
+                out[key + "#exp_avg_sq"] = state["exp_avg_sq"].detach().clone()
         return self._weights_version, out
 
     async def _serve_state(self, peer: ID, request: bytes) -> bytes:
@@ -522,14 +506,15 @@ class Miner:
     async def _push_all(self, view: _View, pushes) -> None:
         """Deliver each push to its group: this node at once, the others over the network.
 
-        Pushes are (group, step, what, section, tensors), the group a section
-        (its holders) or `CLIENT` (every miner). Waits ``push_wait_s`` at most:
+        Pushes are (group, step, what, section, tensors), the group some
+        sections (their holders) or `CLIENT` (every miner). Waits ``push_wait_s`` at most:
         a push to a node that is down or not yet mining goes on being retried
         in the background for ``push_retry_s``.
         """
         sent: list[trio.Event] = []
         for group, t, what, section, tensors in pushes:
-            peers = view.miners if group == CLIENT else view.holders[group]
+            peers = view.miners if group == CLIENT else sorted(
+                {p for s in group for p in view.holders[s]})
             msg = None
             for peer in peers:
                 if peer == self.me:
@@ -581,12 +566,12 @@ class Miner:
             return  # not (yet) mining that job: nothing to keep
         if msg.step < self.version or msg.step > self.version + 2:
             return  # stale or far ahead: dropped, not an offence
-        expect = self._expected(msg.what, msg.section)
+        expect = self.plan.expected(msg.what, msg.section)
         tensors = {}
         for item in msg.tensors:
             shape = expect.get(item.name)
             if shape is None or item.name in tensors:
-                raise BadPush(f"unexpected tensor {item.name!r} in {WHATS[msg.what]}")
+                raise BadPush(f"unexpected tensor {item.name!r} in a {WHATS[msg.what]} push")
             try:
                 value = decode_tensor(item.data, max(1, math.prod(shape)))
             except WireTensorError as exc:
@@ -598,24 +583,3 @@ class Miner:
         if set(tensors) != set(expect):
             raise BadPush(f"{WHATS[msg.what]} lacks {sorted(set(expect) - set(tensors))}")
         self._deliver(msg.step, msg.what, msg.section, tensors)
-
-    def _expected(self, what: int, section: int) -> dict[str, tuple[int, ...]]:
-        """Names and shapes a push of ``what`` for ``section`` must hold. Raises BadPush."""
-        c = self.config
-        hidden = (c.batch_size, c.seq_len, c.model.dim)
-        if what in (ACTIVATION, GRADIENT, SECTION_GRADS) and not (
-                0 <= section < self.k and (what != ACTIVATION or section > 0)):
-            raise BadPush(f"{WHATS[what]} for section {section} of a {self.k}-section job")
-        if what == ACTIVATION:
-            return {"h": hidden}
-        if what == GRADIENT:
-            return {"g": hidden}
-        if what == SECTION_GRADS:
-            opt = self.sections.optimizers[section]
-            return {sl.name: tuple(t.shape) for sl, t in zip(opt.slices, opt.targets)}
-        if what in (HEAD_GRADS, EMBED_GRADS) and section == CLIENT:
-            shapes = {n: tuple(p.shape) for n, p in self.model.named_parameters()}
-            head = "tok_emb.weight" if c.model.tie_embeddings else "lm_head.weight"
-            names = ("norm.weight", head) if what == HEAD_GRADS else ("tok_emb.weight",)
-            return {n: shapes[n] for n in names}
-        raise BadPush(f"unknown push kind {what} for section {section}")

@@ -39,7 +39,7 @@ from libp2p.peer.id import ID
 
 from ledger.codec import decode
 from ledger.crypto import SigningKey
-from ledger.state import ACCOUNT, NODE
+from ledger.state import ACCOUNT, JAIL, NODE
 from ledger.types import TX_TYPES
 from node.control import BadRequest, ControlOp, ControlServer, socket_path
 from node.datadir import DataDir, write_private
@@ -253,12 +253,15 @@ class Node:
         chain = self.service.chain
         account = chain.state.get(ACCOUNT + self.address)
         record = chain.state.get(NODE + self.node_key)
+        jail = chain.state.get(JAIL + self.address)
         return {"chain_id": chain.chain_id, "height": chain.height, "tip": chain.tip_hash.hex(),
                 "address": self.address.hex(), "node_key": self.node_key.hex(),
                 "balance": account.balance if account else 0,
                 "bond": account.bond if account else 0,
                 "registered": record is not None,
                 "layers": [record.layer_start, record.layer_end] if record else None,
+                # Jailed for a missed unit deadline: last in line for units until then.
+                "jailed_until": jail.until if jail and jail.until > chain.height else None,
                 "mempool": len(chain.mempool())}
 
     def _account(self, account_id: bytes) -> dict[str, Any]:

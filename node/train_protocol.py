@@ -17,12 +17,18 @@ TRAIN_PROTOCOL = "/pnode/train/1.0.0"
 #: One frame: a section's weight gradients of a small job fit with room.
 MAX_TRAIN_FRAME = 64 * 1024 * 1024
 
-#: ``StepTensors.what``: the states entering ``section`` (named "h"), dL/d(states
-#: leaving ``section``) (named "g"), the weight gradients of ``section``'s
-#: backward unit, and the client part's gradients from the head (loss) and from
-#: the embedding (``section`` is `CLIENT` for those two).
-ACTIVATION, GRADIENT, SECTION_GRADS, HEAD_GRADS, EMBED_GRADS = range(5)
-WHATS = ("activation", "gradient", "section grads", "head grads", "embedding grads")
+#: ``StepTensors.what``: the states entering the stage whose first section is
+#: ``section`` (named "h"), dL/d(states leaving that stage) (named "g"), the
+#: weight gradients of ``section``'s backward unit, and the client part's
+#: gradients from the head (loss) and from the embedding (``section`` is
+#: `CLIENT` for those two). For a layer split into pieces (node/phases.py):
+#: a piece's attention and MLP partials ("h"), and its shares of dL/dh_mid
+#: (MLP half) and of dL/dh (attention half) ("g") with its half's weight
+#: gradients (full-shaped, by parameter name).
+(ACTIVATION, GRADIENT, SECTION_GRADS, HEAD_GRADS, EMBED_GRADS,
+ ATTN_PARTIAL, MLP_PARTIAL, MLP_SHARE, ATTN_SHARE) = range(9)
+WHATS = ("activation", "gradient", "section grads", "head grads", "embedding grads",
+         "attention partial", "MLP partial", "MLP share", "attention share")
 CLIENT = 0xFFFF_FFFF
 
 

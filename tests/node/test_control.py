@@ -68,7 +68,7 @@ def test_status_account_and_submit_tx(data_dir):
             assert status["layers"] == [0, 30] and status["bond"] == 10 * COIN
             assert (status["peers"], status["misbehaving"], status["mempool"]) == ([], {}, 0)
             assert (status["serving"], status["sessions"]) == ([0, 30], 0)  # the hook
-            assert status["producing"] is False
+            assert status["producing"] is False and status["jailed_until"] is None
 
             mine = await control_request(data_dir, "account", address=key.public.hex())
             assert (mine["balance"], mine["nonce"], mine["queued"]) == (990 * COIN, 1, 0)

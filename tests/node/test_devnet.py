@@ -75,5 +75,6 @@ def test_a_late_node_catches_up_and_a_killed_node_is_replaced(tmp_path):
     assert len(info["losses"]) == steps and info["loss_last"] < info["loss_first"]
     assert info["tips"][0] == info["tips"][2]  # the survivors agree
     assert info["nodes"][2]["units_accepted"] > 0
+    assert info["nodes"][1]["strikes"] >= 1  # the dead node let a deadline pass: jailed
     local = train_local(devnet_job(steps, 3)).losses
     assert info["losses"] == pytest.approx(list(local), rel=1e-4)  # nothing lost, nothing twice

@@ -49,11 +49,12 @@ def job_step(db) -> int:
     return db.state.get(JOB + job_id).step
 
 
-def test_three_nodes_train_a_job_exactly_as_local_block_by_block_training():
-    config = devnet_job(4, 3, batch_size=4, seq_len=32)
+def mine(config, spans=None, *, hostile: bool = False):
+    """Three chain nodes with miners mine ``config`` to its end; returns (miners, dbs)."""
     keys = cast(3)
     # A long unit timeout: this test wants no reassignment (slow CI machines).
-    genesis = devnet_genesis("pnode-mine", keys, config, now_ms(), unit_timeout=400)
+    genesis = devnet_genesis("pnode-mine", keys, config, now_ms(), spans=spans,
+                             unit_timeout=400)
     dbs = [ChainDB.create(MemoryStore(), genesis) for _ in keys]
     miners: list[Miner] = []
 
@@ -70,25 +71,33 @@ def test_three_nodes_train_a_job_exactly_as_local_block_by_block_training():
             for node, k in zip(nodes, keys):
                 miners.append(await nursery.start(Miner(node.service, node.txs, k.node, config,
                                                         average_every=2).run))
-            # A registered peer's malformed push is refused and scored; mining goes on.
-            await eventually(lambda: miners[0].job_id is not None, "node 0 mining")
-            bad = encode(StepTensors(miners[0].job_id, miners[0].version + 1, ACTIVATION, 1, (
-                NamedTensor("h", encode_tensor(torch.zeros(2, 2))),)))
-            stream = await c.host.open_stream(a.host.peer_id, TRAIN_PROTOCOL)
-            await write_frame(stream, bad)
-            await eventually(lambda: a.host.misbehaving.get(c.host.peer_id, 0) >= 1,
-                             "the bad push scored")
+            if hostile:  # a registered peer's malformed push is refused and scored
+                await eventually(lambda: miners[0].job_id is not None, "node 0 mining")
+                bad = encode(StepTensors(miners[0].job_id, miners[0].version + 1, ACTIVATION, 1,
+                                         (NamedTensor("h", encode_tensor(torch.zeros(2, 2))),)))
+                stream = await c.host.open_stream(a.host.peer_id, TRAIN_PROTOCOL)
+                await write_frame(stream, bad)
+                await eventually(lambda: a.host.misbehaving.get(c.host.peer_id, 0) >= 1,
+                                 "the bad push scored")
             await eventually(lambda: all(job_step(db) == config.steps for db in dbs)
                              and all(m.version == config.steps for m in miners),
                              "the job's steps", 60)
             nursery.cancel_scope.cancel()
     run(main, 90)
+    return keys, miners, dbs
 
-    local = train_local(config, decomposed=True)
+
+def swarm_losses(miners) -> list[float]:
     losses = dict(step_loss for m in miners for step_loss in m.losses)
-    assert sorted(losses) == list(range(config.steps))
-    assert [round(losses[s], 5) for s in range(config.steps)] == \
-        [round(x, 5) for x in local.losses]
+    return [losses[s] for s in sorted(losses)]
+
+
+def test_three_nodes_train_a_job_exactly_as_local_block_by_block_training():
+    config = devnet_job(4, 3, batch_size=4, seq_len=32)
+    keys, miners, dbs = mine(config, hostile=True)  # mining goes on past a bad push
+    local = train_local(config, decomposed=True)
+    losses = swarm_losses(miners)
+    assert [round(x, 5) for x in losses] == [round(x, 5) for x in local.losses]
     reference = dict(local.model.named_parameters())
     for m in miners:  # every held section and the client part equal the local model's
         for s in [*m.held, 0xFFFF_FFFF]:
@@ -109,3 +118,24 @@ def test_three_nodes_train_a_job_exactly_as_local_block_by_block_training():
     for db in dbs:  # nobody lost its bond, and nobody was paid for what it did not do
         for k in keys:
             assert db.state.get(ACCOUNT + k.wallet.public).bond == 10 ** 7
+
+
+def test_pieces_of_a_split_layer_train_exactly_as_local_block_by_block_training():
+    """k=5 on the 4-layer model splits layer 0 into two pieces: heads 0-3 with MLP
+    slices 0-2, and MLP slices 3-10 (units with two phases, one with one, and the
+    publishers). Node 0 holds both pieces, node 1 layers 1-4, node 2 everything."""
+    config = devnet_job(3, 3, batch_size=4, seq_len=32, k=5)
+    keys, miners, dbs = mine(config, spans=[(0, 1), (1, 4), (0, 4)])
+    assert [p.head_end for p in miners[0].sections.forward[:2]] == [7, 15]  # really pieces
+    assert [m.held for m in miners] == [[0, 1], [2, 3, 4], [0, 1, 2, 3, 4]]
+    local = train_local(config, decomposed=True)
+    assert [round(x, 5) for x in swarm_losses(miners)] == [round(x, 5) for x in local.losses]
+    reference = dict(local.model.named_parameters())
+    for m in miners:  # every held slice of every replica equals the local model's
+        for s in m.held:
+            opt = m.sections.optimizers[s]
+            for sl, p in zip(opt.slices, opt.params):
+                assert torch.allclose(p, sl.of(reference[sl.name]), atol=1e-5), (s, sl)
+    on_chain = [tx for blk in dbs[0].iter_blocks() for tx in blk.txs if isinstance(tx, Receipt)]
+    assert len(on_chain) == 10 * config.steps  # five sections: forward and backward of each
+    assert len({tx.node_key for tx in on_chain}) == 3

@@ -1,0 +1,325 @@
+"""The phases of a training step's units: what each needs, computes and sends.
+
+Owns `StepPlan`, the miner's map of a job's step (specs/consensus.md 5.4).
+Sections fall into *stages*: a section of whole layers is a stage of its
+own; the sections that each hold a piece of one layer (some of its query
+heads and/or MLP slices, `compute.blocks.piece_of`) form one stage together.
+
+A unit of whole layers is one phase. A unit of a piece runs half by half,
+because the MLP half of a layer takes h_mid, which sums the attention
+partials of every piece of the layer (`compute.train.forward_chain`):
+
+- forward: ``attention`` (its heads' partial of h), ``mlp`` (its slices'
+  partial of h_mid), then, for the layer's last piece only, ``publish``:
+  h_mid plus every MLP partial, the layer's output, sent on as a whole
+  unit would send it;
+- backward: ``mlp`` (its share of dL/dh_mid and its weight gradients),
+  ``attention`` (its share of dL/dh), then, for the layer's first piece
+  only, ``publish``: dL/dh, sent down.
+
+Every holder of a stage's sections gets every attention partial and share
+of the stage, so any of them can rebuild h_mid, and each sums the weight
+gradients of all pieces before stepping its slices, in the order
+`compute.train.backward_chain` sums them: the swarm's update is the local
+decomposed one, bit for bit.
+
+A node runs its phases of a step in one global order (`Phase.order`) in
+which every phase comes after the phases it needs, so a node assigned
+several pieces of one layer never waits on itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from compute.blocks import (
+    HALF_PARAMS, Partial, aggregate_grads, aggregate_heads, aggregate_mlp, backward_block,
+    forward_block, piece_of,
+)
+from compute.model import Transformer
+from compute.train import Sections, embed_backward, head_loss_block, stages
+from ledger.crypto import ZERO32
+from node.errors import BadPush
+from node.train_protocol import (
+    ACTIVATION, ATTN_PARTIAL, ATTN_SHARE, CLIENT, EMBED_GRADS, GRADIENT, HEAD_GRADS, MLP_PARTIAL,
+    MLP_SHARE, SECTION_GRADS, WHATS,
+)
+from node.work import tensor_digest, tensors_digest
+
+Key = tuple[int, int, int]  # (step, what, section): one pushed message
+Tensors = dict[str, torch.Tensor]
+#: A push: (to the holders of these sections, or CLIENT: every miner), what, section, tensors.
+Push = tuple[tuple[int, ...] | int, int, int, Tensors]
+
+_FORWARD_RANK = {"whole": 0, "attention": 0, "mlp": 1, "publish": 2}
+_BACKWARD_RANK = {"whole": 0, "mlp": 0, "attention": 1, "publish": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One step of running a unit: the unit, its section and direction, and which part."""
+
+    index: int  # into the job's units
+    section: int
+    forward: bool
+    kind: str  # "whole", "attention", "mlp" or "publish"
+    order: tuple[int, ...]  # a node runs its phases of a step in this order
+    last: bool  # the unit's last phase: its receipt follows
+
+
+@dataclass(slots=True)
+class PhaseResult:
+    """What a phase sends, what its unit's receipt will hash, and the loss if it has one."""
+
+    pushes: list[Push] = field(default_factory=list)
+    inp: torch.Tensor | None = None
+    out: Tensors = field(default_factory=dict)
+    cert: Tensors = field(default_factory=dict)
+    loss: float | None = None
+
+
+class StepPlan:
+    """A job's stages and its units' phases, over the node's model and sections.
+
+    Args:
+        model: the job's model (its weights are read when a phase runs).
+        sections: `compute.train.make_sections` of that model and job.
+        hidden: the (B, T, C) shape of the states between layers.
+    """
+
+    def __init__(self, model: Transformer, sections: Sections, hidden: tuple[int, int, int]):
+        self.model, self.m, self.hidden = model, sections.mlp_slices, hidden
+        self.forward, self.backward = sections.forward, sections.backward
+        self.k = len(self.forward)
+        index = {spec: s for s, spec in enumerate(self.forward)}
+        self.stages = [tuple(index[spec] for spec in stage)
+                       for stage in stages(model, self.forward, mlp_slices=self.m)]
+        self.stage_of = {s: i for i, stage in enumerate(self.stages) for s in stage}
+        self.pieces = [piece_of(model, spec, self.m) for spec in self.forward]
+
+    def has(self, s: int, half: str) -> bool:
+        """Whether section ``s`` is a piece with that half."""
+        piece = self.pieces[s]
+        return piece is not None and half in piece.halves
+
+    def phases(self, index: int) -> list[Phase]:
+        """Unit ``index``'s phases in the order it runs them."""
+        forward = index < self.k
+        s = index if forward else 2 * self.k - 1 - index
+        i = self.stage_of[s]
+        if self.pieces[s] is None:
+            kinds = ["whole"]
+        else:
+            kinds = list(self.pieces[s].halves)
+            if not forward:
+                kinds.reverse()
+            if s == (self.stages[i][-1] if forward else self.stages[i][0]):
+                kinds.append("publish")
+        rank = _FORWARD_RANK if forward else _BACKWARD_RANK
+        return [Phase(index, s, forward, kind,
+                      (0, i, rank[kind], s) if forward else (1, -i, rank[kind], -s),
+                      n == len(kinds) - 1) for n, kind in enumerate(kinds)]
+
+    # -- what a phase needs ---------------------------------------------------------
+
+    def _keys(self, t: int, what: int, stage: tuple[int, ...], half: str) -> list[Key]:
+        return [(t, what, x) for x in stage if self.has(x, half)]
+
+    def needs(self, t: int, phase: Phase) -> list[Key]:
+        """The pushed messages phase needs, in the order `run` reads them."""
+        i = self.stage_of[phase.section]
+        stage = self.stages[i]
+        keys = [] if i == 0 else [(t, ACTIVATION, stage[0])]  # stage 0: the embedded batch
+        attn = self._keys(t, ATTN_PARTIAL, stage, "attention")
+        if phase.forward:
+            more = {"whole": [], "attention": [], "mlp": attn,
+                    "publish": attn + self._keys(t, MLP_PARTIAL, stage, "mlp")}
+            return keys + more[phase.kind]
+        keys.append((t, GRADIENT, stage[0]))
+        shares = self._keys(t, MLP_SHARE, stage, "mlp")
+        more = {"whole": [], "mlp": attn, "attention": shares,
+                "publish": shares + self._keys(t, ATTN_SHARE, stage, "attention")}
+        return keys + more[phase.kind]
+
+    def update_needs(self, t: int, held: Sequence[int]) -> list[Key]:
+        """The messages holding ``held`` sections needs to apply step ``t``'s update.
+
+        Pieces of a stage: every share of the stage, MLP halves first, in
+        section order (`compute.train.backward_chain` sums in that order).
+        """
+        keys: list[Key] = []
+        for s in held:
+            if self.pieces[s] is None:
+                keys.append((t, SECTION_GRADS, s))
+                continue
+            stage = self.stages[self.stage_of[s]]
+            for key in (self._keys(t, MLP_SHARE, stage, "mlp")
+                        + self._keys(t, ATTN_SHARE, stage, "attention")):
+                if key not in keys:
+                    keys.append(key)
+        return keys + [(t, HEAD_GRADS, CLIENT), (t, EMBED_GRADS, CLIENT)]
+
+    def expected(self, what: int, section: int) -> dict[str, tuple[int, ...]]:
+        """Names and shapes a push of ``what`` for ``section`` must hold.
+
+        Raises:
+            BadPush: no such push exists in this job.
+        """
+        name = WHATS[what] if what < len(WHATS) else f"kind {what}"
+        firsts = {stage[0]: i for i, stage in enumerate(self.stages)}
+        if what == ACTIVATION and firsts.get(section, 0) > 0:
+            return {"h": self.hidden}
+        if what == GRADIENT and section in firsts:
+            return {"g": self.hidden}
+        if what == SECTION_GRADS and section < self.k and self.pieces[section] is None:
+            return {f"layers.{i}.{n}": tuple(p.shape)
+                    for i in range(self.forward[section].layer_start,
+                                   self.forward[section].layer_end)
+                    for n, p in self.model.layers[i].named_parameters()}
+        half = {ATTN_PARTIAL: "attention", MLP_PARTIAL: "mlp", MLP_SHARE: "mlp",
+                ATTN_SHARE: "attention"}.get(what)
+        if half is not None and section < self.k and self.has(section, half):
+            if what in (ATTN_PARTIAL, MLP_PARTIAL):
+                return {"h": self.hidden}
+            layer = self.pieces[section].layer
+            params = dict(self.model.layers[layer].named_parameters())
+            return {"g": self.hidden, **{f"layers.{layer}.{n}": tuple(params[n].shape)
+                                         for n in HALF_PARAMS[half]}}
+        if what in (HEAD_GRADS, EMBED_GRADS) and section == CLIENT:
+            shapes = {n: tuple(p.shape) for n, p in self.model.named_parameters()}
+            head = "tok_emb.weight" if self.model.config.tie_embeddings else "lm_head.weight"
+            names = ("norm.weight", head) if what == HEAD_GRADS else ("tok_emb.weight",)
+            return {n: shapes[n] for n in names}
+        raise BadPush(f"a {name} push for section {section} does not fit this job")
+
+    # -- running a phase (worker thread) ----------------------------------------------
+
+    def run(self, phase: Phase, t: int, inputs: dict[Key, Tensors], ids: torch.Tensor,
+            targets: torch.Tensor) -> PhaseResult:
+        """Compute one phase from its `needs` (module docstring)."""
+        i = self.stage_of[phase.section]
+        stage = self.stages[i]
+        if i == 0:
+            with torch.no_grad():
+                h = self.model.embed(ids)  # (B, T, C)
+        else:
+            h = inputs[(t, ACTIVATION, stage[0])]["h"]
+        r = PhaseResult(inp=h)
+        if phase.forward:
+            self._run_forward(r, phase, t, stage, h, inputs, targets)
+        else:
+            r.inp = g = inputs[(t, GRADIENT, stage[0])]["g"]
+            self._run_backward(r, phase, t, stage, h, g, inputs, ids)
+        return r
+
+    def _partials(self, t: int, what: int, stage: tuple[int, ...], half: str,
+                  inputs: dict[Key, Tensors]) -> list[Partial]:
+        return [Partial(self.pieces[x].layer, half, *self.pieces[x].span(half),
+                        inputs[(t, what, x)]["h"]) for x in stage if self.has(x, half)]
+
+    def _shares(self, t: int, what: int, stage: tuple[int, ...], half: str,
+                inputs: dict[Key, Tensors]) -> list[torch.Tensor]:
+        return [inputs[(t, what, x)]["g"] for x in stage if self.has(x, half)]
+
+    def _h_mid(self, t, stage, h, inputs) -> torch.Tensor:
+        layer = self.pieces[stage[0]].layer
+        return aggregate_heads(self.model, layer,
+                               self._partials(t, ATTN_PARTIAL, stage, "attention", inputs), h)
+
+    def _run_forward(self, r: PhaseResult, phase: Phase, t: int, stage, h, inputs, targets):
+        s, spec = phase.section, self.forward[phase.section]
+        if phase.kind == "whole":
+            y = forward_block(self.model, spec, h)
+            r.out["y"] = y
+            self._publish_forward(r, t, stage, y, targets)
+        elif phase.kind == "attention":
+            r.out["attention"] = a = forward_block(self.model, spec, h, half="attention",
+                                                   mlp_slices=self.m)
+            r.pushes.append((stage, t, ATTN_PARTIAL, s, {"h": a}))
+        elif phase.kind == "mlp":
+            h_mid = self._h_mid(t, stage, h, inputs)
+            r.out["mlp"] = p = forward_block(self.model, spec, h_mid, half="mlp",
+                                             mlp_slices=self.m)
+            r.pushes.append(((stage[-1],), t, MLP_PARTIAL, s, {"h": p}))  # the publisher's
+        else:
+            h_mid = self._h_mid(t, stage, h, inputs)
+            y = aggregate_mlp(self.model, self.pieces[s].layer,
+                              self._partials(t, MLP_PARTIAL, stage, "mlp", inputs), h_mid,
+                              mlp_slices=self.m)
+            r.cert["out"] = y
+            self._publish_forward(r, t, stage, y, targets)
+
+    def _publish_forward(self, r: PhaseResult, t: int, stage, y: torch.Tensor, targets) -> None:
+        """The stage's output: to the next stage, or (the last) into the loss and its gradient."""
+        i = self.stage_of[stage[0]]
+        if i + 1 < len(self.stages):
+            nxt = self.stages[i + 1]
+            r.pushes.append((nxt, t, ACTIVATION, nxt[0], {"h": y}))
+            return
+        loss, g, head_grads = head_loss_block(self.model, y, targets)
+        r.loss = loss.item()
+        r.pushes.append((stage, t, GRADIENT, stage[0], {"g": g}))
+        r.pushes.append((CLIENT, t, HEAD_GRADS, CLIENT, head_grads))
+        r.cert.update(head_grads)
+
+    def _run_backward(self, r: PhaseResult, phase: Phase, t: int, stage, h, g, inputs, ids):
+        s, spec, m = phase.section, self.backward[phase.section], self.m
+        if phase.kind == "whole":
+            g_in, grads = backward_block(self.model, spec, h, g)
+            r.out["y"] = g_in
+            r.cert.update({"h": h, **grads})
+            r.pushes.append(((s,), t, SECTION_GRADS, s, grads))
+            self._publish_backward(r, t, stage, g_in, ids)
+            return
+        g_mid = None
+        if phase.kind != "mlp":
+            g_mid = aggregate_grads(g, self._shares(t, MLP_SHARE, stage, "mlp", inputs))
+        if phase.kind == "publish":
+            g_in = aggregate_grads(g_mid, self._shares(t, ATTN_SHARE, stage, "attention",
+                                                       inputs))
+            r.cert["out"] = g_in
+            self._publish_backward(r, t, stage, g_in, ids)
+            return
+        if phase.kind == "mlp":
+            share, grads = backward_block(self.model, spec, self._h_mid(t, stage, h, inputs), g,
+                                          half="mlp", mlp_slices=m)
+        else:
+            share, grads = backward_block(self.model, spec, h, g_mid, half="attention",
+                                          mlp_slices=m)
+        r.out[phase.kind] = share
+        r.cert.update({"h": h, **grads})
+        what = MLP_SHARE if phase.kind == "mlp" else ATTN_SHARE
+        r.pushes.append((stage, t, what, s, {"g": share, **grads}))
+
+    def _publish_backward(self, r: PhaseResult, t: int, stage, g_in: torch.Tensor, ids) -> None:
+        """dL/d(the stage's input): to the stage below, or (stage 0) into the embedding."""
+        i = self.stage_of[stage[0]]
+        if i > 0:
+            below = self.stages[i - 1]
+            r.pushes.append((below, t, GRADIENT, below[0], {"g": g_in}))
+        else:
+            r.pushes.append((CLIENT, t, EMBED_GRADS, CLIENT, embed_backward(self.model, ids, g_in)))
+
+    # -- the receipt ------------------------------------------------------------------
+
+    def receipt_hashes(self, index: int, results: Sequence[PhaseResult]
+                       ) -> tuple[bytes, bytes, bytes]:
+        """(input, output, certificate) hashes of a unit from its phases' results.
+
+        Whole layers: the states (forward) or gradient (backward) taken and
+        passed on, so neighbouring receipts chain (specs/ledger.md 5.2); a
+        piece: what it took, its partials or shares by half, and (publisher)
+        what the stage passed on.
+        """
+        out: Tensors = {}
+        cert: Tensors = {}
+        for r in results:
+            out.update(r.out)
+            cert.update(r.cert)
+        whole = self.pieces[index if index < self.k else 2 * self.k - 1 - index] is None
+        out_hash = tensor_digest(out["y"]) if whole else tensors_digest(out)
+        return (tensor_digest(results[0].inp), out_hash,
+                tensors_digest(cert) if cert else ZERO32)
