@@ -221,7 +221,8 @@ def _single(group: BaseExceptionGroup) -> BaseException:
               help="Layers to hold with --auto [default: the whole model].")
 @click.option("--no-serve", is_flag=True, help="Serve no layers: sync and produce only.")
 @click.option("--gpu", type=click.IntRange(0, 64), default=None, metavar="N",
-              help="Serve on CUDA device N (an error if there is none) [default: CPU].")
+              help="Serve and mine on CUDA device N (an error if there is none) "
+                   "[default: CPU].")
 @click.option("--threads", type=click.IntRange(1, 256), default=2, show_default=True,
               help="Torch threads for serving.")
 @click.option("--max-sessions", type=click.IntRange(1, 10_000), default=8, show_default=True,
@@ -279,7 +280,13 @@ def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num
     parse_multiaddr(listen, peer=False)
     for p in peers:
         parse_peer_addr(p)
-    serve = _serve_config(layers, auto, num_layers, no_serve, gpu, threads, max_sessions,
+    if no_serve and not mine and gpu is not None:
+        raise click.UsageError("--gpu with --no-serve and --no-mine: nothing would use the GPU")
+    device = "cpu"
+    if gpu is not None:
+        from compute.device import resolve_device  # a clear error when there is no such GPU
+        device = str(resolve_device(f"cuda:{gpu}"))
+    serve = _serve_config(layers, auto, num_layers, no_serve, device, threads, max_sessions,
                           price, model_file)
     trusted = read_peer_list(trusted_file) if trusted_file else None
     job = _job_config(job_file) if mine else None
@@ -290,7 +297,8 @@ def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num
                 report=status.print if status else click.echo,
                 produce=produce, block_interval_ms=block_interval_ms, serve=serve,
                 trusted=trusted, wallet_key=wallet_key,
-                bond=parse_coins(bond) if bond else None, mine=job, average_every=average_every)
+                bond=parse_coins(bond) if bond else None, mine=job, average_every=average_every,
+                mine_device=device)
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -384,22 +392,18 @@ def _unlocked_wallet(data_dir: str, passphrase_file: str | None):
     return crypto.SigningKey(read_key_file(dd.wallet_file, cliutil.passphrase(passphrase_file)))
 
 
-def _serve_config(layers, auto, num_layers, no_serve, gpu, threads, max_sessions, price,
+def _serve_config(layers, auto, num_layers, no_serve, device, threads, max_sessions, price,
                   model_file):
     """The `ServeConfig` the start flags ask for (None with --no-serve)."""
     if no_serve:
-        if layers or auto or gpu is not None:
-            raise click.UsageError("--no-serve cannot go with --layers, --auto or --gpu")
+        if layers or auto:
+            raise click.UsageError("--no-serve cannot go with --layers or --auto")
         return None
     if layers and (auto or num_layers):
         raise click.UsageError("--layers fixes the span: drop --auto/--num-layers")
     from node.inference import ServerConfig
     from node.server import ServeConfig
 
-    device = "cpu"
-    if gpu is not None:
-        from compute.device import resolve_device  # a clear error when there is no such GPU
-        device = str(resolve_device(f"cuda:{gpu}"))
     return ServeConfig(layers=_layers(layers) if layers else None, span_len=num_layers,
                        model_path=model_file, device=device,
                        price=_price(price),

@@ -115,15 +115,19 @@ class Miner:
         average_every: updates between averaging rounds of the replicas.
         wait_s: most seconds to wait for a unit's inputs before looking again.
         report: gets the lines `pnode start` prints.
+        device: where the model, its optimizers and the step's tensors live
+            ("cpu", or "cuda:N" for `pnode start --gpu N`); what goes on the
+            wire and into hashes is moved to the CPU first.
     """
 
     def __init__(self, service: ChainService, txs: TxGossip, node_key: SigningKey,
                  config: JobConfig, *, log_file: Path | None = None, average_every: int = 10,
-                 wait_s: float = 20.0, report: Callable[[str], None] = lambda line: None):
+                 wait_s: float = 20.0, report: Callable[[str], None] = lambda line: None,
+                 device: str = "cpu"):
         self.service, self.txs, self.key, self.config = service, txs, node_key, config
         self.host = service.host
         self.log_file, self.average_every, self.wait_s = log_file, average_every, wait_s
-        self.report = report
+        self.report, self.device = report, torch.device(device)
         self.me = str(self.host.peer_id)
         self.job_id: bytes | None = None
         self.version = 0  # updates applied: the step whose units this node may run
@@ -271,7 +275,7 @@ class Miner:
                   "client part")
 
     def _build(self) -> dict:
-        self.model = make_model(self.config)
+        self.model = make_model(self.config).to(self.device)
         self.sections = make_sections(self.model, self.config)
         self.corpus = load_corpus(self.config.data)
         self.k = len(self.sections.forward)
@@ -291,7 +295,7 @@ class Miner:
         got = await self._wait_inbox(needs, view.tip)
         if got is None:
             return  # not here yet and the chain moved on: look again (it may have reassigned)
-        ids, targets = batch(self.config, t, corpus=self.corpus)
+        ids, targets = (x.to(self.device) for x in batch(self.config, t, corpus=self.corpus))
         result = await trio.to_thread.run_sync(self.plan.run, phase, t, dict(zip(needs, got)),
                                                ids, targets, limiter=self._compute)
         try:
@@ -365,7 +369,8 @@ class Miner:
 
     def _weights(self, s: int) -> dict[str, torch.Tensor]:
         opt = self._optimizer(s)
-        return {key: p.detach() for key, p in zip(slice_keys(opt.slices), opt.params)}
+        # On the CPU for the averager, which mixes them with what comes off the wire.
+        return {key: p.detach().to("cpu") for key, p in zip(slice_keys(opt.slices), opt.params)}
 
     def _install(self, s: int, weights: dict[str, torch.Tensor]) -> None:
         opt = self._optimizer(s)
@@ -439,8 +444,8 @@ class Miner:
                 if key + "#step" in tensors:
                     opt.optimizer.state[p] = {
                         "step": tensors[key + "#step"].reshape(()).clone(),
-                        "exp_avg": tensors[key + "#exp_avg"].clone(),
-                        "exp_avg_sq": tensors[key + "#exp_avg_sq"].clone()}
+                        "exp_avg": tensors[key + "#exp_avg"].to(p.device, copy=True),
+                        "exp_avg_sq": tensors[key + "#exp_avg_sq"].to(p.device, copy=True)}
                 else:
                     opt.optimizer.state.pop(p, None)
 
@@ -500,7 +505,8 @@ class Miner:
 
     def _deliver(self, step: int, what: int, section: int, tensors: dict[str, torch.Tensor]
                  ) -> None:
-        self._inbox.setdefault((step, what, section), tensors)
+        self._inbox.setdefault((step, what, section),
+                               {n: v.to(self.device) for n, v in tensors.items()})
         self._arrived.set()
 
     async def _push_all(self, view: _View, pushes) -> None:

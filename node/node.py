@@ -70,7 +70,7 @@ class Node:
                  block_interval_ms: int | None = None, catch_up_s: float = 20.0,
                  serve: ServeConfig | None = None, trusted: Collection[str] | None = None,
                  wallet_key: SigningKey | None = None, bond: int | None = None,
-                 mine: Any = None, average_every: int = 10):
+                 mine: Any = None, average_every: int = 10, mine_device: str = "cpu"):
         """
         Args:
             data_dir: an initialised data dir (`pnode init`).
@@ -94,6 +94,7 @@ class Node:
             mine: the job config (`compute.data.JobConfig`) to mine when the
                 chain carries that job (None: do not mine).
             average_every: updates between the replicas' averaging rounds.
+            mine_device: where the miner trains ("cpu" or "cuda:N").
         """
         self.datadir = DataDir(data_dir)
         self.clock, self.listen, self.peers = clock, listen, tuple(peers)
@@ -108,7 +109,7 @@ class Node:
         self.server: LayerServer | None = None
         self.wallet_key, self.bond = wallet_key, bond
         self.registrar: Registrar | None = None
-        self.mine, self.average_every = mine, average_every
+        self.mine, self.average_every, self.mine_device = mine, average_every, mine_device
         self.miner = None
         self.addr: str | None = None
         self.service: ChainService | None = None
@@ -316,7 +317,8 @@ class Node:
             await joined.wait()
         self.miner = Miner(self.service, self.txs, key, self.mine,
                            log_file=self.datadir.path / TRAIN_LOG,
-                           average_every=self.average_every, report=self.report)
+                           average_every=self.average_every, report=self.report,
+                           device=self.mine_device)
         try:
             await self.miner.run()
         except MinerError as exc:  # a job this node cannot mine: the node goes on without

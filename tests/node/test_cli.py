@@ -7,6 +7,7 @@ import os
 import stat
 
 import pytest
+import torch
 
 from ledger import schema
 from ledger.chaindb import ChainDB
@@ -145,6 +146,8 @@ def test_proof_of_unknown_receipt_is_a_clear_error(chain_with_receipts, pnode):
     (["init", "--data-dir", "{tmp}/x", "--genesis", "{tmp}/garbage.json"], "not valid"),
     (["verify", "proof", "{tmp}/garbage.json"], "cannot read proof"),
     (["nonsense"], "No such command"),
+    (["start", "--data-dir", "{tmp}/x", "--no-serve", "--no-mine", "--gpu", "0"],
+     "nothing would use the GPU"),
 ])
 def test_bad_input_is_one_line_and_exit_2(pnode, tmp_path, args, message):
     (tmp_path / "garbage.json").write_text("{not json")
@@ -190,3 +193,9 @@ def test_bad_job_file_and_a_used_devnet_dir_are_clear_errors(pnode, tmp_path):
     (used / "x").write_text("")
     r = pnode("devnet", "--data-dir", str(used), "--steps", "1")
     assert r.code == 2 and "is not empty" in r.err and (used / "x").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error of a machine without CUDA")
+def test_mining_on_a_gpu_that_is_not_there_is_a_clear_error(pnode, tmp_path):
+    r = pnode("start", "--data-dir", str(tmp_path / "x"), "--no-serve", "--gpu", "0")
+    assert r.code == 2 and "no CUDA device" in r.err and "Traceback" not in r.err

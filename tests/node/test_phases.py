@@ -21,17 +21,17 @@ from node.phases import StepPlan
 from node.train_protocol import ACTIVATION, ATTN_SHARE, CLIENT, GRADIENT, MLP_PARTIAL
 
 
-def plan_for(k: int):
+def plan_for(k: int, device: str = "cpu"):
     config = devnet_job(2, 3, batch_size=2, seq_len=16, k=k)
-    model = make_model(config)
+    model = make_model(config).to(device)
     sections = make_sections(model, config)
     return config, model, sections, StepPlan(model, sections, (2, 16, config.model.dim))
 
 
-@pytest.mark.parametrize("k", [2, 5, 6, 8])
-def test_a_step_run_phase_by_phase_is_the_local_decomposed_step(k):
-    config, model, sections, plan = plan_for(k)
-    ids, targets = batch(config, 0, corpus=load_corpus(config.data))
+def run_step(k: int, device: str = "cpu"):
+    """Every phase of step 0 in `Phase.order`, then the update: (model, sections, losses)."""
+    config, model, sections, plan = plan_for(k, device)
+    ids, targets = (x.to(device) for x in batch(config, 0, corpus=load_corpus(config.data)))
     phases = sorted((p for i in range(2 * k) for p in plan.phases(i)), key=lambda p: p.order)
     assert sum(p.last for p in phases) == 2 * k  # one receipt per unit
     inbox, losses = {}, []
@@ -48,11 +48,18 @@ def test_a_step_run_phase_by_phase_is_the_local_decomposed_step(k):
     grads = {}
     for key in plan.update_needs(0, range(k)):
         add_grads(grads, {n: v for n, v in inbox[key].items() if n != "g"})
-    reference = make_model(config)
-    loss = train_step_decomposed(reference, make_sections(reference, config), ids, targets)
-    assert losses == [loss]
     for opt in (*sections.optimizers, sections.client):
         opt.step(grads)
+    return config, model, losses
+
+
+@pytest.mark.parametrize("k", [2, 5, 6, 8])
+def test_a_step_run_phase_by_phase_is_the_local_decomposed_step(k):
+    config, model, losses = run_step(k)
+    reference = make_model(config)
+    ids, targets = batch(config, 0, corpus=load_corpus(config.data))
+    loss = train_step_decomposed(reference, make_sections(reference, config), ids, targets)
+    assert losses == [loss]
     for (name, mine), theirs in zip(model.named_parameters(), reference.parameters()):
         assert torch.equal(mine, theirs), name  # the same sums in the same order: bit for bit
 
@@ -73,3 +80,14 @@ def test_a_piece_with_both_halves_runs_attention_first_forward_and_last_backward
     assert [p.kind for p in plan.phases(9)] == ["mlp", "attention", "publish"]  # B0: first
     assert [p.kind for p in plan.phases(8)] == ["mlp"]
     assert [p.kind for p in plan.phases(2)] == ["whole"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_step_on_the_gpu_matches_the_cpu():
+    """What `pnode start --gpu N` mines: the same phases with every tensor on the GPU."""
+    _, on_gpu, gpu_losses = run_step(5, "cuda:0")
+    _, on_cpu, cpu_losses = run_step(5)
+    assert gpu_losses == pytest.approx(cpu_losses, rel=1e-4)
+    for (name, a), b in zip(on_gpu.named_parameters(), on_cpu.parameters()):
+        assert a.device.type == "cuda"
+        assert torch.allclose(a.cpu(), b, atol=1e-4), name
