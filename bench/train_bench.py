@@ -14,7 +14,12 @@ Measures, against baselines measured in the same run:
      block bytes per unit over the devnet's chain, and the time to
      re-validate the chain (`ChainDB.verify_chain`) per unit.
 
-Usage:  .venv/bin/python bench/train_bench.py [--steps 40] [--nodes 1,2,3] [--threads 2] [--json]
+With ``--replicas R,...`` each node count also runs the job with R
+data-parallel replicas (R shards of every step, R x batch_size samples),
+against local training of that same job.
+
+Usage:  .venv/bin/python bench/train_bench.py [--steps 40] [--nodes 1,2,3] [--replicas 1]
+        [--threads 2] [--json]
 """
 
 from __future__ import annotations
@@ -41,9 +46,10 @@ from node.devnet import devnet_job  # noqa: E402
 from node.node import TRAIN_LOG  # noqa: E402
 
 
-def devnet(n: int, steps: int, root: Path) -> dict:
+def devnet(n: int, steps: int, root: Path, replicas: int) -> dict:
     r = subprocess.run([sys.executable, "-m", "node.cli", "devnet", "--nodes", str(n),
-                        "--steps", str(steps), "--data-dir", str(root), "--json"],
+                        "--steps", str(steps), "--replicas", str(replicas),
+                        "--data-dir", str(root), "--json"],
                        cwd=_ROOT, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"devnet of {n} failed: {r.stderr[-2000:]}")
@@ -51,11 +57,11 @@ def devnet(n: int, steps: int, root: Path) -> dict:
     times = {}
     for d in root.glob("node*"):
         for line in (d / TRAIN_LOG).read_text().splitlines() if (d / TRAIN_LOG).exists() else ():
-            item = json.loads(line)
-            times.setdefault(item["step"], item["time"])
+            item = json.loads(line)  # a step's loss is known once every replica's is
+            times[item["step"]] = max(times.get(item["step"], 0.0), item["time"])
     span = times[steps - 1] - times[0]
-    config = devnet_job(steps, n)
-    info["samples_per_s"] = (steps - 1) * config.batch_size / span
+    config = devnet_job(steps, n, replicas=replicas)
+    info["samples_per_s"] = (steps - 1) * config.batch_size * replicas / span
     info["ledger"] = ledger_overhead(root / "node0")
     return info
 
@@ -77,30 +83,34 @@ def ledger_overhead(node_dir: Path) -> dict:
             "verify_ms_per_unit": round(1000 * seconds / n, 3)}
 
 
-def local(steps: int, n: int, decomposed: bool) -> tuple[float, tuple[float, ...]]:
-    config = devnet_job(steps, n)
+def local(steps: int, n: int, decomposed: bool, replicas: int
+          ) -> tuple[float, tuple[float, ...]]:
+    config = devnet_job(steps, n, replicas=replicas)
     train_local(config, 2, decomposed=decomposed)  # warm-up
     began = time.perf_counter()
     result = train_local(config, decomposed=decomposed)
-    return steps * config.batch_size / (time.perf_counter() - began), result.losses
+    return steps * config.batch_size * replicas / (time.perf_counter() - began), result.losses
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--nodes", default="1,2,3")
+    p.add_argument("--replicas", default="1", help="data-parallel replicas to try, e.g. 1,2")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
     with tempfile.TemporaryDirectory(prefix="train-bench-") as tmp:
-        for n in (int(x) for x in args.nodes.split(",")):
-            swarm = devnet(n, args.steps, Path(tmp) / f"dn{n}")
-            dec_rate, dec_losses = local(args.steps, n, decomposed=True)
-            whole_rate, whole_losses = local(args.steps, n, decomposed=False)
+        runs = [(int(n), int(r)) for n in args.nodes.split(",") for r in args.replicas.split(",")]
+        for n, reps in runs:
+            swarm = devnet(n, args.steps, Path(tmp) / f"dn{n}x{reps}", reps)
+            dec_rate, dec_losses = local(args.steps, n, True, reps)
+            whole_rate, whole_losses = local(args.steps, n, False, reps)
             diff = max(abs(a - b) / abs(b) for a, b in zip(swarm["losses"], whole_losses))
-            rows.append({"nodes": n, "swarm_samples_s": round(swarm["samples_per_s"], 1),
+            rows.append({"nodes": n, "replicas": reps,
+                         "swarm_samples_s": round(swarm["samples_per_s"], 1),
                          "local_decomposed_samples_s": round(dec_rate, 1),
                          "local_whole_samples_s": round(whole_rate, 1),
                          "ratio_vs_decomposed": round(swarm["samples_per_s"] / dec_rate, 3),
@@ -114,19 +124,20 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print("| nodes | swarm samples/s | local block-by-block (same run) | local whole-model | "
-          "ratio vs block-by-block | ratio vs whole | loss first -> last | max rel. loss diff "
-          "vs local |\n|---|---|---|---|---|---|---|---|")
+    print("| nodes | replicas | swarm samples/s | local block-by-block (same run) | "
+          "local whole-model | ratio vs block-by-block | ratio vs whole | loss first -> last | "
+          "max rel. loss diff vs local |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['nodes']} | {r['swarm_samples_s']} | {r['local_decomposed_samples_s']} | "
+        print(f"| {r['nodes']} | {r['replicas']} | {r['swarm_samples_s']} | "
+              f"{r['local_decomposed_samples_s']} | "
               f"{r['local_whole_samples_s']} | {r['ratio_vs_decomposed']}x | "
               f"{r['ratio_vs_whole']}x | {r['loss_first']} -> {r['loss_last']} | "
               f"{r['max_rel_loss_diff_vs_local']:.1e} |")
-    print("\n| nodes | units | receipt bytes | block bytes per unit | verify ms per unit |"
-          "\n|---|---|---|---|---|")
+    print("\n| nodes | replicas | units | receipt bytes | block bytes per unit | "
+          "verify ms per unit |\n|---|---|---|---|---|---|")
     for r in rows:
         lg = r["ledger"]
-        print(f"| {r['nodes']} | {lg['units']} | {lg['receipt_bytes']} | "
+        print(f"| {r['nodes']} | {r['replicas']} | {lg['units']} | {lg['receipt_bytes']} | "
               f"{lg['block_bytes_per_unit']} | {lg['verify_ms_per_unit']} |")
 
 

@@ -248,12 +248,15 @@ class JobConfig:
     batch_size, seq_len: per replica and step; steps: length of the job;
     seed: weight init and batch draws; k: sections of the partition;
     mlp_slices: MLP slices per layer (None: `model_units`' default);
-    init_std: std of the initial weights.
+    init_std: std of the initial weights;
+    replicas: data-parallel shards of every step: each draws its own
+        batch_size sequences (`batch(job, step, r, replicas)`) and the step's
+        update averages their gradients (`compute.train.average_replicas`).
 
     Raises:
         ConfigError: a value out of range (k an int >= 1, mlp_slices None or
-            an int in 1..ffn_dim), or a vocabulary smaller than 256 (tokens
-            are bytes).
+            an int in 1..ffn_dim, replicas an int in 1..MAX_REPLICAS), or a
+            vocabulary smaller than 256 (tokens are bytes).
     """
 
     model: ModelConfig = DEFAULT_MODEL
@@ -269,6 +272,7 @@ class JobConfig:
     k: int = 2
     mlp_slices: int | None = None
     init_std: float = 0.02
+    replicas: int = 1
 
     def __post_init__(self) -> None:
         ok = (
@@ -284,12 +288,19 @@ class JobConfig:
             raise ConfigError(f"byte tokens need vocab_size >= {VOCAB_SIZE}, got {got}")
         if not _is_int(self.k) or self.k < 1:
             raise ConfigError(f"expected k an int >= 1 (sections), got {self.k!r}")
+        if not _is_int(self.replicas) or not 1 <= self.replicas <= MAX_REPLICAS:
+            raise ConfigError(f"expected replicas an int in 1..{MAX_REPLICAS}, "
+                              f"got {self.replicas!r}")
         ffn = self.model.ffn_dim
         m = self.mlp_slices
         if m is not None and not (_is_int(m) and 1 <= m <= ffn):
             raise ConfigError(
                 f"expected mlp_slices None or an int in 1..{ffn} (ffn_dim), got {m!r}"
             )
+
+
+#: Most data-parallel replicas of a job (the ledger lists every replica's units).
+MAX_REPLICAS = 256
 
 
 def _is_int(v: object) -> bool:

@@ -1,8 +1,12 @@
 """Bias-free linear projection with a prepacked CPU path for decoding.
 
-Owns how the model multiplies activations with a weight matrix. Training
-uses plain `F.linear`. In inference (no autograd) on a CPU this module
-multiplies with a lazily built oneDNN copy of the weight, reordered once
+Owns how the model multiplies activations with a weight matrix. A module
+in training mode (`model.train()`, as `compute.data.make_model` returns it)
+always uses plain `F.linear`, with or without autograd: a training forward
+run under `no_grad` (as a miner's forward units are) must give the same bits
+as the same forward recomputed with autograd, and oneDNN's kernels do not.
+In inference (eval mode, as loaders return models, and no autograd) on a
+CPU this module multiplies with a lazily built oneDNN copy of the weight, reordered once
 ("prepacked"): decoding one token at a time is a matrix-vector product bound
 by memory bandwidth, and MKL's gemv that `F.linear` reaches runs on one
 thread (about 16 GB/s here) while oneDNN streams the packed weight on all
@@ -46,7 +50,7 @@ class Linear(nn.Module):
     Args:
         in_features: size of the last input dimension.
         out_features: size of the last output dimension.
-        pack_cpu: allow the prepacked one-row CPU path (see module docstring).
+        pack_cpu: allow the prepacked CPU path in eval mode (see module docstring).
 
     The weight starts at zeros so that construction draws no randomness;
     weights come from a loader or from `Transformer.init_weights(generator)`.
@@ -96,10 +100,12 @@ class Linear(nn.Module):
         self._packed_key = None
 
     def _may_pack(self, x: torch.Tensor) -> bool:
-        # Only where no gradient flows, on CPU float32 (a released weight is packed).
+        # Only in eval mode where no gradient flows, on CPU float32 (a released
+        # weight is packed).
         w = self.weight
         return (
-            not torch.is_grad_enabled()
+            not self.training
+            and not torch.is_grad_enabled()
             and x.device.type == "cpu"
             and x.dtype == torch.float32
             and (w is None or (w.device.type == "cpu" and w.dtype == torch.float32))

@@ -48,9 +48,10 @@ from compute.partition import BlockSpec, Partition
 
 __all__ = [
     "DEFAULT_MODEL", "JobConfig", "ParamSlice", "Sections", "SliceAdamW", "TrainResult", "batch",
-    "backward_chain", "client_slices", "embed_backward", "forward_chain", "head_loss_block",
-    "make_model", "make_sections", "make_whole_optimizer", "owned_slices", "stages",
-    "train_local", "train_step_decomposed", "train_step_whole",
+    "average_replicas", "backward_chain", "client_slices", "embed_backward", "forward_chain",
+    "grads_decomposed", "head_loss_block", "make_model", "make_sections", "make_whole_optimizer",
+    "owned_slices", "stages", "train_local", "train_step_decomposed", "train_step_replicas",
+    "train_step_whole",
 ]
 
 
@@ -331,10 +332,14 @@ def embed_backward(model: Transformer, ids: torch.Tensor, grad: torch.Tensor) ->
     return {"tok_emb.weight": g}
 
 
-def train_step_decomposed(
+def grads_decomposed(
     model: Transformer, sections: Sections, ids: torch.Tensor, targets: torch.Tensor
-) -> float:
-    """One training step run block by block (module docstring); returns the loss before the step."""
+) -> tuple[float, Grads]:
+    """One shard's loss and weight gradients, block by block (module docstring).
+
+    Gradients of one name are summed in this order: the head's, then the
+    sections' (`backward_chain`'s order), then the embedding's.
+    """
     with torch.no_grad():
         h0 = model.embed(ids)  # (B, T, C)
     m = sections.mlp_slices
@@ -342,9 +347,47 @@ def train_step_decomposed(
     loss, grad, grads = head_loss_block(model, out, targets)
     grad0, layer_grads = backward_chain(model, sections.backward, saved, grad, mlp_slices=m)
     add_grads(add_grads(grads, layer_grads), embed_backward(model, ids, grad0))
+    return loss.item(), grads
+
+
+def average_replicas(per_replica: Sequence[Grads]) -> Grads:
+    """The update's gradients: the replicas' sum by name, in replica order, over R.
+
+    One replica's gradients are returned as they are (no division), so a
+    job with one replica steps on exactly its gradients.
+    """
+    if len(per_replica) == 1:
+        return per_replica[0]
+    total: Grads = {}
+    for grads in per_replica:
+        add_grads(total, grads)
+    return {name: g / len(per_replica) for name, g in total.items()}
+
+
+def train_step_decomposed(
+    model: Transformer, sections: Sections, ids: torch.Tensor, targets: torch.Tensor
+) -> float:
+    """One training step run block by block (module docstring); returns the loss before the step."""
+    return train_step_replicas(model, sections, [(ids, targets)])[0]
+
+
+def train_step_replicas(
+    model: Transformer, sections: Sections, shards: Sequence[tuple[torch.Tensor, torch.Tensor]]
+) -> list[float]:
+    """One data-parallel step block by block: each shard's gradients, averaged, then the update.
+
+    Returns:
+        Each shard's loss before the step.
+    """
+    losses, per_replica = [], []
+    for ids, targets in shards:
+        loss, grads = grads_decomposed(model, sections, ids, targets)
+        losses.append(loss)
+        per_replica.append(grads)
+    grads = average_replicas(per_replica)
     for opt in (*sections.optimizers, sections.client):
         opt.step(grads)
-    return loss.item()
+    return losses
 
 
 def make_whole_optimizer(model: Transformer, job: JobConfig) -> torch.optim.AdamW:
@@ -380,7 +423,8 @@ def train_local(
 
     Args:
         job: the job.
-        steps: how many steps (default job.steps), batches 0..steps-1.
+        steps: how many steps (default job.steps), batches 0..steps-1 (each
+            step's loss: the mean of its replicas').
         decomposed: run each step block by block (as the network does)
             instead of whole-model.
         corpus: the job's corpus, if already loaded.
@@ -390,12 +434,13 @@ def train_local(
     model = make_model(job)
     sections = make_sections(model, job) if decomposed else None
     optimizer = None if decomposed else make_whole_optimizer(model, job)
-    losses = []
+    losses, r = [], job.replicas
     for step in range(job.steps if steps is None else steps):
-        ids, targets = batch(job, step, corpus=corpus)
+        shards = [batch(job, step, i, r, corpus=corpus) for i in range(r)]
         if sections is not None:
-            losses.append(train_step_decomposed(model, sections, ids, targets))
-        else:
+            losses.append(sum(train_step_replicas(model, sections, shards)) / r)
+        else:  # one batch of every shard's sequences: the same mean loss
+            ids, targets = (torch.cat(x) for x in zip(*shards))
             losses.append(train_step_whole(model, optimizer, ids, targets))
         if on_step is not None:
             on_step(step, losses[-1])

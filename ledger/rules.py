@@ -203,12 +203,13 @@ def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt, raw: bytes) -> None:
 def _linked(a: UnitTemplate, b: UnitTemplate) -> bool:
     """Whether unit ``b`` takes unit ``a``'s output as its input.
 
-    Whole-layer units of one kind that meet: a forward unit ending where the
-    next begins, a backward unit starting where the next (lower) one ends.
-    Pieces of a layer are not chained (they share an input and are summed).
+    Whole-layer units of one kind and replica that meet: a forward unit
+    ending where the next begins, a backward unit starting where the next
+    (lower) one ends. Pieces of a layer are not chained (they share an input
+    and are summed), nor are the units of different replicas (other data).
     """
     whole = a.head_start == a.head_end == 0 and b.head_start == b.head_end == 0
-    if not whole or a.kind != b.kind:
+    if not whole or a.kind != b.kind or a.replica != b.replica:
         return False
     if a.kind == FORWARD:
         return a.layer_end == b.layer_start
@@ -298,8 +299,7 @@ def _apply_job(st: Overlay, ctx: Any, tx: Job, raw: bytes) -> None:
         heads_ok = t.head_start < t.head_end or t.head_start == t.head_end == 0
         if t.kind not in UNIT_KINDS or not t.layer_start < t.layer_end or not heads_ok:
             raise BadJob(f"malformed unit {t}")
-    if len({(t.kind, t.layer_start, t.layer_end, t.head_start, t.head_end) for t in tx.units}) \
-            != len(tx.units):
+    if len(set(tx.units)) != len(tx.units):
         raise BadJob("a job lists the same unit twice")
     creator = st.account(tx.creator)
     st.put_account(tx.creator, replace(creator, nonce=creator.nonce + 1))

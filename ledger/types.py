@@ -122,14 +122,16 @@ class InferencePayment:
     signature: Sig64
 
 
-@wire(7)
+@wire(7, 2)
 @dataclass(frozen=True, slots=True)
 class UnitTemplate:
-    """One compute block of every step: kind, layers [start, end), slots [start, end).
+    """One compute block of every step: kind, layers [start, end), slots [start, end), replica.
 
     ``head_start == head_end == 0`` means whole layers. Otherwise the unit is
     a piece of one layer: a range of its slots, query heads first, then MLP
     column slices (see compute/partition.py; the ledger only needs the range).
+    ``replica`` is the data-parallel shard of the step's batch the unit works
+    on (0 when the job has one).
     """
 
     kind: U8
@@ -137,6 +139,7 @@ class UnitTemplate:
     layer_end: U32
     head_start: U32
     head_end: U32
+    replica: U32 = 0
 
 
 @wire(8)
@@ -186,7 +189,7 @@ class Usage:
     amount: U64
 
 
-@wire(11)
+@wire(11, 2)
 @dataclass(frozen=True, slots=True)
 class UnitId:
     """The fields a compute block's id is the hash of."""
@@ -198,6 +201,7 @@ class UnitId:
     layer_end: U32
     head_start: U32
     head_end: U32
+    replica: U32
 
 
 # -- blocks ---------------------------------------------------------------------
@@ -376,8 +380,9 @@ def block_hash(header: Header) -> bytes:
 
 
 def unit_id(job_id: bytes, step: int, t: UnitTemplate) -> bytes:
-    """Deterministic id of one compute block: (job, step, kind, layers, heads)."""
-    uid = UnitId(job_id, step, t.kind, t.layer_start, t.layer_end, t.head_start, t.head_end)
+    """Deterministic id of one compute block: (job, step, kind, layers, heads, replica)."""
+    uid = UnitId(job_id, step, t.kind, t.layer_start, t.layer_end, t.head_start, t.head_end,
+                 t.replica)
     return crypto.domain_hash(crypto.H_UNIT, encode(uid))
 
 

@@ -496,8 +496,11 @@ def _train_with_progress(job, decomposed: bool, *, quiet: bool, train_local):
                    "temporary dir].")
 @click.option("--keep-running", is_flag=True,
               help="Leave the nodes running after the summary (stop them with Ctrl-C).")
+@click.option("--replicas", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="Data-parallel replicas of the job: every step's units once per replica, "
+                   "each on its own shard of the batch.")
 @json_option
-def devnet(n_nodes, steps, duration, data_dir, keep_running, as_json) -> None:
+def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, as_json) -> None:
     """Start a local devnet: N node processes on loopback mine the default job.
 
     A fresh genesis registers every node (node i < 2 holds one section of the
@@ -513,6 +516,7 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, as_json) -> None:
       pnode devnet                                   # 3 nodes, 30 steps
       pnode devnet --nodes 3 --steps 20 --data-dir /tmp/dn --json
       pnode devnet --nodes 2 --duration 60
+      pnode devnet --nodes 3 --replicas 2            # two shards of every step
     """
     import tempfile
 
@@ -524,7 +528,8 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, as_json) -> None:
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="pnode-devnet-"))
     secret = os.environ.get("PNODE_PASSPHRASE", "devnet")
     err = Console(stderr=True)
-    dirs, job_file = devnet_run.create(root, n_nodes, steps, secret)
+    dirs, job_file = devnet_run.create(root, n_nodes, steps, secret,
+                                       job_overrides={"replicas": replicas})
     say = (lambda line: None) if as_json else (lambda line: err.print(line))
     say(f"devnet in {root}: {n_nodes} nodes, job of {steps} steps")
     with devnet_run.Devnet(dirs, job_file, log=say) as net:

@@ -171,6 +171,14 @@ def settle(net: Devnet, blocks: int, timeout: float = 120.0) -> None:
     raise DevnetError(f"the nodes did not agree on a tip {blocks} blocks on")
 
 
+def _step_means(losses: dict[tuple[int, int], float]) -> list[float]:
+    """Each step's loss: the mean over its replicas, in replica order (as `train_local`)."""
+    by_step: dict[int, list[tuple[int, float]]] = {}
+    for (step, replica), loss in losses.items():
+        by_step.setdefault(step, []).append((replica, loss))
+    return [sum(loss for _, loss in sorted(by_step[s])) / len(by_step[s]) for s in sorted(by_step)]
+
+
 def summary(dirs: list[Path]) -> dict[str, Any]:
     """The scripting contract's JSON, read from each (stopped) node's store and loss log."""
     tips, nodes, losses = [], [], {}
@@ -202,8 +210,8 @@ def summary(dirs: list[Path]) -> dict[str, Any]:
         if log_file.exists():
             for line in log_file.read_text().splitlines():
                 item = json.loads(line)
-                losses.setdefault(item["step"], item["loss"])
-    ordered = [losses[s] for s in sorted(losses)]
+                losses.setdefault((item["step"], item.get("replica", 0)), item["loss"])
+    ordered = _step_means(losses)
     for node, n in zip(nodes, strikes):
         node["strikes"] = n
     return {"height": max(heights), "tips": tips, "nodes": nodes,

@@ -51,7 +51,7 @@ from libp2p.peer.id import ID
 from compute.blocks import add_grads
 from compute.data import JobConfig, batch, load_corpus, make_model
 from compute.quant import WireTensorError, decode_tensor, encode_tensor
-from compute.train import ParamSlice, make_sections
+from compute.train import ParamSlice, average_replicas, make_sections
 from ledger.codec import decode, encode
 from ledger.crypto import SigningKey
 from ledger.errors import DecodeError, ValidationError
@@ -63,7 +63,7 @@ from node.errors import BadPush, MinerError
 from node.framing import read_frame, write_frame
 from node.host import RequestError
 from node.sync import ChainService
-from node.phases import Phase, PhaseResult, StepPlan
+from node.phases import Key, Phase, PhaseResult, StepPlan
 from node.train_protocol import (
     CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, TRAIN_PROTOCOL, WHATS, StateReply, StateRequest,
     StepTensors,
@@ -132,8 +132,8 @@ class Miner:
         self.job_id: bytes | None = None
         self.version = 0  # updates applied: the step whose units this node may run
         self.units_done = 0
-        self.losses: list[tuple[int, float]] = []
-        self._inbox: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}
+        self.losses: list[tuple[int, int, float]] = []  # (step, replica, loss)
+        self._inbox: dict[Key, dict[str, torch.Tensor]] = {}
         self._arrived = trio.Event()
         # Receipts of the units run, by (step, unit index): a unit that the
         # chain took away (a timeout) and hands back gets the same receipt again.
@@ -142,6 +142,8 @@ class Miner:
         self._phases: dict[tuple[int, int], dict[str, PhaseResult]] = {}
         self._view: _View | None = None
         self._compute = trio.CapacityLimiter(1)
+        # Set once this node could take a unit (set up for the job, or sure it has none).
+        self.ready = trio.Event()
         self._said: str | None = None
         self._averagers: dict[int, Averager] = {}
         self._background: trio.Nursery | None = None
@@ -153,7 +155,7 @@ class Miner:
         last = self.losses[-1] if self.losses else None
         return {"job": self.job_id.hex() if self.job_id else None, "step": self.version,
                 "units_done": self.units_done,
-                "loss": None if last is None else round(last[1], 4),
+                "loss": None if last is None else round(last[2], 4),
                 "loss_step": None if last is None else last[0]}
 
     async def run(self, *, task_status: trio.TaskStatus[Miner] = trio.TASK_STATUS_IGNORED
@@ -183,12 +185,17 @@ class Miner:
         """Set up for the job and catch up with the open step; False: nothing to do now."""
         if view.job_id is None:
             self._say("mining: no job on the chain matches this node's job config")
+            self.ready.set()
             return False
         if view.span is None:
             self._say("mining: this node is not registered, so no units are assigned to it")
+            self.ready.set()
             return False
         if self.job_id is None:
-            await self._setup(view)
+            try:
+                await self._setup(view)
+            finally:
+                self.ready.set()
         if view.step >= view.steps and self.version >= view.steps:
             self._say(f"mining: job {view.job_id.hex()[:16]}.. finished ({view.steps} steps)")
             return False
@@ -248,7 +255,7 @@ class Miner:
         if (job.model_hash, job.data_hash, job.hyper_hash) != built["commitments"]:
             raise MinerError("the job on chain does not commit to this config's initial "
                              "weights and data")
-        if job.units != job_units(self.sections.partition):
+        if job.units != job_units(self.sections.partition, self.config.replicas):
             raise MinerError("the job's units are not this config's partition")
         for opt in (*self.sections.optimizers, self.sections.client):  # weights + 2 AdamW moments
             size = 3 * 4 * sum(p.numel() for p in opt.params)
@@ -280,7 +287,8 @@ class Miner:
         self.corpus = load_corpus(self.config.data)
         self.k = len(self.sections.forward)
         c = self.config
-        self.plan = StepPlan(self.model, self.sections, (c.batch_size, c.seq_len, c.model.dim))
+        self.plan = StepPlan(self.model, self.sections, (c.batch_size, c.seq_len, c.model.dim),
+                             c.replicas)
         return {"commitments": commitments(self.config)}
 
     # -- units --------------------------------------------------------------------------
@@ -295,7 +303,8 @@ class Miner:
         got = await self._wait_inbox(needs, view.tip)
         if got is None:
             return  # not here yet and the chain moved on: look again (it may have reassigned)
-        ids, targets = (x.to(self.device) for x in batch(self.config, t, corpus=self.corpus))
+        shard = batch(self.config, t, phase.replica, self.config.replicas, corpus=self.corpus)
+        ids, targets = (x.to(self.device) for x in shard)
         result = await trio.to_thread.run_sync(self.plan.run, phase, t, dict(zip(needs, got)),
                                                ids, targets, limiter=self._compute)
         try:
@@ -306,8 +315,9 @@ class Miner:
             await self.service.wait_tip_change(view.tip)
             return
         if result.loss is not None:
-            self._record_loss(t, result.loss)
-            self.report(f"step {t}: loss {result.loss:.4f}")
+            self._record_loss(t, phase.replica, result.loss)
+            shard = f" (replica {phase.replica})" if self.config.replicas > 1 else ""
+            self.report(f"step {t}: loss {result.loss:.4f}{shard}")
         done = self._phases.setdefault((t, index), {})
         done[phase.kind] = result
         if not phase.last:
@@ -330,22 +340,29 @@ class Miner:
             log.info("receipt of unit %s.. refused: %s", receipt.unit_id.hex()[:16], exc)
             return False
 
-    def _record_loss(self, step: int, loss: float) -> None:
-        self.losses.append((step, loss))
+    def _record_loss(self, step: int, replica: int, loss: float) -> None:
+        self.losses.append((step, replica, loss))
         if self.log_file is not None:
             with open(self.log_file, "a") as f:
-                f.write(json.dumps({"step": step, "loss": loss, "time": time.time()}) + "\n")
+                f.write(json.dumps({"step": step, "replica": replica, "loss": loss,
+                                    "time": time.time()}) + "\n")
 
     # -- updates and averaging ----------------------------------------------------------
 
     async def _apply_update(self, t: int) -> bool:
         """Apply step ``t``'s update to the held sections and the client part."""
-        got = await self._wait_inbox(self.plan.update_needs(t, self.held))
+        needs = [self.plan.update_needs(t, r, self.held) for r in range(self.config.replicas)]
+        got = await self._wait_inbox([key for keys in needs for key in keys])
         if got is None:
             return False
-        grads: dict[str, torch.Tensor] = {}
-        for named in got:  # a piece's share also carries dL/dh ("g"): not a weight
-            add_grads(grads, {n: v for n, v in named.items() if n != "g"})
+        per_replica, at = [], 0
+        for keys in needs:
+            grads: dict[str, torch.Tensor] = {}
+            for named in got[at:at + len(keys)]:  # a piece's share carries dL/dh ("g") too
+                add_grads(grads, {n: v for n, v in named.items() if n != "g"})
+            per_replica.append(grads)
+            at += len(keys)
+        grads = average_replicas(per_replica)
         await trio.to_thread.run_sync(self._step_optimizers, grads, t + 1, limiter=self._compute)
         for key in [key for key in self._inbox if key[0] <= t]:
             del self._inbox[key]
@@ -480,7 +497,7 @@ class Miner:
 
     # -- the inbox and pushes -----------------------------------------------------------
 
-    async def _wait_inbox(self, keys: list[tuple[int, int, int]], tip: bytes | None = None):
+    async def _wait_inbox(self, keys: list[Key], tip: bytes | None = None):
         """The tensors of ``keys`` once all are here.
 
         None after ``wait_s``, or (given ``tip``) as soon as the chain's tip
@@ -503,31 +520,31 @@ class Miner:
             return [self._inbox[key] for key in keys]
         return None
 
-    def _deliver(self, step: int, what: int, section: int, tensors: dict[str, torch.Tensor]
-                 ) -> None:
-        self._inbox.setdefault((step, what, section),
-                               {n: v.to(self.device) for n, v in tensors.items()})
+    def _deliver(self, key: Key, tensors: dict[str, torch.Tensor]) -> None:
+        self._inbox.setdefault(key, {n: v.to(self.device) for n, v in tensors.items()})
         self._arrived.set()
 
     async def _push_all(self, view: _View, pushes) -> None:
         """Deliver each push to its group: this node at once, the others over the network.
 
-        Pushes are (group, step, what, section, tensors), the group some
-        sections (their holders) or `CLIENT` (every miner). Waits ``push_wait_s`` at most:
+        Pushes are (group, key, tensors), the group some sections (their
+        holders) or `CLIENT` (every miner), the key (step, replica, what,
+        section). Waits ``push_wait_s`` at most:
         a push to a node that is down or not yet mining goes on being retried
         in the background for ``push_retry_s``.
         """
         sent: list[trio.Event] = []
-        for group, t, what, section, tensors in pushes:
+        for group, key, tensors in pushes:
+            t, replica, what, section = key
             peers = view.miners if group == CLIENT else sorted(
                 {p for s in group for p in view.holders[s]})
             msg = None
             for peer in peers:
                 if peer == self.me:
-                    self._deliver(t, what, section, tensors)
+                    self._deliver(key, tensors)
                     continue
                 if msg is None:
-                    msg = encode(StepTensors(view.job_id, t, what, section, tuple(
+                    msg = encode(StepTensors(view.job_id, t, replica, what, section, tuple(
                         NamedTensor(n, encode_tensor(v.detach().contiguous()))
                         for n, v in sorted(tensors.items()))))
                 sent.append(trio.Event())
@@ -572,6 +589,8 @@ class Miner:
             return  # not (yet) mining that job: nothing to keep
         if msg.step < self.version or msg.step > self.version + 2:
             return  # stale or far ahead: dropped, not an offence
+        if msg.replica >= self.config.replicas:
+            raise BadPush(f"replica {msg.replica} of a job with {self.config.replicas}")
         expect = self.plan.expected(msg.what, msg.section)
         tensors = {}
         for item in msg.tensors:
@@ -588,4 +607,4 @@ class Miner:
             tensors[item.name] = value
         if set(tensors) != set(expect):
             raise BadPush(f"{WHATS[msg.what]} lacks {sorted(set(expect) - set(tensors))}")
-        self._deliver(msg.step, msg.what, msg.section, tensors)
+        self._deliver((msg.step, msg.replica, msg.what, msg.section), tensors)

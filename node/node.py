@@ -17,9 +17,10 @@ and the control socket, under one nursery.
    places itself): loads its layers, serves sessions, announces them;
 5. writes ``D/node.addr``, the full listen multiaddr with ``/p2p/<peer id>``
    (atomically: temp file + ``os.replace``), once listening and serving;
-6. once those first syncs are over (done or given up, ``catch_up_s`` at
-   most), starts the `Producer` if ``produce``: it seals blocks at this node's slots, or says
-   once that the node is no producer and just follows the chain.
+6. once those first syncs are over and, when mining, its miner is set up
+   for the job (``catch_up_s`` at most in all), starts the `Producer` if
+   ``produce``: it seals blocks at this node's slots, or says once that the
+   node is no producer and just follows the chain.
 
 Cancelling `run` (SIGINT/SIGTERM in `pnode start`) stops the host, removes
 ``node.addr`` and ``node.sock`` and closes the store. ChainDB writes are
@@ -295,6 +296,11 @@ class Node:
         """
         with trio.move_on_after(self.catch_up_s):
             await joined.wait()
+            # A mining node produces once it can run units: blocks sealed
+            # before would let its first deadlines pass while it builds the
+            # job's model (a miss, and a jail term, for no fault of the work).
+            while self.mine is not None and (self.miner is None or not self.miner.ready.is_set()):
+                await (self.miner.ready.wait() if self.miner else trio.sleep(0.05))
         self.producer = Producer(self.service, key, self.clock,
                                  interval_ms=self.block_interval_ms, report=self.report)
         await self.producer.run()

@@ -23,6 +23,11 @@ gradients of all pieces before stepping its slices, in the order
 `compute.train.backward_chain` sums them: the swarm's update is the local
 decomposed one, bit for bit.
 
+A job with R data-parallel replicas has R copies of every unit, one per
+shard of the step's batch (`compute.data.batch(job, step, r, R)`); every
+message is keyed by its replica too, and the update averages the replicas'
+gradients (`compute.train.average_replicas`).
+
 A node runs its phases of a step in one global order (`Phase.order`) in
 which every phase comes after the phases it needs, so a node assigned
 several pieces of one layer never waits on itself.
@@ -49,10 +54,11 @@ from node.train_protocol import (
 )
 from node.work import tensor_digest, tensors_digest
 
-Key = tuple[int, int, int]  # (step, what, section): one pushed message
+Key = tuple[int, int, int, int]  # (step, replica, what, section): one pushed message
+StepReplica = tuple[int, int]  # (step, replica): the key prefix of a phase's messages
 Tensors = dict[str, torch.Tensor]
-#: A push: (to the holders of these sections, or CLIENT: every miner), what, section, tensors.
-Push = tuple[tuple[int, ...] | int, int, int, Tensors]
+#: A push: (to the holders of these sections, or CLIENT: every miner), its key, its tensors.
+Push = tuple[tuple[int, ...] | int, Key, Tensors]
 
 _FORWARD_RANK = {"whole": 0, "attention": 0, "mlp": 1, "publish": 2}
 _BACKWARD_RANK = {"whole": 0, "mlp": 0, "attention": 1, "publish": 2}
@@ -63,6 +69,7 @@ class Phase:
     """One step of running a unit: the unit, its section and direction, and which part."""
 
     index: int  # into the job's units
+    replica: int
     section: int
     forward: bool
     kind: str  # "whole", "attention", "mlp" or "publish"
@@ -88,10 +95,13 @@ class StepPlan:
         model: the job's model (its weights are read when a phase runs).
         sections: `compute.train.make_sections` of that model and job.
         hidden: the (B, T, C) shape of the states between layers.
+        replicas: the job's data-parallel replicas.
     """
 
-    def __init__(self, model: Transformer, sections: Sections, hidden: tuple[int, int, int]):
+    def __init__(self, model: Transformer, sections: Sections, hidden: tuple[int, int, int],
+                 replicas: int = 1):
         self.model, self.m, self.hidden = model, sections.mlp_slices, hidden
+        self.replicas = replicas
         self.forward, self.backward = sections.forward, sections.backward
         self.k = len(self.forward)
         index = {spec: s for s, spec in enumerate(self.forward)}
@@ -107,8 +117,9 @@ class StepPlan:
 
     def phases(self, index: int) -> list[Phase]:
         """Unit ``index``'s phases in the order it runs them."""
-        forward = index < self.k
-        s = index if forward else 2 * self.k - 1 - index
+        r, u = divmod(index, 2 * self.k)
+        forward = u < self.k
+        s = u if forward else 2 * self.k - 1 - u
         i = self.stage_of[s]
         if self.pieces[s] is None:
             kinds = ["whole"]
@@ -119,33 +130,33 @@ class StepPlan:
             if s == (self.stages[i][-1] if forward else self.stages[i][0]):
                 kinds.append("publish")
         rank = _FORWARD_RANK if forward else _BACKWARD_RANK
-        return [Phase(index, s, forward, kind,
-                      (0, i, rank[kind], s) if forward else (1, -i, rank[kind], -s),
+        return [Phase(index, r, s, forward, kind,
+                      (0, i, rank[kind], r, s) if forward else (1, -i, rank[kind], r, -s),
                       n == len(kinds) - 1) for n, kind in enumerate(kinds)]
 
     # -- what a phase needs ---------------------------------------------------------
 
-    def _keys(self, t: int, what: int, stage: tuple[int, ...], half: str) -> list[Key]:
-        return [(t, what, x) for x in stage if self.has(x, half)]
+    def _keys(self, t: int, r: int, what: int, stage: tuple[int, ...], half: str) -> list[Key]:
+        return [(t, r, what, x) for x in stage if self.has(x, half)]
 
     def needs(self, t: int, phase: Phase) -> list[Key]:
         """The pushed messages phase needs, in the order `run` reads them."""
-        i = self.stage_of[phase.section]
+        i, r = self.stage_of[phase.section], phase.replica
         stage = self.stages[i]
-        keys = [] if i == 0 else [(t, ACTIVATION, stage[0])]  # stage 0: the embedded batch
-        attn = self._keys(t, ATTN_PARTIAL, stage, "attention")
+        keys = [] if i == 0 else [(t, r, ACTIVATION, stage[0])]  # stage 0: the embedded batch
+        attn = self._keys(t, r, ATTN_PARTIAL, stage, "attention")
         if phase.forward:
             more = {"whole": [], "attention": [], "mlp": attn,
-                    "publish": attn + self._keys(t, MLP_PARTIAL, stage, "mlp")}
+                    "publish": attn + self._keys(t, r, MLP_PARTIAL, stage, "mlp")}
             return keys + more[phase.kind]
-        keys.append((t, GRADIENT, stage[0]))
-        shares = self._keys(t, MLP_SHARE, stage, "mlp")
+        keys.append((t, r, GRADIENT, stage[0]))
+        shares = self._keys(t, r, MLP_SHARE, stage, "mlp")
         more = {"whole": [], "mlp": attn, "attention": shares,
-                "publish": shares + self._keys(t, ATTN_SHARE, stage, "attention")}
+                "publish": shares + self._keys(t, r, ATTN_SHARE, stage, "attention")}
         return keys + more[phase.kind]
 
-    def update_needs(self, t: int, held: Sequence[int]) -> list[Key]:
-        """The messages holding ``held`` sections needs to apply step ``t``'s update.
+    def update_needs(self, t: int, r: int, held: Sequence[int]) -> list[Key]:
+        """The messages of replica ``r`` that holding ``held`` needs for step ``t``'s update.
 
         Pieces of a stage: every share of the stage, MLP halves first, in
         section order (`compute.train.backward_chain` sums in that order).
@@ -153,14 +164,14 @@ class StepPlan:
         keys: list[Key] = []
         for s in held:
             if self.pieces[s] is None:
-                keys.append((t, SECTION_GRADS, s))
+                keys.append((t, r, SECTION_GRADS, s))
                 continue
             stage = self.stages[self.stage_of[s]]
-            for key in (self._keys(t, MLP_SHARE, stage, "mlp")
-                        + self._keys(t, ATTN_SHARE, stage, "attention")):
+            for key in (self._keys(t, r, MLP_SHARE, stage, "mlp")
+                        + self._keys(t, r, ATTN_SHARE, stage, "attention")):
                 if key not in keys:
                     keys.append(key)
-        return keys + [(t, HEAD_GRADS, CLIENT), (t, EMBED_GRADS, CLIENT)]
+        return [(t, r, HEAD_GRADS, CLIENT)] + keys + [(t, r, EMBED_GRADS, CLIENT)]
 
     def expected(self, what: int, section: int) -> dict[str, tuple[int, ...]]:
         """Names and shapes a push of ``what`` for ``section`` must hold.
@@ -199,37 +210,45 @@ class StepPlan:
 
     def run(self, phase: Phase, t: int, inputs: dict[Key, Tensors], ids: torch.Tensor,
             targets: torch.Tensor) -> PhaseResult:
-        """Compute one phase from its `needs` (module docstring)."""
+        """Compute one phase of step ``t`` from its `needs` (module docstring).
+
+        Args:
+            phase: the phase.
+            t: the step.
+            inputs: the messages of `needs`, by key.
+            ids, targets: the phase's replica's shard of step t's batch.
+        """
+        t = (t, phase.replica)  # the key prefix of every message of this phase
         i = self.stage_of[phase.section]
         stage = self.stages[i]
         if i == 0:
             with torch.no_grad():
                 h = self.model.embed(ids)  # (B, T, C)
         else:
-            h = inputs[(t, ACTIVATION, stage[0])]["h"]
+            h = inputs[(*t, ACTIVATION, stage[0])]["h"]
         r = PhaseResult(inp=h)
         if phase.forward:
             self._run_forward(r, phase, t, stage, h, inputs, targets)
         else:
-            r.inp = g = inputs[(t, GRADIENT, stage[0])]["g"]
+            r.inp = g = inputs[(*t, GRADIENT, stage[0])]["g"]
             self._run_backward(r, phase, t, stage, h, g, inputs, ids)
         return r
 
-    def _partials(self, t: int, what: int, stage: tuple[int, ...], half: str,
+    def _partials(self, t: StepReplica, what: int, stage: tuple[int, ...], half: str,
                   inputs: dict[Key, Tensors]) -> list[Partial]:
         return [Partial(self.pieces[x].layer, half, *self.pieces[x].span(half),
-                        inputs[(t, what, x)]["h"]) for x in stage if self.has(x, half)]
+                        inputs[(*t, what, x)]["h"]) for x in stage if self.has(x, half)]
 
-    def _shares(self, t: int, what: int, stage: tuple[int, ...], half: str,
+    def _shares(self, t: StepReplica, what: int, stage: tuple[int, ...], half: str,
                 inputs: dict[Key, Tensors]) -> list[torch.Tensor]:
-        return [inputs[(t, what, x)]["g"] for x in stage if self.has(x, half)]
+        return [inputs[(*t, what, x)]["g"] for x in stage if self.has(x, half)]
 
     def _h_mid(self, t, stage, h, inputs) -> torch.Tensor:
         layer = self.pieces[stage[0]].layer
         return aggregate_heads(self.model, layer,
                                self._partials(t, ATTN_PARTIAL, stage, "attention", inputs), h)
 
-    def _run_forward(self, r: PhaseResult, phase: Phase, t: int, stage, h, inputs, targets):
+    def _run_forward(self, r: PhaseResult, phase: Phase, t: StepReplica, stage, h, inputs, targets):
         s, spec = phase.section, self.forward[phase.section]
         if phase.kind == "whole":
             y = forward_block(self.model, spec, h)
@@ -238,12 +257,12 @@ class StepPlan:
         elif phase.kind == "attention":
             r.out["attention"] = a = forward_block(self.model, spec, h, half="attention",
                                                    mlp_slices=self.m)
-            r.pushes.append((stage, t, ATTN_PARTIAL, s, {"h": a}))
+            r.pushes.append((stage, (*t, ATTN_PARTIAL, s), {"h": a}))
         elif phase.kind == "mlp":
             h_mid = self._h_mid(t, stage, h, inputs)
             r.out["mlp"] = p = forward_block(self.model, spec, h_mid, half="mlp",
                                              mlp_slices=self.m)
-            r.pushes.append(((stage[-1],), t, MLP_PARTIAL, s, {"h": p}))  # the publisher's
+            r.pushes.append(((stage[-1],), (*t, MLP_PARTIAL, s), {"h": p}))  # the publisher's
         else:
             h_mid = self._h_mid(t, stage, h, inputs)
             y = aggregate_mlp(self.model, self.pieces[s].layer,
@@ -252,26 +271,27 @@ class StepPlan:
             r.cert["out"] = y
             self._publish_forward(r, t, stage, y, targets)
 
-    def _publish_forward(self, r: PhaseResult, t: int, stage, y: torch.Tensor, targets) -> None:
+    def _publish_forward(self, r: PhaseResult, t: StepReplica, stage, y: torch.Tensor,
+                         targets) -> None:
         """The stage's output: to the next stage, or (the last) into the loss and its gradient."""
         i = self.stage_of[stage[0]]
         if i + 1 < len(self.stages):
             nxt = self.stages[i + 1]
-            r.pushes.append((nxt, t, ACTIVATION, nxt[0], {"h": y}))
+            r.pushes.append((nxt, (*t, ACTIVATION, nxt[0]), {"h": y}))
             return
         loss, g, head_grads = head_loss_block(self.model, y, targets)
         r.loss = loss.item()
-        r.pushes.append((stage, t, GRADIENT, stage[0], {"g": g}))
-        r.pushes.append((CLIENT, t, HEAD_GRADS, CLIENT, head_grads))
+        r.pushes.append((stage, (*t, GRADIENT, stage[0]), {"g": g}))
+        r.pushes.append((CLIENT, (*t, HEAD_GRADS, CLIENT), head_grads))
         r.cert.update(head_grads)
 
-    def _run_backward(self, r: PhaseResult, phase: Phase, t: int, stage, h, g, inputs, ids):
+    def _run_backward(self, r: PhaseResult, phase: Phase, t: StepReplica, stage, h, g, inputs, ids):
         s, spec, m = phase.section, self.backward[phase.section], self.m
         if phase.kind == "whole":
             g_in, grads = backward_block(self.model, spec, h, g)
             r.out["y"] = g_in
             r.cert.update({"h": h, **grads})
-            r.pushes.append(((s,), t, SECTION_GRADS, s, grads))
+            r.pushes.append(((s,), (*t, SECTION_GRADS, s), grads))
             self._publish_backward(r, t, stage, g_in, ids)
             return
         g_mid = None
@@ -292,16 +312,18 @@ class StepPlan:
         r.out[phase.kind] = share
         r.cert.update({"h": h, **grads})
         what = MLP_SHARE if phase.kind == "mlp" else ATTN_SHARE
-        r.pushes.append((stage, t, what, s, {"g": share, **grads}))
+        r.pushes.append((stage, (*t, what, s), {"g": share, **grads}))
 
-    def _publish_backward(self, r: PhaseResult, t: int, stage, g_in: torch.Tensor, ids) -> None:
+    def _publish_backward(self, r: PhaseResult, t: StepReplica, stage, g_in: torch.Tensor,
+                          ids) -> None:
         """dL/d(the stage's input): to the stage below, or (stage 0) into the embedding."""
         i = self.stage_of[stage[0]]
         if i > 0:
             below = self.stages[i - 1]
-            r.pushes.append((below, t, GRADIENT, below[0], {"g": g_in}))
+            r.pushes.append((below, (*t, GRADIENT, below[0]), {"g": g_in}))
         else:
-            r.pushes.append((CLIENT, t, EMBED_GRADS, CLIENT, embed_backward(self.model, ids, g_in)))
+            grads = embed_backward(self.model, ids, g_in)
+            r.pushes.append((CLIENT, (*t, EMBED_GRADS, CLIENT), grads))
 
     # -- the receipt ------------------------------------------------------------------
 
@@ -319,7 +341,8 @@ class StepPlan:
         for r in results:
             out.update(r.out)
             cert.update(r.cert)
-        whole = self.pieces[index if index < self.k else 2 * self.k - 1 - index] is None
+        u = index % (2 * self.k)
+        whole = self.pieces[u if u < self.k else 2 * self.k - 1 - u] is None
         out_hash = tensor_digest(out["y"]) if whole else tensors_digest(out)
         return (tensor_digest(results[0].inp), out_hash,
                 tensors_digest(cert) if cert else ZERO32)

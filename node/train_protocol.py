@@ -32,13 +32,14 @@ WHATS = ("activation", "gradient", "section grads", "head grads", "embedding gra
 CLIENT = 0xFFFF_FFFF
 
 
-@wire(69)
+@wire(69, 2)
 @dataclass(frozen=True, slots=True)
 class StepTensors:
-    """Tensors of one step of a job, pushed to the nodes that need them."""
+    """Tensors of one step and replica of a job, pushed to the nodes that need them."""
 
     job_id: Hash32
     step: U64
+    replica: U32
     what: U8
     section: U32
     tensors: Named

@@ -31,15 +31,18 @@ from ledger.types import ZERO_SIG, Job, UnitTemplate, sign
 TENSOR_DOMAIN = b"pnode:tensor:"
 
 
-def unit_template(spec: BlockSpec) -> UnitTemplate:
-    """The ledger unit of one compute block (kind code, layers, slot range)."""
+def unit_template(spec: BlockSpec, replica: int = 0) -> UnitTemplate:
+    """The ledger unit of one compute block (kind code, layers, slot range) of a replica."""
     return UnitTemplate(KIND_CODES[spec.kind], spec.layer_start, spec.layer_end,
-                        spec.head_start, spec.head_end)
+                        spec.head_start, spec.head_end, replica)
 
 
-def job_units(plan: Partition) -> tuple[UnitTemplate, ...]:
-    """The units of every training step of a job trained with ``plan``, in order."""
-    return tuple(unit_template(spec) for spec in plan.blocks())
+def job_units(plan: Partition, replicas: int = 1) -> tuple[UnitTemplate, ...]:
+    """The units of every training step of a job trained with ``plan``, in order.
+
+    Replica by replica: replica r's units are ``units[r * 2k : (r + 1) * 2k]``.
+    """
+    return tuple(unit_template(spec, r) for r in range(replicas) for spec in plan.blocks())
 
 
 def tensor_digest(t: torch.Tensor) -> bytes:
@@ -97,7 +100,7 @@ def job_tx(config: JobConfig, chain_id: str, authority: SigningKey, nonce: int,
     """The signed `Job` transaction of ``config`` trained with ``plan``."""
     model_hash, data_hash, hyper_hash = commitments(config)
     return sign(Job(chain_id, authority.public, model_hash, data_hash, hyper_hash,
-                    config.steps, job_units(plan), nonce, ZERO_SIG), authority)
+                    config.steps, job_units(plan, config.replicas), nonce, ZERO_SIG), authority)
 
 
 def matches(job: Job, config: JobConfig) -> bool:

@@ -244,3 +244,24 @@ def test_bad_jobs_and_batch_requests_are_refused():
         batch(JOB, 0, replica=2, n_replicas=2)
     with pytest.raises(DataError, match="longer than seq_len"):
         batch_at(corpus_from_bytes(b"short"), seed=0, step=0, batch_size=1, seq_len=5)
+
+
+def test_data_parallel_replicas_train_as_one_batch_of_all_their_shards():
+    """Two replicas, each its own shard: the averaged update is the whole-model step
+    on both shards at once; and the shards really are different data."""
+    job = dataclasses.replace(JOB, replicas=2, steps=5)
+    split = train_local(job, decomposed=True)
+    whole = train_local(job)
+    assert max(abs(a - b) for a, b in zip(split.losses, whole.losses)) <= LOSS_ATOL
+    got, want = weights(split.model), weights(whole.model)
+    assert max((got[n] - want[n]).abs().max().item() for n in want) <= WEIGHT_ATOL
+    shards = [batch(job, 0, r, 2)[0] for r in range(2)]
+    assert not torch.equal(*shards) and torch.equal(batch(JOB, 0)[0], batch(job, 0, 0, 1)[0])
+    one = train_local(dataclasses.replace(job, replicas=1), decomposed=True)
+    assert one.losses[0] != split.losses[0]  # the step's loss is the mean over both shards
+
+
+def test_replicas_out_of_range_are_refused():
+    for bad in (0, 257, True, 1.5):
+        with pytest.raises(ConfigError, match="replicas"):
+            dataclasses.replace(JOB, replicas=bad)

@@ -15,6 +15,7 @@ from ledger.types import (
     COIN, ZERO_SIG, Block, Charge, InferencePayment, Usage, Verdict, sign, tx_hash,
     usage_signature,
 )
+from ledger.types import FORWARD, UnitTemplate
 from tests.ledger.chainkit import (
     CHAIN, grow, job, make_net, new_db, next_block, producer, receipts_due, registration,
 )
@@ -289,6 +290,24 @@ def test_receipts_must_chain_with_their_done_neighbours():
         check(db, with_txs(next_block(db, net).block, net, [hashed(net, b0, 8, 5)]))
     grow(db, net, 1, good[3:])
     assert db.state.get(UNIT + b0.unit_id) is None  # the step closed
+
+
+def test_receipts_of_different_replicas_are_not_chained():
+    """Units of other replicas work on other data: their hashes do not link, even
+    where their layers meet; within a replica they do."""
+    net = make_net()
+    units = (UnitTemplate(FORWARD, 0, 10, 0, 0, 0), UnitTemplate(FORWARD, 10, 20, 0, 0, 1),
+             UnitTemplate(FORWARD, 20, 30, 0, 0, 1))
+    net.genesis = replace(net.genesis, jobs=(sign(replace(job(net.authority), units=units),
+                                                   net.authority),))
+    db = new_db(net)
+    due = {db.state.get(UNIT + r.unit_id).index: r for r in receipts_due(db, net)}
+    assert len(due) == 3  # each its own unit id
+    grow(db, net, 1, [hashed(net, due[0], 1, 2), hashed(net, due[1], 7, 8)])  # 2 != 7: fine
+    assert db.state.get(UNIT + due[1].unit_id).done
+    with pytest.raises(E.UnchainedReceipt):  # within replica 1 the link holds
+        check(db, with_txs(next_block(db, net).block, net, [hashed(net, due[2], 9, 9)]))
+    grow(db, net, 1, [hashed(net, due[2], 8, 9)])
 
 
 def test_reward_is_minted_only_after_the_challenge_window(job_chain):

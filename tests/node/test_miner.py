@@ -73,7 +73,7 @@ def mine(config, spans=None, *, hostile: bool = False):
                                                         average_every=2).run))
             if hostile:  # a registered peer's malformed push is refused and scored
                 await eventually(lambda: miners[0].job_id is not None, "node 0 mining")
-                bad = encode(StepTensors(miners[0].job_id, miners[0].version + 1, ACTIVATION, 1,
+                bad = encode(StepTensors(miners[0].job_id, miners[0].version + 1, 0, ACTIVATION, 1,
                                          (NamedTensor("h", encode_tensor(torch.zeros(2, 2))),)))
                 stream = await c.host.open_stream(a.host.peer_id, TRAIN_PROTOCOL)
                 await write_frame(stream, bad)
@@ -88,8 +88,11 @@ def mine(config, spans=None, *, hostile: bool = False):
 
 
 def swarm_losses(miners) -> list[float]:
-    losses = dict(step_loss for m in miners for step_loss in m.losses)
-    return [losses[s] for s in sorted(losses)]
+    """Each step's loss: the mean over its replicas (as `train_local` reports it)."""
+    losses = {(step, r): loss for m in miners for step, r, loss in m.losses}
+    steps = sorted({step for step, _ in losses})
+    replicas = sorted({r for _, r in losses})
+    return [sum(losses[(step, r)] for r in replicas) / len(replicas) for step in steps]
 
 
 def test_three_nodes_train_a_job_exactly_as_local_block_by_block_training():
@@ -139,3 +142,21 @@ def test_pieces_of_a_split_layer_train_exactly_as_local_block_by_block_training(
     on_chain = [tx for blk in dbs[0].iter_blocks() for tx in blk.txs if isinstance(tx, Receipt)]
     assert len(on_chain) == 10 * config.steps  # five sections: forward and backward of each
     assert len({tx.node_key for tx in on_chain}) == 3
+
+
+def test_data_parallel_replicas_train_exactly_as_local_training_on_all_shards():
+    """Two replicas: every unit twice, each on its own shard of the step's batch;
+    every holder averages both replicas' gradients before it steps."""
+    config = devnet_job(3, 3, batch_size=4, seq_len=32, replicas=2)
+    keys, miners, dbs = mine(config)
+    local = train_local(config, decomposed=True)
+    assert [round(x, 5) for x in swarm_losses(miners)] == [round(x, 5) for x in local.losses]
+    reference = dict(local.model.named_parameters())
+    for m in miners:
+        assert {r for _, r, _ in m.losses} <= {0, 1}
+        for s in [*m.held, 0xFFFF_FFFF]:
+            for name, value in m._weights(s).items():
+                assert torch.allclose(value, reference[name], atol=1e-5), (m.held, name)
+    on_chain = [tx for blk in dbs[0].iter_blocks() for tx in blk.txs if isinstance(tx, Receipt)]
+    assert len(on_chain) == 2 * 4 * config.steps  # F0 F1 B1 B0 of both replicas
+    assert len({tx.unit_id for tx in on_chain}) == len(on_chain)

@@ -14,52 +14,61 @@ import torch
 
 from compute.blocks import add_grads
 from compute.data import batch, load_corpus, make_model
-from compute.train import make_sections, train_step_decomposed
+from compute.train import average_replicas, make_sections, train_step_replicas
 from node.devnet import devnet_job
 from node.errors import BadPush
 from node.phases import StepPlan
 from node.train_protocol import ACTIVATION, ATTN_SHARE, CLIENT, GRADIENT, MLP_PARTIAL
 
 
-def plan_for(k: int, device: str = "cpu"):
-    config = devnet_job(2, 3, batch_size=2, seq_len=16, k=k)
+def plan_for(k: int, device: str = "cpu", replicas: int = 1):
+    config = devnet_job(2, 3, batch_size=2, seq_len=16, k=k, replicas=replicas)
     model = make_model(config).to(device)
     sections = make_sections(model, config)
-    return config, model, sections, StepPlan(model, sections, (2, 16, config.model.dim))
+    return config, model, sections, StepPlan(model, sections, (2, 16, config.model.dim),
+                                             replicas)
 
 
-def run_step(k: int, device: str = "cpu"):
-    """Every phase of step 0 in `Phase.order`, then the update: (model, sections, losses)."""
-    config, model, sections, plan = plan_for(k, device)
-    ids, targets = (x.to(device) for x in batch(config, 0, corpus=load_corpus(config.data)))
-    phases = sorted((p for i in range(2 * k) for p in plan.phases(i)), key=lambda p: p.order)
-    assert sum(p.last for p in phases) == 2 * k  # one receipt per unit
-    inbox, losses = {}, []
+def run_step(k: int, device: str = "cpu", replicas: int = 1):
+    """Every phase of step 0 in `Phase.order`, then the update: (config, model, losses)."""
+    config, model, sections, plan = plan_for(k, device, replicas)
+    corpus = load_corpus(config.data)
+    shards = [[x.to(device) for x in batch(config, 0, r, replicas, corpus=corpus)]
+              for r in range(replicas)]
+    units = 2 * k * replicas
+    phases = sorted((p for i in range(units) for p in plan.phases(i)), key=lambda p: p.order)
+    assert sum(p.last for p in phases) == units  # one receipt per unit
+    inbox, losses = {}, {}
     for phase in phases:
         needs = plan.needs(0, phase)
         assert all(key in inbox for key in needs), (phase, [n for n in needs if n not in inbox])
-        result = plan.run(phase, 0, {key: inbox[key] for key in needs}, ids, targets)
-        losses += [] if result.loss is None else [result.loss]
-        for group, t, what, section, tensors in result.pushes:
-            expect = plan.expected(what, section)
+        result = plan.run(phase, 0, {key: inbox[key] for key in needs}, *shards[phase.replica])
+        if result.loss is not None:
+            losses[phase.replica] = result.loss
+        for group, key, tensors in result.pushes:
+            expect = plan.expected(key[2], key[3])
             assert {n: tuple(v.shape) for n, v in tensors.items()} == expect
-            assert (t, what, section) not in inbox  # one message per key
-            inbox[(t, what, section)] = tensors
-    grads = {}
-    for key in plan.update_needs(0, range(k)):
-        add_grads(grads, {n: v for n, v in inbox[key].items() if n != "g"})
+            assert key[:2] == (0, phase.replica) and key not in inbox  # one message per key
+            inbox[key] = tensors
+    per_replica = []
+    for r in range(replicas):
+        grads = {}
+        for key in plan.update_needs(0, r, range(k)):
+            add_grads(grads, {n: v for n, v in inbox[key].items() if n != "g"})
+        per_replica.append(grads)
+    grads = average_replicas(per_replica)
     for opt in (*sections.optimizers, sections.client):
         opt.step(grads)
-    return config, model, losses
+    return config, model, [losses[r] for r in range(replicas)]
 
 
-@pytest.mark.parametrize("k", [2, 5, 6, 8])
-def test_a_step_run_phase_by_phase_is_the_local_decomposed_step(k):
-    config, model, losses = run_step(k)
+@pytest.mark.parametrize("k, replicas", [(2, 1), (5, 1), (6, 1), (8, 1), (2, 3), (5, 2)])
+def test_a_step_run_phase_by_phase_is_the_local_decomposed_step(k, replicas):
+    config, model, losses = run_step(k, replicas=replicas)
     reference = make_model(config)
-    ids, targets = batch(config, 0, corpus=load_corpus(config.data))
-    loss = train_step_decomposed(reference, make_sections(reference, config), ids, targets)
-    assert losses == [loss]
+    corpus = load_corpus(config.data)
+    shards = [batch(config, 0, r, replicas, corpus=corpus) for r in range(replicas)]
+    assert losses == train_step_replicas(reference, make_sections(reference, config), shards)
     for (name, mine), theirs in zip(model.named_parameters(), reference.parameters()):
         assert torch.equal(mine, theirs), name  # the same sums in the same order: bit for bit
 

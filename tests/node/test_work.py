@@ -18,11 +18,12 @@ def test_kind_codes_agree():
     assert KINDS == ("forward", "backward", "attention_heads")
 
 
-@pytest.mark.parametrize("k", [1, 3, 8, 60, 61])
-def test_partition_units_are_a_valid_job_with_distinct_ids(k):
-    units = job_units(partition(model_units(**SMOL), k))
-    assert len(units) == 2 * k
-    assert len({unit_id(b"\x01" * 32, 5, u) for u in units}) == 2 * k
+@pytest.mark.parametrize("k, replicas", [(1, 1), (3, 1), (8, 1), (60, 1), (61, 1), (3, 4)])
+def test_partition_units_are_a_valid_job_with_distinct_ids(k, replicas):
+    units = job_units(partition(model_units(**SMOL), k), replicas)
+    n = 2 * k * replicas
+    assert len(units) == n and [u.replica for u in units] == [i // (2 * k) for i in range(n)]
+    assert len({unit_id(b"\x01" * 32, 5, u) for u in units}) == n
     net = make_net()
     db = new_db(net)
     job = T.sign(T.Job("pnode-test", net.authority.public, bytes(32), bytes(32), bytes(32),
