@@ -529,9 +529,10 @@ class Miner:
 
         Pushes are (group, key, tensors), the group some sections (their
         holders) or `CLIENT` (every miner), the key (step, replica, what,
-        section). Waits ``push_wait_s`` at most:
-        a push to a node that is down or not yet mining goes on being retried
-        in the background for ``push_retry_s``.
+        section). Waits for every push's first attempt, ``push_wait_s`` at
+        most: a push to a node that is down or not yet mining goes on being
+        retried in the background for ``push_retry_s``, and a dead holder
+        (its dial refused at once) costs the others no wait.
         """
         sent: list[trio.Event] = []
         for group, key, tensors in pushes:
@@ -555,7 +556,10 @@ class Miner:
 
     async def _push(self, peer: str, msg: bytes, what: str, step: int, sent: trio.Event
                     ) -> None:
-        """Push one frame to ``peer``, trying again until ``push_retry_s`` has passed."""
+        """Push one frame to ``peer``, trying again until ``push_retry_s`` has passed.
+
+        ``sent`` is set once the first attempt has ended, delivered or not.
+        """
         with trio.move_on_after(self.push_retry_s):
             while True:
                 try:
@@ -569,6 +573,7 @@ class Miner:
                     # Anything a dying or reset stream raises: a push never stops the miner.
                     log.debug("push of %s (step %d) to %s: %s; trying again", what, step,
                               peer, exc)
+                sent.set()
                 await trio.sleep(0.5)
         log.info("push of %s (step %d) to %s given up", what, step, peer)
 

@@ -99,6 +99,7 @@ def test_three_nodes_train_a_job_exactly_as_local_block_by_block_training():
     config = devnet_job(4, 3, batch_size=4, seq_len=32)
     keys, miners, dbs = mine(config, hostile=True)  # mining goes on past a bad push
     local = train_local(config, decomposed=True)
+    assert train_local(config).losses == local.losses  # whole layers: whole-model, bit for bit
     losses = swarm_losses(miners)
     assert [round(x, 5) for x in losses] == [round(x, 5) for x in local.losses]
     reference = dict(local.model.named_parameters())

@@ -73,8 +73,9 @@ async def until_announced(client, count: int) -> None:
             await client.refresh()
 
 
-def test_pwallet_over_three_server_processes_equals_local(servers, pwallet, pnode, tmp_path,
-                                                          local_tokens):
+def test_pwallet_over_three_server_processes_equals_local_and_keeps_to_trusted_peers(
+        servers, pwallet, pnode, tmp_path, local_tokens):
+    """One 3-server swarm (starting one costs most of this test) for both checks."""
     nodes = servers([(0, 10), (10, 20), (20, 30)])
     status = wait_for(lambda: (s := live_status(pnode, tmp_path / "n0"))["swarm"][2:] and s,
                       "announcements of all three to reach the first node", limit=20)
@@ -93,6 +94,7 @@ def test_pwallet_over_three_server_processes_equals_local(servers, pwallet, pnod
                     "--json")
     assert local.code == 0, local.err
     assert {k: doc[k] for k in ("token_ids", "text")} == local.json()
+    trusted_peers_that_cannot_cover_the_model_fail_clearly(nodes, pwallet, tmp_path)
 
 
 def test_kill_9_mid_generation_a_fourth_server_takes_over(servers, gguf_reader, smol_tokenizer,
@@ -178,9 +180,7 @@ def test_a_stalled_server_is_noticed_in_seconds_and_replaced(servers, gguf_reade
     assert 5 <= times[3] - times[2] < 15
 
 
-def test_trusted_peers_that_cannot_cover_the_model_fail_clearly(servers, pwallet, tmp_path):
-    nodes = servers([(0, 10), (10, 20), (20, 30)])
-    time.sleep(1.5)
+def trusted_peers_that_cannot_cover_the_model_fail_clearly(nodes, pwallet, tmp_path) -> None:
     trusted = tmp_path / "trusted.txt"
     trusted.write_text(f"# friends\n{nodes[0][1]}\n{nodes[2][1].rsplit('/p2p/', 1)[1]}\n")
     r = pwallet("infer", PROMPT, "--peers", nodes[0][1], "--trusted-peers", str(trusted),
