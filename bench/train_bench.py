@@ -7,9 +7,10 @@ Measures, against baselines measured in the same run:
      start-up left out), against the same job trained locally block by block
      (`train_local(decomposed=True)`, the computation the swarm distributes)
      and whole-model, in this process with the same torch thread count;
-  2. the swarm's losses against local training's (largest relative
-     difference; the swarm applies the same updates, so it should be float
-     noise) and the validation loss of the final local model;
+  2. the swarm's losses against local whole-model training's (largest
+     relative difference: 0 with one replica, where the swarm's whole-layer
+     sections compute the whole model's updates bit for bit; float noise with
+     several, whose gradients are averaged rather than taken over one batch);
   3. ledger overhead per compute unit: the encoded receipt's bytes, the
      block bytes per unit over the devnet's chain, and the time to
      re-validate the chain (`ChainDB.verify_chain`) per unit.
@@ -126,7 +127,7 @@ def main() -> None:
         return
     print("| nodes | replicas | swarm samples/s | local block-by-block (same run) | "
           "local whole-model | ratio vs block-by-block | ratio vs whole | loss first -> last | "
-          "max rel. loss diff vs local |\n|---|---|---|---|---|---|---|---|---|")
+          "max rel. loss diff vs local whole-model |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['nodes']} | {r['replicas']} | {r['swarm_samples_s']} | "
               f"{r['local_decomposed_samples_s']} | "
