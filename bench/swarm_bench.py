@@ -10,7 +10,9 @@ Measures, against baselines measured in the same run:
      count, run alternately with the swarm (same machine load). Decode rate = (tokens - 1) / time
      from the first token to the last, so prompt processing is left out of
      both. Each figure is the median of --repeats generations; the outputs
-     must equal the local ones (asserted);
+     must equal the local ones (asserted). Routes of 2 and 3 servers also
+     run with push routing (`ClientConfig(push=True)`: each server pushes
+     its outputs to the next) in the same alternation;
   2. memory: the resident set (VmRSS) and its peak (VmHWM) of each server
      process after the runs (Petals' figure for a 10-layer CPU server: about
      840 MiB);
@@ -165,11 +167,12 @@ class Local:
 
 
 async def remote_run(peer: str, parts: ClientParts, tokens: int, codec: str = "raw",
-                     expect: int = 0, kill_at: int | None = None, procs=None):
+                     expect: int = 0, kill_at: int | None = None, procs=None,
+                     push: bool = False):
     """One generation over the swarm; returns (ids, rate, generation, gaps)."""
     request = InferRequest(PROMPT, raw=True, max_tokens=tokens, sampling=Sampling())
     times: list[float] = []
-    async with open_remote([peer], parts, config=ClientConfig(codec=codec)) as client:
+    async with open_remote([peer], parts, config=ClientConfig(codec=codec, push=push)) as client:
         with trio.fail_after(30):
             while len(client.servers()) < expect:
                 await trio.sleep(0.3)
@@ -194,17 +197,24 @@ def bench_routes(args, root: Path, parts: ClientParts, local: Local) -> dict:
             for span in spans:
                 swarm.start(span)
             rows = []
-            for _ in range(args.repeats):  # alternate: local, remote (same load)
+            for _ in range(args.repeats):  # alternate: local, remote, pushed (same load)
                 want, local_rate = local.run(args.tokens)
                 ids, rate, result, _ = trio.run(remote_run, swarm.addrs[0], parts, args.tokens,
                                                 "raw", n)
                 assert ids == want, f"{n}-server output differs from local"
-                rows.append((rate, local_rate, result.wire_bytes))
+                pushed = rate
+                if n > 1:
+                    ids, pushed, _, _ = trio.run(remote_run, swarm.addrs[0], parts, args.tokens,
+                                                 "raw", n, None, None, True)
+                    assert ids == want, f"{n}-server pushed output differs from local"
+                rows.append((rate, local_rate, pushed))
             rss = [swarm.rss_mib(p) for p in swarm.procs]
             out["routes"][n] = {
                 "remote_tok_s": statistics.median(r[0] for r in rows),
                 "local_tok_s": statistics.median(r[1] for r in rows),
                 "ratio": statistics.median(r[0] / r[1] for r in rows),
+                "push_tok_s": statistics.median(r[2] for r in rows) if n > 1 else None,
+                "push_ratio": statistics.median(r[2] / r[1] for r in rows) if n > 1 else None,
                 "rss_mib": [round(r[0]) for r in rss], "peak_rss_mib": [round(r[1]) for r in rss],
             }
             print(f"{n} server(s): {out['routes'][n]}", flush=True)
@@ -314,13 +324,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print("\n| route | decode tok/s | local tok/s (same run) | ratio | target | server RSS MiB "
-          "(peak) |\n|---|---|---|---|---|---|")
+    print("\n| route | decode tok/s | pushed tok/s | local tok/s (same run) | ratio | "
+          "ratio pushed | target | server RSS MiB (peak) |\n|---|---|---|---|---|---|---|---|")
     for n, r in results["routes"].items():
         rss = ", ".join(f"{a} ({b})" for a, b in zip(r["rss_mib"], r["peak_rss_mib"]))
         target = ">= 0.75x (Petals 0.46x)" if n == 3 else ""
-        print(f"| {n} server(s) | {r['remote_tok_s']:.1f} | {r['local_tok_s']:.1f} | "
-              f"{r['ratio']:.2f}x | {target} | {rss} |")
+        pushed = ("—", "—") if r["push_tok_s"] is None else (
+            f"{r['push_tok_s']:.1f}", f"{r['push_ratio']:.2f}x")
+        print(f"| {n} server(s) | {r['remote_tok_s']:.1f} | {pushed[0]} | "
+              f"{r['local_tok_s']:.1f} | {r['ratio']:.2f}x | {pushed[1]} | {target} | {rss} |")
     print("\n| encoding | bytes/token on the wire (3 hops, both ways) | greedy tokens equal to "
           "local |\n|---|---|---|")
     for codec, w in results["wire"].items():

@@ -212,6 +212,10 @@ def _single(group: BaseExceptionGroup) -> BaseException:
 @click.option("--block-interval-ms", type=click.IntRange(0, 3_600_000), default=None,
               help="Least time between the tip and a block this node seals on it "
                    "[default: the chain's slot].")
+@click.option("--wait-peers", type=click.IntRange(0, 1000), default=0, show_default=True,
+              help="Produce only once this many peers are connected (60 s at most): the nodes "
+                   "of a devnet start one after another, and blocks sealed before the last is "
+                   "up would hand it units it cannot run.")
 @click.option("--layers", "layers", metavar="START:END",
               help="Serve these model layers [default: the span the swarm serves least].")
 @click.option("--auto", "auto", is_flag=True,
@@ -247,7 +251,8 @@ def _single(group: BaseExceptionGroup) -> BaseException:
                    "default job].")
 @click.option("--average-every", type=click.IntRange(1, 1_000_000), default=10,
               show_default=True, help="Training steps between the replicas' averaging rounds.")
-def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num_layers,
+def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layers, auto,
+          num_layers,
           no_serve, gpu, threads, max_sessions, price, model_file, trusted_file, bond,
           passphrase_file, mine, job_file, average_every) -> None:
     """Run the node: sync and produce the chain, serve model layers, until SIGINT/SIGTERM.
@@ -295,7 +300,8 @@ def start(data_dir, listen, peers, produce, block_interval_ms, layers, auto, num
     status = _StatusLine() if sys.stdout.isatty() else None  # a live line on a terminal only
     node = Node(data_dir, now_ms, listen=listen, peers=peers,
                 report=status.print if status else click.echo,
-                produce=produce, block_interval_ms=block_interval_ms, serve=serve,
+                produce=produce, block_interval_ms=block_interval_ms, wait_peers=wait_peers,
+                serve=serve,
                 trusted=trusted, wallet_key=wallet_key,
                 bond=parse_coins(bond) if bond else None, mine=job, average_every=average_every,
                 mine_device=device)
@@ -533,8 +539,8 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, as_json) 
     say = (lambda line: None) if as_json else (lambda line: err.print(line))
     say(f"devnet in {root}: {n_nodes} nodes, job of {steps} steps")
     with devnet_run.Devnet(dirs, job_file, log=say) as net:
-        for i in range(n_nodes):
-            net.start(i)
+        for i in range(n_nodes):  # nobody produces before all are up
+            net.start(i, wait_peers=n_nodes - 1)
         columns = (TextColumn("training"), BarColumn(),
                    TextColumn("step {task.completed}/{task.total}  height {task.fields[height]}"))
         with Progress(*columns, console=err, transient=True,

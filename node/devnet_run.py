@@ -86,8 +86,12 @@ class Devnet:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self, i: int, timeout: float = 120.0) -> str:
-        """Start node i (dialing every node already up); its address once it listens."""
+    def start(self, i: int, timeout: float = 120.0, wait_peers: int = 0) -> str:
+        """Start node i (dialing every node already up); its address once it listens.
+
+        ``wait_peers``: node i produces only once that many peers are
+        connected (`pnode start --wait-peers`).
+        """
         d = self.dirs[i]
         (d / ADDR_FILE).unlink(missing_ok=True)
         peers = [arg for a in self.addrs if a for arg in ("--peers", a)]
@@ -95,7 +99,7 @@ class Devnet:
         proc = subprocess.Popen(
             [sys.executable, "-m", "node.cli", "start", "--data-dir", str(d), "--no-serve",
              "--job", str(self.job_file), "--block-interval-ms", str(self.block_interval_ms),
-             "--average-every", "5", *peers],
+             "--average-every", "5", "--wait-peers", str(wait_peers), *peers],
             cwd=_ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
         while len(self.procs) <= i:
             self.procs.append(None)

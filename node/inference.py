@@ -1,6 +1,6 @@
 """The server side of inference sessions: a span of layers, a KV cache per session.
 
-Owns `InferenceServer`, which serves ``/pnode/inference/1.0.0`` (specs/network.md
+Owns `InferenceServer`, which serves ``/pnode/inference/2.0.0`` (specs/network.md
 section 9.3) from a partial model (`compute.model.ModelPart`: only the layers
 it serves are in memory):
 
@@ -11,7 +11,13 @@ it serves are in memory):
   rather than queueing the client behind an unknown wait;
 - every forward call runs in a worker thread under one FIFO
   `trio.CapacityLimiter`: sessions take turns step by step in arrival order
-  (fair queueing), and the trio loop stays free for the network.
+  (fair queueing), and the trio loop stays free for the network;
+- push routing: a client may `Link` a session to the next hop's session
+  (its peer and secret token); the server then sends each step's outputs
+  to that hop over ``/pnode/inference-push/1.0.0`` before answering the
+  client, so a token crosses the route once instead of returning to the
+  client between hops. Steps pushed into a session are checked and run
+  exactly as the client's own, and their results also go to the client.
 
 A malformed frame, a step at the wrong position or one past the session's
 budget gets a `SessionError` and the stream is closed; a frame that does not
@@ -23,8 +29,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import trio
@@ -39,8 +46,8 @@ from node.errors import NodeError
 from node.framing import FrameEOF, FrameReader, FrameTimeout, write_frame
 from node.host import Host
 from node.serve_protocol import (
-    CODECS, INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, Busy, OpenSession, SessionAccepted,
-    SessionError, Step, StepResult,
+    CODECS, INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, PUSH_PROTOCOL, Busy, Link, Linked,
+    OpenSession, PushOpen, SessionAccepted, SessionError, Step, StepResult,
 )
 
 log = logging.getLogger(__name__)
@@ -64,6 +71,8 @@ class ServerConfig:
     idle_timeout: float = 60.0  # seconds a session may wait between frames
     busy_retry_ms: int = 1000  # the hint given with `Busy`
     write_timeout: float = 30.0
+    link_timeout: float = 5.0  # dialing the next hop for push routing
+    push_timeout: float = 2.0  # one push to the next hop
 
 
 @dataclass(slots=True)
@@ -77,6 +86,12 @@ class _Session:
     codec: str
     cache: KVCache
     model: Transformer  # the weights it opened on (a move keeps them for it)
+    token: bytes = b""  # names the session to the hop that pushes into it
+    client: INetStream | None = None  # the client's stream: every result goes there
+    link: INetStream | None = None  # the next hop's push stream, when linked
+    lock: trio.Lock = field(default_factory=trio.Lock)  # one step at a time
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)  # the client loop's
+    pushes: list[trio.CancelScope] = field(default_factory=list)  # push streams reading
     tokens: int = 0
     steps: int = 0
 
@@ -137,7 +152,9 @@ class InferenceServer:
         self.host, self.model, self.layers, self.model_id = host, model, layers, model_id
         self.device, self.config = torch.device(device), config
         self.sessions: dict[int, _Session] = {}
+        self._by_token: dict[bytes, _Session] = {}
         self.served_tokens = 0
+        self.pushed_steps = 0  # steps that came from the previous hop, not the client
         self.refused_busy = 0
         self._ids = itertools.count(1)
         self._compute = trio.CapacityLimiter(1)  # FIFO: sessions take turns fairly
@@ -145,6 +162,7 @@ class InferenceServer:
     def start(self) -> None:
         """Register the stream handler on the host (the host runs the streams)."""
         self.host.set_handler(INFERENCE_PROTOCOL, self._serve, public=True)  # clients use it
+        self.host.set_handler(PUSH_PROTOCOL, self._serve_push, public=True)  # other servers
 
     def swap(self, model: Transformer, layers: range) -> None:
         """Serve ``layers`` of ``model`` from now on (a move).
@@ -159,7 +177,8 @@ class InferenceServer:
         """Served span, open sessions and counters, for `pnode status`."""
         return {"serving": [self.layers.start, self.layers.stop],
                 "sessions": len(self.sessions), "max_sessions": self.config.max_sessions,
-                "served_tokens": self.served_tokens, "refused_busy": self.refused_busy}
+                "served_tokens": self.served_tokens, "refused_busy": self.refused_busy,
+                "pushed_steps": self.pushed_steps}
 
     def measure_throughput(self, tokens: int = 8) -> float:
         """Decode tokens/s through the served span (run in a worker thread)."""
@@ -184,11 +203,18 @@ class InferenceServer:
             await self._reply(stream, Busy(self.config.busy_retry_ms,
                                            f"{len(self.sessions)} sessions open"))
             return
+        session.client = stream
+        self._by_token[session.token] = session
         try:
-            await self._reply(stream, SessionAccepted(session.cache.max_len))
-            await self._run_session(stream, reader, session)
+            await self._reply(stream, SessionAccepted(session.cache.max_len, session.token))
+            with session.scope:
+                await self._run_session(stream, reader, session)
         finally:
             del self.sessions[session.id]
+            del self._by_token[session.token]
+            for scope in session.pushes:
+                scope.cancel()
+            await self._unlink(session)
 
     def _open(self, req: OpenSession, peer: ID) -> _Session | None:
         """A new session, None when full. Raises SessionRefused."""
@@ -210,7 +236,7 @@ class InferenceServer:
         cache = KVCache(self.model.config, req.max_len,
                         layers=range(req.layer_start, req.layer_end), device=self.device)
         session = _Session(next(self._ids), peer, req.layer_start, req.layer_end, req.codec,
-                           cache, self.model)
+                           cache, self.model, token=os.urandom(32))
         self.sessions[session.id] = session
         return session
 
@@ -221,17 +247,93 @@ class InferenceServer:
                                                timeout=self.config.idle_timeout)
             except (FrameEOF, FrameTimeout):
                 return  # the client is done (or gone quiet): free the cache
-            step = decode(data, Step)
+            msg = decode(data, (Step, Link))
+            if isinstance(msg, Link):
+                async with s.lock:  # never between a pushed step's writes
+                    await self._link(s, msg)
+            elif not await self._step(s, msg):
+                return
+
+    async def _step(self, s: _Session, step: Step) -> bool:
+        """Run one step of the client's or the previous hop's; False once the session failed.
+
+        The outputs go to the client, then to the linked hop: a next hop
+        that is dead or stalls cannot delay this hop's answer, so the client
+        blames the right server. A push that fails unlinks; the client
+        notices the next hop's silence and routes around it.
+        """
+        async with s.lock:
             try:
                 hidden = await self._check_step(step, s)
                 out = await self._forward(s, step, hidden)
             except SessionRefused as exc:
-                await self._reply(stream, SessionError(str(exc)[:256]))
-                return
+                await self._reply(s.client, SessionError(str(exc)[:256]))
+                s.scope.cancel()
+                return False
             s.steps += 1
             s.tokens = step.pos + hidden.shape[1]
             self.served_tokens += hidden.shape[1]
-            await self._reply(stream, StepResult(out))
+            await self._reply(s.client, StepResult(step.pos, out))
+            if s.link is not None:
+                try:
+                    await write_frame(s.link, encode(Step(step.pos, step.chunks, out)),
+                                      timeout=self.config.push_timeout)
+                except Exception as exc:  # the next hop died or stalled: the client sees to it
+                    log.info("push to the next hop failed: %s: %s", type(exc).__name__, exc)
+                    await self._unlink(s)
+            return True
+
+    async def _link(self, s: _Session, msg: Link) -> None:
+        """Link (or, with an empty peer id, unlink) the session to the next hop's."""
+        await self._unlink(s)
+        if not msg.peer_id:
+            return
+        try:
+            with trio.fail_after(self.config.link_timeout):
+                peer = ID.from_base58(msg.peer_id)
+                if peer not in self.host.connected_peers():
+                    addrs = [a for a in msg.addrs if a.endswith(f"/p2p/{msg.peer_id}")]
+                    if not addrs:
+                        raise SessionRefused("no address of the next hop names it")
+                    await self.host.connect(addrs[0])
+                stream = await self.host.open_stream(peer, PUSH_PROTOCOL)
+                await write_frame(stream, encode(PushOpen(msg.token)))
+        except Exception as exc:  # unreachable, refused, bad id: the client stays in charge
+            await self._reply(s.client, Linked(False, f"{type(exc).__name__}: {exc}"[:256]))
+            return
+        s.link = stream
+        await self._reply(s.client, Linked(True, ""))
+
+    async def _unlink(self, s: _Session) -> None:
+        link, s.link = s.link, None
+        if link is not None:
+            with trio.move_on_after(2.0, shield=True):
+                try:
+                    await link.close()
+                except Exception:  # a dead hop's stream: nothing to close
+                    pass
+
+    async def _serve_push(self, stream: INetStream, peer: ID) -> None:
+        """The previous hop's outputs: steps of the session its token names."""
+        reader = FrameReader(stream)
+        try:
+            first = await reader.read_frame(4096, timeout=self.config.idle_timeout)
+        except (FrameEOF, FrameTimeout):
+            return
+        s = self._by_token.get(decode(first, PushOpen).token)
+        if s is None:
+            return  # a session that ended (or never was): nothing to push into
+        with trio.CancelScope() as scope:  # the session's end ends this stream too
+            s.pushes.append(scope)
+            while s.id in self.sessions:
+                try:
+                    data = await reader.read_frame(MAX_INFERENCE_FRAME,
+                                                   timeout=self.config.idle_timeout)
+                except (FrameEOF, FrameTimeout):
+                    return
+                self.pushed_steps += 1
+                if not await self._step(s, decode(data, Step)):
+                    return
 
     async def _check_step(self, step: Step, s: _Session) -> torch.Tensor:
         """The step's hidden states, checked against the session. Raises SessionRefused."""

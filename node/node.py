@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = "/ip4/127.0.0.1/tcp/0"
 ADDR_FILE = "node.addr"
+#: Most seconds production waits for ``wait_peers`` peers.
+WAIT_PEERS_S = 60.0
 TRAIN_LOG = "train.jsonl"  # one JSON line per loss this node computed
 
 
@@ -69,7 +71,7 @@ class Node:
                  dial_attempts: int = 5, first_backoff_s: float = 0.5,
                  resync_s: float = 5.0, produce: bool = True,
                  block_interval_ms: int | None = None, catch_up_s: float = 20.0,
-                 serve: ServeConfig | None = None, trusted: Collection[str] | None = None,
+                 wait_peers: int = 0, serve: ServeConfig | None = None, trusted: Collection[str] | None = None,
                  wallet_key: SigningKey | None = None, bond: int | None = None,
                  mine: Any = None, average_every: int = 10, mine_device: str = "cpu"):
         """
@@ -85,6 +87,8 @@ class Node:
             block_interval_ms: least time between the tip and a block this
                 node seals on it (None: the chain's slot).
             catch_up_s: most seconds production waits for the first syncs.
+            wait_peers: production also waits (``WAIT_PEERS_S`` at most) until
+                this many peers are connected.
             serve: the layers to serve and how (None: serve nothing).
             trusted: when given, the only peer ids (base58) this node dials,
                 syncs and gossips with and takes announcements from;
@@ -103,7 +107,7 @@ class Node:
         self.dial_attempts, self.first_backoff_s = dial_attempts, first_backoff_s
         self.resync_s = resync_s
         self.produce, self.block_interval_ms = produce, block_interval_ms
-        self.catch_up_s = catch_up_s
+        self.catch_up_s, self.wait_peers = catch_up_s, wait_peers
         self.serve = serve
         self.trusted = None if trusted is None else {ID.from_base58(p) for p in trusted}
         self.announcer: Announcer | None = None
@@ -158,7 +162,7 @@ class Node:
                 try:
                     task_status.started(self.addr)
                     if self.produce:
-                        nursery.start_soon(self._produce_after, joined, key)
+                        nursery.start_soon(self._produce_after, joined, key, host)
                     if self.server is not None:
                         nursery.start_soon(self._register_after, joined, key, identity)
                     if self.mine is not None:
@@ -288,7 +292,7 @@ class Node:
         finally:
             done.set()
 
-    async def _produce_after(self, joined: trio.Event, key) -> None:
+    async def _produce_after(self, joined: trio.Event, key, host) -> None:
         """Produce once the first syncs are over (or after ``catch_up_s``).
 
         Waiting keeps a restarted producer from sealing blocks on a stale tip;
@@ -301,6 +305,9 @@ class Node:
             # job's model (a miss, and a jail term, for no fault of the work).
             while self.mine is not None and (self.miner is None or not self.miner.ready.is_set()):
                 await (self.miner.ready.wait() if self.miner else trio.sleep(0.05))
+        with trio.move_on_after(WAIT_PEERS_S):
+            while len(host.connected_peers()) < self.wait_peers:
+                await trio.sleep(0.1)
         self.producer = Producer(self.service, key, self.clock,
                                  interval_ms=self.block_interval_ms, report=self.report)
         await self.producer.run()

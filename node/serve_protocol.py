@@ -3,9 +3,11 @@
 Owns what servers and clients of the swarm say to each other: signed
 announcements of who serves which layers (gossip topic ``pnode/announce/1``
 and the ``/pnode/swarm/1.0.0`` request that returns a node's view of them),
-and the inference session stream ``/pnode/inference/1.0.0``. Messages are
-frozen, slotted dataclasses on the ledger codec under tags 57-65 (chain sync
-and transactions use 50-56), so decode refuses anything unexpected.
+the inference session stream ``/pnode/inference/2.0.0`` and the
+server-to-server push stream ``/pnode/inference-push/1.0.0`` that carries a
+hop's outputs straight into the next hop's session. Messages are frozen,
+slotted dataclasses on the ledger codec under tags 57-65 and 72-74 (chain
+sync and transactions use 50-56), so decode refuses anything unexpected.
 
 Announcements are signed by the announcing peer's libp2p Ed25519 key (the
 key its peer id is made of), so any node may relay them in a `SwarmResponse`
@@ -23,7 +25,9 @@ from ledger.crypto import verify
 #: Request/response protocol: a node's current view of the swarm's servers.
 SWARM_PROTOCOL = "/pnode/swarm/1.0.0"
 #: Stream protocol of one inference session (many frames each way).
-INFERENCE_PROTOCOL = "/pnode/inference/1.0.0"
+INFERENCE_PROTOCOL = "/pnode/inference/2.0.0"
+#: Stream protocol on which a server pushes its outputs into the next hop's session.
+PUSH_PROTOCOL = "/pnode/inference-push/1.0.0"
 #: Gossip topic of `Announce` messages.
 ANNOUNCE_TOPIC = "pnode/announce/1"
 #: Signature domain of announcements (a peer key signs nothing else with it).
@@ -120,12 +124,18 @@ class OpenSession:
     codec: Annotated[str, MaxLen(8)]
 
 
-@wire(61)
+@wire(61, 2)
 @dataclass(frozen=True, slots=True)
 class SessionAccepted:
-    """The server holds a KV cache of ``max_len`` positions for this session."""
+    """The server holds a KV cache of ``max_len`` positions for this session.
+
+    token: a random secret naming the session; whoever holds it (the
+        previous hop, once the client sends it a `Link`) may push steps
+        into the session (`PUSH_PROTOCOL`).
+    """
 
     max_len: U32
+    token: Key32
 
 
 @wire(62)
@@ -154,11 +164,16 @@ class Step:
     hidden: Annotated[bytes, MaxLen(MAX_HIDDEN_BYTES)]
 
 
-@wire(64)
+@wire(64, 2)
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """Hidden states leaving the session's last layer, (1, T, dim), as a wire tensor."""
+    """Hidden states leaving the session's last layer, (1, T, dim), as a wire tensor.
 
+    pos: the position of the step it answers (a pushed step's result comes
+        unasked, so the client matches results to steps by it).
+    """
+
+    pos: U32
     hidden: Annotated[bytes, MaxLen(MAX_HIDDEN_BYTES)]
 
 
@@ -170,4 +185,37 @@ class SessionError:
     reason: Text
 
 
-ClientMessage = (OpenSession, Step)
+@wire(72)
+@dataclass(frozen=True, slots=True)
+class Link:
+    """Client to a hop: push the outputs of every later step into this session too.
+
+    The hop dials ``peer_id`` (at ``addrs``), opens `PUSH_PROTOCOL` with
+    `PushOpen(token)`, and from then on sends each step's outputs there as a
+    `Step` before it answers the client. It answers `Linked`. An empty
+    ``peer_id`` unlinks (no answer).
+    """
+
+    peer_id: Text
+    addrs: Addrs
+    token: Key32
+
+
+@wire(73)
+@dataclass(frozen=True, slots=True)
+class Linked:
+    """Whether a `Link` took (``reason`` says why not)."""
+
+    ok: bool
+    reason: Text
+
+
+@wire(74)
+@dataclass(frozen=True, slots=True)
+class PushOpen:
+    """First frame of a push stream: the token of the session the steps are for."""
+
+    token: Key32
+
+
+ClientMessage = (OpenSession, Step, Link)

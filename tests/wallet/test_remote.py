@@ -73,15 +73,22 @@ async def swarm(stack: AsyncExitStack, reader, spans, configs=None):
     return hosts, servers
 
 
+@pytest.mark.parametrize("push", (False, True))
 def test_three_servers_generate_exactly_what_the_local_model_does(gguf_reader, parts,
-                                                                  local_tokens):
+                                                                  local_tokens, push):
     async def main():
         async with AsyncExitStack() as stack:
-            hosts, _ = await swarm(stack, gguf_reader, [(0, 10), (10, 20), (20, 30)])
-            async with open_remote([hosts[0].addrs[0]], parts) as client:
+            hosts, servers = await swarm(stack, gguf_reader, [(0, 10), (10, 20), (20, 30)])
+            async with open_remote([hosts[0].addrs[0]], parts,
+                                   config=ClientConfig(push=push)) as client:
                 seen = []
                 result = await client.generate(InferRequest(PROMPT, max_tokens=16), seen.append)
             assert result.token_ids == local_tokens(16)
+            # Pushed: hops 2 and 3 got every step (the prefill, then one per
+            # token after the first) from the hop before.
+            n = len(result.token_ids)
+            pushed = [s.inference.pushed_steps for s in servers]
+            assert pushed == ([0, n, n] if push else [0, 0, 0])
             assert [t.id for t in seen] == result.token_ids
             assert [(s.peer_id, s.start, s.end) for s in result.route] == [
                 (str(h.peer_id), a, b) for h, (a, b) in zip(hosts, [(0, 10), (10, 20), (20, 30)])]
@@ -91,11 +98,13 @@ def test_three_servers_generate_exactly_what_the_local_model_does(gguf_reader, p
 
 def test_a_server_dying_mid_generation_is_replaced_and_the_output_unchanged(
         gguf_reader, parts, local_tokens):
+    """With push routing: the route unlinks and the client drives the rest."""
     async def main():
         async with AsyncExitStack() as stack:
             hosts, _ = await swarm(stack, gguf_reader,
                                    [(0, 10), (10, 20), (20, 30), (10, 20)])
-            async with open_remote([hosts[0].addrs[0]], parts) as client:
+            async with open_remote([hosts[0].addrs[0]], parts,
+                                   config=ClientConfig(push=True)) as client:
                 victim: list[str] = []
 
                 def kill_after_five(token) -> None:
