@@ -35,6 +35,7 @@ from node.work import config_json
 from wallet.keystore import read_public_key, write_key_file
 
 _ROOT = Path(__file__).resolve().parent.parent
+STOP_AGREE_S = 15.0  # the most `Devnet.stop` waits for the held nodes to share a tip
 
 
 class DevnetError(NodeError):
@@ -128,6 +129,23 @@ class Devnet:
             return None
 
     def stop(self) -> None:
+        """Hold every producer, let the live nodes agree on one tip, then SIGTERM them.
+
+        Stopping nodes that still produce would race the last block's gossip:
+        a node stopped before it arrives ends one block behind the others.
+        """
+        live = [i for i, p in enumerate(self.procs) if p is not None and p.poll() is None]
+        for i in live:
+            try:
+                control_call(self.dirs[i], "hold_production")
+            except (NodeNotRunning, ControlError, OSError):
+                pass
+        deadline = time.monotonic() + STOP_AGREE_S
+        while live and time.monotonic() < deadline:
+            states = [self.status(i) for i in live]
+            if all(s is not None for s in states) and len({s["tip"] for s in states}) == 1:
+                break
+            time.sleep(0.2)
         for proc in self.procs:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

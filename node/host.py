@@ -172,9 +172,19 @@ class Host:
         return self._host.get_id()
 
     @property
+    def stopping(self) -> bool:
+        """True once `stop` was called (the host is closing or closed)."""
+        return self._stop.is_set()
+
+    @property
     def addrs(self) -> list[str]:
-        """Listen addresses with ``/p2p/<peer id>`` (empty before `run`)."""
-        return [str(a) for a in self._host.get_addrs()]
+        """Listen addresses with ``/p2p/<peer id>`` (empty before `run` and once stopping)."""
+        if self.stopping:
+            return []
+        try:
+            return [str(a) for a in self._host.get_addrs()]
+        except OSError:  # the listener closed under us: a host going down has none
+            return []
 
     @property
     def security_protocols(self) -> list[str]:

@@ -120,6 +120,7 @@ class Node:
         self.service: ChainService | None = None
         self.txs: TxGossip | None = None
         self.producer: Producer | None = None
+        self.production_held = False  # the ``hold_production`` op was called
         self.address: bytes | None = None  # the default wallet's account
         self.node_key: bytes | None = None
 
@@ -190,7 +191,8 @@ class Node:
 
     def control_ops(self) -> dict[str, ControlOp]:
         """The control socket's ops (a subclass or a later component may add some)."""
-        return {"status": self.status, "account": self.account, "submit_tx": self.submit_tx}
+        return {"status": self.status, "account": self.account, "submit_tx": self.submit_tx,
+                "hold_production": self.hold_production}
 
     def extra_status(self) -> dict[str, Any]:
         """The ``status`` op's serving fields: span, sessions, throughput, the swarm seen."""
@@ -219,6 +221,18 @@ class Node:
             blocks_produced=len(self.producer.made) if self.producer else 0)
         info.update(self.extra_status())
         return info
+
+    async def hold_production(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The ``hold_production`` op: seal no more blocks, keep following the chain.
+
+        A devnet winding down holds every producer, lets the last block
+        spread, and only then stops the nodes: they end on one tip.
+        """
+        self._running()
+        self.production_held = True
+        if self.producer is not None:
+            self.producer.hold()
+        return {"held": True}
 
     async def account(self, args: dict[str, Any]) -> dict[str, Any]:
         """The ``account`` op: ``address`` (hex) -> balance, bond, nonce, queued txs."""
@@ -310,6 +324,8 @@ class Node:
                 await trio.sleep(0.1)
         self.producer = Producer(self.service, key, self.clock,
                                  interval_ms=self.block_interval_ms, report=self.report)
+        if self.production_held:
+            self.producer.hold()
         await self.producer.run()
 
     async def _register_after(self, joined: trio.Event, key, identity) -> None:

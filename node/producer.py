@@ -89,6 +89,11 @@ class Producer:
         self.interval_ms, self.report = interval_ms, report
         self.made: deque[tuple[int, bytes]] = deque(maxlen=1000)  # (height, hash) of recent blocks
         self.eligible: bool | None = None  # None until the first check
+        self.held = False  # `hold` stops sealing for good (a devnet winding down)
+
+    def hold(self) -> None:
+        """Seal no more blocks (one being sealed still goes out); the node follows the chain."""
+        self.held = True
 
     async def run(self, *, task_status: trio.TaskStatus[Producer] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -96,6 +101,8 @@ class Producer:
         task_status.started(self)
         chain = self.service.chain
         while True:
+            if self.held:
+                await trio.sleep_forever()
             tip = chain.tip_hash
             earliest = await self.service.call(self._earliest)
             self._note_eligible(earliest is not None)
@@ -107,7 +114,8 @@ class Producer:
                 with trio.move_on_after(wait_s):
                     await self.service.wait_tip_change(tip)
                 continue  # re-check the tip and the clock
-            await self._produce(tip)
+            if not self.held:
+                await self._produce(tip)
 
     def _earliest(self) -> int | None:
         chain = self.service.chain

@@ -149,6 +149,8 @@ class Announcer:
 
     async def announce_now(self) -> None:
         """Gossip (and hold) this node's announcement now, if it serves anything."""
+        if self.host.stopping:  # a stopped host has no addresses to announce
+            return
         own = self.make_announce()
         if own is None:
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import trio
 
 from ledger.crypto import SigningKey
 from ledger.state import ACCOUNT
@@ -89,3 +90,24 @@ def test_a_node_that_is_no_producer_says_so_once_and_follows():
     run(main)
     assert lines == ["not a registered, bonded producer on this chain: following it"]
     assert all(blk.header.producer == net.nodes[0].public for blk in list(dbs[1].iter_blocks())[1:])
+
+
+def test_held_producers_seal_nothing_more_and_end_on_one_tip():
+    net = fresh_net(2, slot_ms=1000)
+    dbs = [new_db(net) for _ in range(2)]
+
+    async def main():
+        async with chain_node(1, dbs[0], now_ms, producer_key=net.nodes[0], interval_ms=40) as a, \
+                chain_node(2, dbs[1], now_ms, producer_key=net.nodes[1], interval_ms=40) as b:
+            await a.host.connect(b.host.addrs[0])
+            await meshed(BLOCKS_TOPIC, (a.host, b.host), (b.host, a.host))
+            await eventually(lambda: min(db.height for db in dbs) >= 3, "3 blocks", 20)
+            a.producer.hold()
+            b.producer.hold()
+            await eventually(lambda: dbs[0].tip_hash == dbs[1].tip_hash, "one tip")
+            held_at = dbs[0].height
+            made = len(a.producer.made) + len(b.producer.made)
+            await trio.sleep(0.6)  # 15 intervals: unheld, they would have sealed blocks
+            assert dbs[0].height == dbs[1].height == held_at
+            assert len(a.producer.made) + len(b.producer.made) == made
+    run(main, 40)
