@@ -257,10 +257,12 @@ class InferenceServer:
     async def _step(self, s: _Session, step: Step) -> bool:
         """Run one step of the client's or the previous hop's; False once the session failed.
 
-        The outputs go to the client, then to the linked hop: a next hop
-        that is dead or stalls cannot delay this hop's answer, so the client
-        blames the right server. A push that fails unlinks; the client
-        notices the next hop's silence and routes around it.
+        The outputs go to the linked hop first (the critical path), then to
+        the client. A dead next hop fails the push at once; a stalled one
+        delays this answer by at most ``push_timeout``, under the client's
+        step timeout, so the client still blames the right server. A push
+        that fails unlinks; the client notices the next hop's silence and
+        routes around it.
         """
         async with s.lock:
             try:
@@ -273,7 +275,6 @@ class InferenceServer:
             s.steps += 1
             s.tokens = step.pos + hidden.shape[1]
             self.served_tokens += hidden.shape[1]
-            await self._reply(s.client, StepResult(step.pos, out))
             if s.link is not None:
                 try:
                     await write_frame(s.link, encode(Step(step.pos, step.chunks, out)),
@@ -281,6 +282,7 @@ class InferenceServer:
                 except Exception as exc:  # the next hop died or stalled: the client sees to it
                     log.info("push to the next hop failed: %s: %s", type(exc).__name__, exc)
                     await self._unlink(s)
+            await self._reply(s.client, StepResult(step.pos, out))
             return True
 
     async def _link(self, s: _Session, msg: Link) -> None:

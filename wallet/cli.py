@@ -14,6 +14,7 @@ import os
 import sys
 
 import click
+from click.core import ParameterSource
 
 from ledger.codec import encode, to_json
 from ledger.crypto import SigningKey
@@ -183,9 +184,9 @@ def history(address, data_dir, wallet_name, as_json) -> None:
 @click.option("--wire", type=click.Choice(["raw", "fp16", "bf16", "int8"]), default="raw",
               show_default=True, help="Encoding of hidden states on the wire (raw: output "
                                       "identical to --local; fp16: half the bytes).")
-@click.option("--push", is_flag=True,
+@click.option("--push/--no-push", default=True, show_default=True,
               help="Push routing: each server sends its outputs straight to the next "
-                   "(fewer crossings per token; worth most where the network is slow).")
+                   "(fewer crossings per token); --no-push drives every hop from here.")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the chat template.")
 @click.option("--greedy", is_flag=True, help="Always take the most likely token.")
 @click.option("--max-tokens", type=click.IntRange(1, 100_000), default=64, show_default=True)
@@ -214,11 +215,12 @@ def infer(prompt, local, peers, trusted_file, wire, push, raw, greedy, max_token
       pwallet infer "def fib(n):" --local --raw --greedy --max-tokens 32 --json
       pwallet infer "Hello" --peers /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW... --greedy
       pwallet infer "Hello" --peers ADDR --trusted-peers friends.txt --wire fp16 --json
-      pwallet infer "Hello" --peers ADDR --push        # servers pass hidden states on
+      pwallet infer "Hello" --peers ADDR --no-push     # the client drives every hop
     """
-    if local and (peers or trusted_file or push):
+    routed = click.get_current_context().get_parameter_source("push")
+    if local and (peers or trusted_file or routed is not ParameterSource.DEFAULT):
         raise click.UsageError("--local runs everything here: drop --peers/--trusted-peers/"
-                               "--push")
+                               "--push/--no-push")
     if not local and not peers:
         peers = (_running_node_addr(data_dir),)
     for addr in peers:

@@ -58,7 +58,8 @@ class ClientConfig:
     codec: wire encoding of hidden states both ways ("raw" keeps the output
         bit-identical to a local run; "fp16" halves the bytes).
     push: link the hops so that each pushes its outputs to the next
-        (module docstring, step 4).
+        (module docstring, step 4; the default: it measured 1.02-1.07x the
+        decode rate of driving every hop from here, even on loopback).
     step_timeout: seconds a step may take, plus ``step_timeout_per_token``
         per position it carries: past it the server counts as stalled.
     """
@@ -69,7 +70,7 @@ class ClientConfig:
     open_timeout: float = 10.0
     max_failovers: int = 8
     busy_wait: float = 15.0  # most seconds spent waiting on busy servers per hop
-    push: bool = False
+    push: bool = True
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:

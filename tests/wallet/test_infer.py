@@ -80,6 +80,7 @@ DEAD_PEER = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWDVSyhRMdzqy4FDRbRWE8fGdGBLizkNutUd
     (["--peers", "/ip4/127.0.0.1/tcp/1"], "bad peer address"),
     (["--local", "--peers", DEAD_PEER], "--local runs everything here"),
     (["--local", "--push"], "--local runs everything here"),
+    (["--local", "--no-push"], "--local runs everything here"),
     ([], "give --peers ADDR or --local"),
 ])
 def test_bad_flags_are_one_line_errors(pwallet, args, message, tmp_path):
