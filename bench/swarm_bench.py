@@ -20,8 +20,9 @@ Measures, against baselines measured in the same run:
      the 3-server route (both directions, all hops), and whether the greedy
      output stays equal to the local one;
   4. recovery: a 4th server also holds layers 10-19; the server the route
-     uses for 10-19 is killed with SIGKILL after the 8th token: recovery is
-     the gap between that token and the next, against the median gap;
+     uses for 10-19 is killed with SIGKILL after the 8th token (push
+     routing, `pwallet infer`'s default): recovery is the gap between that
+     token and the next, against the median gap;
   5. chain sync: a node joining late pulls a chain of --blocks blocks from a
      `pnode start` peer; blocks/s from its start to its reaching the tip
      (process start-up included, so a lower bound).
@@ -246,7 +247,7 @@ def bench_recovery(args, root: Path, parts: ClientParts, local: Local) -> dict:
         procs = {a.rsplit("/p2p/", 1)[1]: p for a, p in zip(swarm.addrs, swarm.procs)}
         want, _ = local.run(args.tokens)
         ids, _, result, gaps = trio.run(remote_run, swarm.addrs[0], parts, args.tokens, "raw",
-                                        4, 8, procs)
+                                        4, 8, procs, True)  # push routing, the default
         assert ids == want, "output after failover differs from local"
         recovery = gaps[7]
         median_gap = statistics.median(gaps[:7] + gaps[8:])

@@ -22,7 +22,7 @@ from ledger.chaindb import ChainDB
 from ledger.store import LevelDBStore
 
 ROOT = Path(__file__).resolve().parents[2]
-KILLS = 24
+KILLS = 16
 
 
 def _run_and_kill(path: Path, rng: random.Random) -> list[tuple[int, str]]:
