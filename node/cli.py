@@ -252,8 +252,7 @@ def _single(group: BaseExceptionGroup) -> BaseException:
 @click.option("--average-every", type=click.IntRange(1, 1_000_000), default=10,
               show_default=True, help="Training steps between the replicas' averaging rounds.")
 def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layers, auto,
-          num_layers,
-          no_serve, gpu, threads, max_sessions, price, model_file, trusted_file, bond,
+          num_layers, no_serve, gpu, threads, max_sessions, price, model_file, trusted_file, bond,
           passphrase_file, mine, job_file, average_every) -> None:
     """Run the node: sync and produce the chain, serve model layers, until SIGINT/SIGTERM.
 
@@ -301,8 +300,7 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
     node = Node(data_dir, now_ms, listen=listen, peers=peers,
                 report=status.print if status else click.echo,
                 produce=produce, block_interval_ms=block_interval_ms, wait_peers=wait_peers,
-                serve=serve,
-                trusted=trusted, wallet_key=wallet_key,
+                serve=serve, trusted=trusted, wallet_key=wallet_key,
                 bond=parse_coins(bond) if bond else None, mine=job, average_every=average_every,
                 mine_device=device)
 

@@ -128,6 +128,13 @@ class Devnet:
         except (NodeNotRunning, ControlError, OSError):
             return None
 
+    def one_tip(self, nodes: list[int]) -> list[dict[str, Any]] | None:
+        """The statuses of ``nodes`` when all answer and share one tip, else None."""
+        states = [self.status(i) for i in nodes]
+        if all(s is not None for s in states) and len({s["tip"] for s in states}) == 1:
+            return states
+        return None
+
     def stop(self) -> None:
         """Hold every producer, let the live nodes agree on one tip, then SIGTERM them.
 
@@ -141,10 +148,7 @@ class Devnet:
             except (NodeNotRunning, ControlError, OSError):
                 pass
         deadline = time.monotonic() + STOP_AGREE_S
-        while live and time.monotonic() < deadline:
-            states = [self.status(i) for i in live]
-            if all(s is not None for s in states) and len({s["tip"] for s in states}) == 1:
-                break
+        while live and time.monotonic() < deadline and self.one_tip(live) is None:
             time.sleep(0.2)
         for proc in self.procs:
             if proc is not None and proc.poll() is None:
@@ -185,9 +189,8 @@ def settle(net: Devnet, blocks: int, timeout: float = 120.0) -> None:
     start = max(heights)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        states = [net.status(i) for i in live]
-        if all(s is not None for s in states) and min(s["height"] for s in states) \
-                >= start + blocks and len({s["tip"] for s in states}) == 1:
+        states = net.one_tip(live)
+        if states is not None and min(s["height"] for s in states) >= start + blocks:
             return
         time.sleep(0.3)
     raise DevnetError(f"the nodes did not agree on a tip {blocks} blocks on")

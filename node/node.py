@@ -71,7 +71,8 @@ class Node:
                  dial_attempts: int = 5, first_backoff_s: float = 0.5,
                  resync_s: float = 5.0, produce: bool = True,
                  block_interval_ms: int | None = None, catch_up_s: float = 20.0,
-                 wait_peers: int = 0, serve: ServeConfig | None = None, trusted: Collection[str] | None = None,
+                 wait_peers: int = 0, serve: ServeConfig | None = None,
+                 trusted: Collection[str] | None = None,
                  wallet_key: SigningKey | None = None, bond: int | None = None,
                  mine: Any = None, average_every: int = 10, mine_device: str = "cpu"):
         """

@@ -58,7 +58,7 @@ class ClientConfig:
     codec: wire encoding of hidden states both ways ("raw" keeps the output
         bit-identical to a local run; "fp16" halves the bytes).
     push: link the hops so that each pushes its outputs to the next
-        (module docstring, step 4; the default: on loopback as fast as
+        (`wallet.remote`'s module docstring, step 4; the default: on loopback as fast as
         driving every hop from here, on a real network two one-way
         latencies per token fewer over three hops).
     step_timeout: seconds a step may take, plus ``step_timeout_per_token``
