@@ -14,10 +14,11 @@ it serves are in memory):
   (fair queueing), and the trio loop stays free for the network;
 - push routing: a client may `Link` a session to the next hop's session
   (its peer and secret token); the server then sends each step's outputs
-  to that hop over ``/pnode/inference-push/1.0.0`` before answering the
+  to that hop over ``/pnode/inference-push/1.0.0`` instead of to the
   client, so a token crosses the route once instead of returning to the
   client between hops. Steps pushed into a session are checked and run
-  exactly as the client's own, and their results also go to the client.
+  exactly as the client's own; a linked session answers the client only
+  when its push fails.
 
 A malformed frame, a step at the wrong position or one past the session's
 budget gets a `SessionError` and the stream is closed; a frame that does not
@@ -257,12 +258,11 @@ class InferenceServer:
     async def _step(self, s: _Session, step: Step) -> bool:
         """Run one step of the client's or the previous hop's; False once the session failed.
 
-        The outputs go to the linked hop first (the critical path), then to
-        the client. A dead next hop fails the push at once; a stalled one
-        delays this answer by at most ``push_timeout``, under the client's
-        step timeout, so the client still blames the right server. A push
-        that fails unlinks; the client notices the next hop's silence and
-        routes around it.
+        The outputs go to the linked hop, or, when the session is not
+        linked, to the client. A push that fails (a dead next hop at once, a
+        stalled one after ``push_timeout``, under the client's step timeout)
+        unlinks the session and the outputs go to the client instead: it
+        goes on from the next hop itself and blames it if it fails again.
         """
         async with s.lock:
             try:
@@ -279,6 +279,7 @@ class InferenceServer:
                 try:
                     await write_frame(s.link, encode(Step(step.pos, step.chunks, out)),
                                       timeout=self.config.push_timeout)
+                    return True
                 except Exception as exc:  # the next hop died or stalled: the client sees to it
                     log.info("push to the next hop failed: %s: %s", type(exc).__name__, exc)
                     await self._unlink(s)

@@ -2,10 +2,11 @@
 
 Owns what `wallet.remote.RemoteModel` does with the servers of a route
 (specs/network.md sections 9.3a and 9.4): opening one session per hop
-(around busy and dead servers), sending steps and matching their results,
-linking the hops for push routing, and replacing a failed hop by replaying
-the inputs it was sent, chunk by chunk, so the rebuilt KV caches are
-bit-identical. Also the client's tunables, results and errors.
+(around busy and dead servers), reading every hop's frames through one
+inbox, sending steps and matching their results, linking the hops for push
+routing, and replacing a failed hop by replaying the inputs it was sent
+(rebuilt first when they were pushed), chunk by chunk, so the rebuilt KV
+caches are bit-identical. Also the client's tunables, results and errors.
 """
 
 from __future__ import annotations
@@ -40,7 +41,15 @@ class RemoteError(WalletError):
 
 
 class HopFailed(RemoteError):
-    """One server of the route failed (dead, stalled, refused or garbled)."""
+    """One server of the route failed (dead, stalled, refused or garbled).
+
+    Attributes:
+        session: the failed hop's session, when known.
+    """
+
+    def __init__(self, message: str, session: HopSession | None = None):
+        super().__init__(message)
+        self.session = session
 
 
 class ServerBusy(RemoteError):
@@ -58,9 +67,9 @@ class ClientConfig:
     codec: wire encoding of hidden states both ways ("raw" keeps the output
         bit-identical to a local run; "fp16" halves the bytes).
     push: link the hops so that each pushes its outputs to the next
-        (`wallet.remote`'s module docstring, step 4; the default: on loopback as fast as
-        driving every hop from here, on a real network two one-way
-        latencies per token fewer over three hops).
+        (`wallet.remote`'s module docstring, step 4; the default: faster
+        on loopback, where the hops share cores, and on a real network two
+        one-way latencies per token fewer over three hops).
     step_timeout: seconds a step may take, plus ``step_timeout_per_token``
         per position it carries: past it the server counts as stalled.
     """
@@ -103,14 +112,21 @@ class Generation:
 
 
 class HopSession:
-    """One open inference stream to one server for one hop."""
+    """One open inference stream to one server for one hop.
+
+    A reader task (`RouteRun._read`) takes every frame the server sends and
+    hands it to the run's inbox; a broken stream is kept in ``error``.
+    """
 
     def __init__(self, hop: Hop, stream: INetStream, served: Served, token: bytes = b""):
         self.hop, self.stream, self.served, self.token = hop, stream, served, token
         self.reader = FrameReader(stream)
+        self.reading = trio.CancelScope()  # the reader task's
+        self.error: HopFailed | None = None
         self.steps = 0
 
     async def close(self) -> None:
+        self.reading.cancel()
         with trio.move_on_after(2.0, shield=True):
             try:
                 await self.stream.close()
@@ -118,22 +134,39 @@ class HopSession:
                 pass
 
 
+#: Frames a run's readers may hold before they wait for the client to take them.
+INBOX_SIZE = 16
+
 
 class RouteRun:
-    """The sessions of one generation and the inputs kept for replay."""
+    """The sessions of one generation and the inputs kept for replay.
 
-    def __init__(self, client: RemoteModel, result: Generation, max_len: int):
+    Every hop's frames arrive through one inbox (a reader task per session
+    in ``nursery``), so a hop that dies is noticed whichever hop the client
+    is waiting for. When the hops are linked (push routing) they answer
+    the client only at the end of the chain, or where a push failed; the
+    client then keeps only the first hop's inputs, and a failover first
+    rebuilds the failed hop's inputs by replaying the hops before it.
+    """
+
+    def __init__(self, client: RemoteModel, result: Generation, max_len: int,
+                 nursery: trio.Nursery):
         self.client, self.result, self.max_len = client, result, max_len
+        self.nursery = nursery
         self.sessions: list[HopSession] = []
         self.pushing = False  # the hops are linked: each pushes to the next
-        # Hidden states sent into each hop's first layer, as the chunks they went in.
+        # Hidden states sent into each hop's first layer, as the chunks they went in,
+        # complete (since position 0) for the hops whose start is in ``kept``.
         self.inputs: dict[int, list[torch.Tensor]] = {}
+        self.kept: set[int] = set()
+        self._inbox_in, self._inbox = trio.open_memory_channel(INBOX_SIZE)
 
     async def open(self, start: int, end: int) -> None:
         self.sessions = await self._open_span(start, end)
         self.client.route = [s.hop for s in self.sessions]
         if self.client.config.push and len(self.sessions) > 1:
             self.pushing = await self._link_all()
+        self.kept = {s.hop.start for s in (self.sessions[:1] if self.pushing else self.sessions)}
 
     async def close(self) -> None:
         for s in self.sessions:
@@ -142,38 +175,39 @@ class RouteRun:
     async def forward(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         """Run hidden states ``x`` (1, T, C) at ``pos`` through every hop; fail over as needed."""
         i = 0
-        if self.pushing:
-            i, x = await self._forward_pushed(x, pos)
         while i < len(self.sessions):
-            session = self.sessions[i]
-            self.inputs.setdefault(session.hop.start, []).append(x)
             try:
-                x = await self._step(session, x, pos, ())
-                i += 1
+                i, x = await self._run_from(i, x, pos)
+            except _Silent:  # a linked route went quiet: ask hop by hop who it is
+                await self._stop_pushing()
             except HopFailed as exc:
-                i, x = await self._fail_over(i, exc)
+                await self._stop_pushing()
+                i, x = await self._fail_over(self.sessions.index(exc.session), exc)
         return x
 
-    async def _forward_pushed(self, x: torch.Tensor, pos: int) -> tuple[int, torch.Tensor]:
-        """The step sent to the first hop, every hop's result read as the hops push it on.
+    async def _run_from(self, i: int, x: torch.Tensor, pos: int) -> tuple[int, torch.Tensor]:
+        """Send the step to hop ``i``; returns (the hop after the one that answered, its output).
 
-        Returns (hops done, the last one's output): all of them, or after a
-        failure, which unlinks the route, the failed-over hop's output and
-        the index of the hop after it.
+        Linked, the answer comes from the last hop, or from an earlier one
+        whose push failed (which unlinked it): the client unlinks the rest
+        and goes on from the hop after it.
         """
-        i = 0
-        self.inputs.setdefault(self.sessions[0].hop.start, []).append(x)
-        try:
-            timeout, sent = await self._send(self.sessions[0], x, pos, ())
-            for i, session in enumerate(self.sessions):
-                x = await self._result(session, x, pos, timeout, sent if i == 0 else 0)
-                if i + 1 < len(self.sessions):
-                    self.inputs.setdefault(self.sessions[i + 1].hop.start, []).append(x)
-            return len(self.sessions), x
-        except HopFailed as exc:
+        session = self.sessions[i]
+        self._record(session, x, pos)
+        last = len(self.sessions) - 1 if self.pushing else i
+        timeout, sent = await self._send(session, x, pos, ())
+        timeout += sum(self._timeout(s, x.shape[1], 1) - self.client.config.step_timeout
+                       for s in self.sessions[i + 1: last + 1])
+        j, out = await self._await(self.sessions[: last + 1], self.sessions[i: last + 1],
+                                   x, pos, timeout, sent)
+        if j < last:
+            await self._stop_pushing()
+        return j + 1, out
+
+    async def _stop_pushing(self) -> None:
+        if self.pushing:
             self.pushing = False
             await self._unlink_all()
-            return await self._fail_over(i, exc)
 
     async def _link_all(self) -> bool:
         """Link each hop to the next; False (and nothing linked) if any hop could not."""
@@ -182,12 +216,12 @@ class RouteRun:
                 for a, b in zip(self.sessions, self.sessions[1:]):
                     await write_frame(a.stream, encode(Link(
                         b.hop.peer_id, self.client._addrs(b.hop.peer_id), b.token)))
-                    reply = decode(await a.reader.read_frame(4096), Linked)
+                    _, reply = await self._receive([a], lambda s, m: isinstance(m, Linked))
                     if not reply.ok:
                         raise HopFailed(f"{a.hop.peer_id} cannot reach {b.hop.peer_id}: "
-                                        f"{reply.reason}")
+                                        f"{reply.reason}", a)
             return True
-        except (trio.TooSlowError, FramingError, DecodeError, HopFailed):
+        except (trio.TooSlowError, FramingError, HopFailed):
             await self._unlink_all()  # a hop that fails for real shows at the first step
             return False
 
@@ -200,11 +234,13 @@ class RouteRun:
                     pass
 
     async def _fail_over(self, i: int, exc: Exception) -> tuple[int, torch.Tensor]:
-        """Replace hop ``i`` and replay its kept inputs; returns (next hop index, its output).
+        """Replace hop ``i`` and replay its inputs; returns (next hop index, its output).
 
         The replacement may be several servers; each replays the inputs in
-        their original chunks, and its outputs are the next one's inputs.
+        their original chunks, and its outputs are the next one's inputs
+        (and the next hop's, which are then complete).
         """
+        await self._rebuild_inputs(i)
         failed = self.sessions[i]
         span = (failed.hop.start, failed.hop.end)
         kept = self.inputs[span[0]]
@@ -219,9 +255,8 @@ class RouteRun:
             history = kept
             try:
                 for failed in replacement:
-                    self.inputs[failed.hop.start] = history
-                    out = await self._step(failed, torch.cat(history, dim=1), 0, tuple(lengths))
-                    history = list(torch.split(out, lengths, dim=1))
+                    self._keep(failed, history)
+                    history = await self._replay(failed, history)
             except HopFailed as again:
                 exc = again  # ``failed`` is the replacement that failed: exclude it, retry
                 for session in replacement:
@@ -229,7 +264,55 @@ class RouteRun:
                 continue
             self.sessions[i: i + 1] = replacement
             self.client.route = [s.hop for s in self.sessions]
-            return i + len(replacement), history[-1]
+            after = i + len(replacement)
+            if after < len(self.sessions):
+                self._keep(self.sessions[after], history)
+            return after, history[-1]
+
+    async def _rebuild_inputs(self, i: int) -> None:
+        """Make hop ``i``'s kept inputs complete: replay the hops before it whose outputs are not.
+
+        Pushed steps never passed through the client, so it replays the
+        first kept hop's inputs onward (each server rolls its cache back to
+        position 0 and recomputes it bit for bit); a hop that fails on the
+        way is failed over in turn.
+        """
+        k = max(j for j in range(i + 1) if self.sessions[j].hop.start in self.kept)
+        while k < i:
+            session = self.sessions[k]
+            try:
+                history = await self._replay(session, self.inputs[session.hop.start])
+            except HopFailed as exc:
+                after, _ = await self._fail_over(k, exc)
+                i += after - k - 1  # the failed hop became (after - k) hops
+                k = after
+                continue
+            k += 1
+            self._keep(self.sessions[k], history)
+
+    def _record(self, session: HopSession, x: torch.Tensor, pos: int) -> None:
+        """Keep ``x``, sent to ``session`` at ``pos``, unless its kept inputs hold it already."""
+        if session.hop.start not in self.kept:
+            return
+        kept = self.inputs.setdefault(session.hop.start, [])
+        held = sum(c.shape[1] for c in kept)
+        if held == pos:
+            kept.append(x)
+        elif held != pos + x.shape[1]:  # cannot happen; never replay a gappy history
+            self.kept.discard(session.hop.start)
+
+    def _keep(self, session: HopSession, history: list[torch.Tensor]) -> None:
+        self.inputs[session.hop.start] = list(history)
+        self.kept.add(session.hop.start)
+
+    async def _replay(self, session: HopSession, history: list[torch.Tensor]
+                      ) -> list[torch.Tensor]:
+        """``history`` through ``session`` from position 0, in its chunks; the outputs, chunked."""
+        lengths = tuple(c.shape[1] for c in history)
+        x = torch.cat(history, dim=1)
+        timeout, sent = await self._send(session, x, 0, lengths)
+        _, out = await self._await([session], [session], x, 0, timeout, sent)
+        return list(torch.split(out, list(lengths), dim=1))
 
     def _count_failure(self, exc: Exception) -> None:
         self.result.failovers += 1
@@ -307,23 +390,25 @@ class RouteRun:
             # E.g. it moved to other layers since it announced: plan around it.
             await session.close()
             raise HopFailed(f"{hop.peer_id} refused the session: {reply.reason}")
+        self.nursery.start_soon(self._read, session)
         return session
 
-    async def _step(self, session: HopSession, x: torch.Tensor, pos: int,
-                    chunks: tuple[int, ...]) -> torch.Tensor:
-        timeout, sent = await self._send(session, x, pos, chunks)
-        return await self._result(session, x, pos, timeout, sent)
+    def _timeout(self, session: HopSession, positions: int, calls: int) -> float:
+        """Seconds ``session`` may take for a step of ``positions`` in ``calls`` forward calls.
+
+        A replay makes one forward call per chunk: allow each about twice
+        the server's announced time for one token through its layers.
+        """
+        cfg = self.client.config
+        return (cfg.step_timeout + cfg.step_timeout_per_token * positions
+                + 2.0 * (calls - 1) / self.client.throughput(session.hop.peer_id))
 
     async def _send(self, session: HopSession, x: torch.Tensor, pos: int,
                     chunks: tuple[int, ...]) -> tuple[float, int]:
         """Send a step to ``session``; returns (its answer's timeout, payload bytes)."""
         cfg = self.client.config
         payload = await tensor_work(encode_tensor, x, cfg.codec, rows=x.shape[1])
-        # A replay makes one forward call per chunk: allow each about twice
-        # the server's announced time for one token through its layers.
-        calls = max(len(chunks), 1)
-        timeout = (cfg.step_timeout + cfg.step_timeout_per_token * x.shape[1]
-                   + 2.0 * (calls - 1) / self.client.throughput(session.hop.peer_id))
+        timeout = self._timeout(session, x.shape[1], max(len(chunks), 1))
         try:
             message = encode(Step(pos, chunks, payload))
         except EncodeError as exc:
@@ -333,42 +418,81 @@ class RouteRun:
             with trio.fail_after(timeout):
                 await write_frame(session.stream, message)
         except trio.TooSlowError:
-            raise HopFailed(f"{session.hop.peer_id} stalled: a step unsent in {timeout:.1f} s"
-                            ) from None
+            raise HopFailed(f"{session.hop.peer_id} stalled: a step unsent in {timeout:.1f} s",
+                            session) from None
         except FramingError as exc:
-            raise HopFailed(f"{session.hop.peer_id} failed: {exc}") from None
+            raise HopFailed(f"{session.hop.peer_id} failed: {exc}", session) from None
         return timeout, len(payload)
 
-    async def _result(self, session: HopSession, x: torch.Tensor, pos: int, timeout: float,
-                      sent: int) -> torch.Tensor:
-        """The hop's outputs for the step at ``pos`` whose inputs were ``x``.
+    async def _await(self, watch: list[HopSession], answering: list[HopSession],
+                     x: torch.Tensor, pos: int, timeout: float, sent: int
+                     ) -> tuple[int, torch.Tensor]:
+        """The outputs for the step at ``pos`` (inputs ``x``) from one of ``answering``.
 
-        A result for another position is skipped: a pushed step that a
-        failover then sent again is answered twice.
+        Returns (the answering session's index in the route, or 0 outside
+        it, its outputs). Results for other positions are skipped: a step
+        sent again after a failure may be answered twice.
+
+        Raises:
+            HopFailed: a session in ``watch`` broke or refused; or nothing
+                came in ``timeout`` and ``answering`` is one session.
+            _Silent: nothing came in ``timeout`` from a linked chain.
         """
         try:
             with trio.fail_after(timeout):
-                while True:
-                    reply = decode(await session.reader.read_frame(MAX_INFERENCE_FRAME),
-                                   (StepResult, SessionError))
-                    if not isinstance(reply, StepResult) or reply.pos == pos:
-                        break
+                session, reply = await self._receive(
+                    watch, lambda s, m: s in answering and isinstance(m, StepResult)
+                    and m.pos == pos)
         except trio.TooSlowError:
-            raise HopFailed(f"{session.hop.peer_id} stalled: no answer in {timeout:.1f} s"
-                            ) from None
-        except (FramingError, DecodeError) as exc:
-            raise HopFailed(f"{session.hop.peer_id} failed: {exc}") from None
-        if isinstance(reply, SessionError):
-            raise HopFailed(f"{session.hop.peer_id} refused a step: {reply.reason}")
+            if len(answering) > 1:
+                raise _Silent() from None
+            raise HopFailed(f"{answering[0].hop.peer_id} stalled: no answer in {timeout:.1f} s",
+                            answering[0]) from None
         try:
             out = await tensor_work(decode_tensor, reply.hidden, rows=x.shape[1])
         except WireTensorError as exc:
-            raise HopFailed(f"{session.hop.peer_id} sent bad hidden states: {exc}") from None
+            raise HopFailed(f"{session.hop.peer_id} sent bad hidden states: {exc}",
+                            session) from None
         if out.shape != x.shape:
             raise HopFailed(f"{session.hop.peer_id} answered shape {tuple(out.shape)} "
-                            f"for {tuple(x.shape)}")
+                            f"for {tuple(x.shape)}", session)
         self.result.wire_bytes += sent + len(reply.hidden)
-        if not session.steps:  # the route lists servers that actually served
-            self.result.route.append(session.served)
-        session.steps += 1
-        return out.to(x.dtype)
+        for done in answering[: answering.index(session) + 1]:
+            if not done.steps:  # the route lists servers that actually served
+                self.result.route.append(done.served)
+            done.steps += 1
+        index = self.sessions.index(session) if session in self.sessions else 0
+        return index, out.to(x.dtype)
+
+    async def _receive(self, watch: list[HopSession], wanted) -> tuple[HopSession, object]:
+        """The next frame ``wanted(session, message)`` accepts; frames it does not are dropped.
+
+        Raises:
+            HopFailed: a session in ``watch`` broke (now or earlier) or sent `SessionError`.
+        """
+        while True:
+            for session in watch:
+                if session.error is not None:
+                    raise session.error
+            session, message = await self._inbox.receive()
+            if isinstance(message, SessionError) and session in watch:
+                raise HopFailed(f"{session.hop.peer_id} refused a step: {message.reason}",
+                                session)
+            if session.error is None and wanted(session, message):
+                return session, message
+
+    async def _read(self, session: HopSession) -> None:
+        """Every frame ``session``'s server sends, into the inbox, until it breaks or closes."""
+        with session.reading:
+            try:
+                while True:
+                    message = decode(await session.reader.read_frame(MAX_INFERENCE_FRAME),
+                                     (StepResult, SessionError, Linked))
+                    await self._inbox_in.send((session, message))
+            except (FramingError, DecodeError) as exc:
+                session.error = HopFailed(f"{session.hop.peer_id} failed: {exc}", session)
+                await self._inbox_in.send((session, None))  # wakes a waiting client
+
+
+class _Silent(RemoteError):
+    """A linked route gave no answer in time (which hop is silent is not known yet)."""

@@ -11,19 +11,21 @@ section 9.4), after Petals:
 3. one session per hop (the server keeps the KV cache); each step sends the
    hidden states entering the hop and gets those leaving it;
 4. push routing (``ClientConfig.push``): the client `Link`s each hop to the
-   next, sends a step to the first hop only, and reads every hop's result
-   as the hops push the hidden states along the route themselves (one
-   crossing per hop instead of a round trip through the client); each
-   hop's result is still kept as the next hop's input;
-5. failover: every input sent to a hop is kept. When a hop fails (its
-   connection drops, it answers an error, or a step takes longer than
-   ``step_timeout``), the hop's peer is excluded, the hop's span is planned
-   again over the other servers (`wallet.route.plan_route` over that span;
-   the hops before and after keep their sessions), and the new hops replay the kept inputs in the
+   next and sends a step to the first hop only; the hops push the hidden
+   states along the route themselves and only the last answers (one
+   crossing per hop instead of a round trip through the client, and no
+   copies to read while the next hop computes);
+5. failover: the inputs sent to each hop are kept (pushed: the first
+   hop's only). When a hop fails (its connection drops, it answers an
+   error, or a step takes longer than ``step_timeout``), the hop's peer is
+   excluded, the hop's span is planned again over the other servers
+   (`wallet.route.plan_route` over that span; the hops before and after
+   keep their sessions), and the new hops replay the hop's inputs in the
    original chunks (prompt, then one token per step) so their KV caches are
-   bit-identical to the lost one. The generation goes on; greedy output does
-   not change. A failure unlinks the route: the rest of the generation is
-   driven by the client.
+   bit-identical to the lost one; pushed, those inputs are first rebuilt
+   by replaying the first hop's through the hops before it. The generation
+   goes on; greedy output does not change. A failure unlinks the route:
+   the rest of the generation is driven by the client.
 
 The hops' sessions, push links and failover live in `wallet.hops`. Torch
 work (embedding, head, wire encoding) runs in worker threads, never on the
@@ -176,25 +178,31 @@ class RemoteModel:
                               f"model's context of {cfg.max_seq_len}")
         result = Generation()
         self.dead = set()  # excluded for this generation only: a server may come back
-        run = RouteRun(self, result, max_len)
         text = self.tokenizer.stream_decoder(skip_special=True)
         sampling = request.sampling
         gen = None if sampling.greedy else torch.Generator().manual_seed(sampling.seed)
-        try:
-            await run.open(0, cfg.n_layers)
-            x = await trio.to_thread.run_sync(self._embed, ids)
-            pos = 0
-            for step in range(request.max_tokens):
-                h = await run.forward(x, pos)
-                tok = await trio.to_thread.run_sync(self._pick, h, sampling, gen)
-                result.token_ids.append(tok)
-                on_token(Token(tok, text.push(tok)))
-                if tok in self.tokenizer.stop_ids or step == request.max_tokens - 1:
-                    break
-                pos += x.shape[1]
-                x = await tensor_work(self._embed, [tok], rows=1)
-        finally:
-            await run.close()
+        failure: Exception | None = None
+        async with trio.open_nursery() as readers:  # one per hop session
+            run = RouteRun(self, result, max_len, readers)
+            try:
+                await run.open(0, cfg.n_layers)
+                x = await trio.to_thread.run_sync(self._embed, ids)
+                pos = 0
+                for step in range(request.max_tokens):
+                    h = await run.forward(x, pos)
+                    tok = await trio.to_thread.run_sync(self._pick, h, sampling, gen)
+                    result.token_ids.append(tok)
+                    on_token(Token(tok, text.push(tok)))
+                    if tok in self.tokenizer.stop_ids or step == request.max_tokens - 1:
+                        break
+                    pos += x.shape[1]
+                    x = await tensor_work(self._embed, [tok], rows=1)
+            except Exception as exc:  # raised as itself below, not in the nursery's group
+                failure = exc
+            finally:
+                await run.close()
+        if failure is not None:
+            raise failure
         return result
 
     def _embed(self, ids: list[int]) -> torch.Tensor:

@@ -96,20 +96,21 @@ def test_three_servers_generate_exactly_what_the_local_model_does(gguf_reader, p
     run(main, deadline=90)
 
 
+@pytest.mark.parametrize("push", (False, True))
 def test_a_hop_replaced_by_two_servers_and_a_second_failure_inside_the_replacement(
-        gguf_reader, parts, local_tokens):
+        gguf_reader, parts, local_tokens, push):
     """B (10..19) dies: D (10..14) + E (15..19) replay its inputs; then D dies: F
     (10..14) replays the inputs D had got from the replay's split outputs.
 
-    Client-driven (``push=False``): the process tests fail over with push
-    routing, the default."""
+    Pushed, the client never saw B's inputs: it first replays A's kept
+    inputs through A (rolled back to position 0) to rebuild them."""
     async def main():
         async with AsyncExitStack() as stack:
             spans = [(0, 10), (10, 20), (20, 30), (10, 15), (15, 20), (10, 15)]
             hosts, _ = await swarm(stack, gguf_reader, spans)
             by_id = {str(h.peer_id): h for h in hosts}
             async with open_remote([hosts[0].addrs[0]], parts,
-                                   config=ClientConfig(push=False)) as client:
+                                   config=ClientConfig(push=push)) as client:
                 killed: list[tuple[int, int]] = []
 
                 def kill(token) -> None:
@@ -126,6 +127,33 @@ def test_a_hop_replaced_by_two_servers_and_a_second_failure_inside_the_replaceme
             assert spans_used == [(0, 10, False), (10, 15, False), (10, 15, True),
                                   (10, 20, True), (15, 20, False), (20, 30, False)]
     run(main, deadline=150)
+
+
+def test_a_pushed_route_loses_its_last_hop_and_the_client_rebuilds_its_inputs(
+        gguf_reader, parts, local_tokens):
+    """Linked hops answer only at the end of the chain, so when C (20..29)
+    dies the client holds none of its inputs: it replays A's through A and
+    B (both rolled back to position 0) and D takes over, bit for bit."""
+    async def main():
+        async with AsyncExitStack() as stack:
+            spans = [(0, 10), (10, 20), (20, 30), (20, 30)]
+            hosts, servers = await swarm(stack, gguf_reader, spans)
+            by_id = {str(h.peer_id): h for h in hosts}
+            async with open_remote([hosts[0].addrs[0]], parts,
+                                   config=ClientConfig(push=True)) as client:
+                def kill(token) -> None:
+                    seen.append(token.id)
+                    if len(seen) == 6:
+                        by_id[[h for h in client.route if h.start == 20][0].peer_id].stop()
+                seen: list[int] = []
+                result = await client.generate(InferRequest(PROMPT, max_tokens=12), kill)
+            assert result.token_ids == local_tokens(12)
+            assert result.failovers == 1
+            last = [(s.start, s.failed) for s in result.route if s.start == 20]
+            assert sorted(last) == [(20, False), (20, True)]
+            # B got its steps pushed until the failure, then from the client.
+            assert 0 < servers[1].inference.pushed_steps < 12
+    run(main, deadline=120)
 
 
 def test_trusted_peers_only_and_a_clear_error_when_they_cannot_cover(gguf_reader, parts,
