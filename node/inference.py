@@ -1,6 +1,6 @@
 """The server side of inference sessions: a span of layers, a KV cache per session.
 
-Owns `InferenceServer`, which serves ``/pnode/inference/2.0.0`` (specs/network.md
+Owns `InferenceServer`, which serves ``/pnode/inference/2.1.0`` (specs/network.md
 section 9.3) from a partial model (`compute.model.ModelPart`: only the layers
 it serves are in memory):
 

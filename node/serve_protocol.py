@@ -3,7 +3,7 @@
 Owns what servers and clients of the swarm say to each other: signed
 announcements of who serves which layers (gossip topic ``pnode/announce/1``
 and the ``/pnode/swarm/1.0.0`` request that returns a node's view of them),
-the inference session stream ``/pnode/inference/2.0.0`` and the
+the inference session stream ``/pnode/inference/2.1.0`` and the
 server-to-server push stream ``/pnode/inference-push/1.0.0`` that carries a
 hop's outputs straight into the next hop's session. Messages are frozen,
 slotted dataclasses on the ledger codec under tags 57-65 and 72-74 (chain
@@ -25,7 +25,7 @@ from ledger.crypto import verify
 #: Request/response protocol: a node's current view of the swarm's servers.
 SWARM_PROTOCOL = "/pnode/swarm/1.0.0"
 #: Stream protocol of one inference session (many frames each way).
-INFERENCE_PROTOCOL = "/pnode/inference/2.0.0"
+INFERENCE_PROTOCOL = "/pnode/inference/2.1.0"
 #: Stream protocol on which a server pushes its outputs into the next hop's session.
 PUSH_PROTOCOL = "/pnode/inference-push/1.0.0"
 #: Gossip topic of `Announce` messages.

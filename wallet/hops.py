@@ -216,7 +216,7 @@ class RouteRun:
                 for a, b in zip(self.sessions, self.sessions[1:]):
                     await write_frame(a.stream, encode(Link(
                         b.hop.peer_id, self.client._addrs(b.hop.peer_id), b.token)))
-                    _, reply = await self._receive([a], lambda s, m: isinstance(m, Linked))
+                    _, reply = await self._receive([a], lambda s, m: s is a and isinstance(m, Linked))
                     if not reply.ok:
                         raise HopFailed(f"{a.hop.peer_id} cannot reach {b.hop.peer_id}: "
                                         f"{reply.reason}", a)

@@ -96,21 +96,20 @@ def test_three_servers_generate_exactly_what_the_local_model_does(gguf_reader, p
     run(main, deadline=90)
 
 
-@pytest.mark.parametrize("push", (False, True))
 def test_a_hop_replaced_by_two_servers_and_a_second_failure_inside_the_replacement(
-        gguf_reader, parts, local_tokens, push):
+        gguf_reader, parts, local_tokens):
     """B (10..19) dies: D (10..14) + E (15..19) replay its inputs; then D dies: F
     (10..14) replays the inputs D had got from the replay's split outputs.
 
-    Pushed, the client never saw B's inputs: it first replays A's kept
-    inputs through A (rolled back to position 0) to rebuild them."""
+    Client-driven (``push=False``); failover of pushed routes: the next test
+    and the process tests."""
     async def main():
         async with AsyncExitStack() as stack:
             spans = [(0, 10), (10, 20), (20, 30), (10, 15), (15, 20), (10, 15)]
             hosts, _ = await swarm(stack, gguf_reader, spans)
             by_id = {str(h.peer_id): h for h in hosts}
             async with open_remote([hosts[0].addrs[0]], parts,
-                                   config=ClientConfig(push=push)) as client:
+                                   config=ClientConfig(push=False)) as client:
                 killed: list[tuple[int, int]] = []
 
                 def kill(token) -> None:
