@@ -187,20 +187,6 @@ def produce(data_dir, blocks, as_json) -> None:
 # -- start --------------------------------------------------------------------------------------
 
 
-def _single(group: BaseExceptionGroup) -> BaseException:
-    """The one leaf of a (nested) exception group, or the group itself."""
-    leaves = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for e in exc.exceptions:
-                walk(e)
-        else:
-            leaves.append(exc)
-    walk(group)
-    return leaves[0] if len(leaves) == 1 else group
-
-
 @main_group.command()
 @data_dir_option
 @click.option("--listen", default="/ip4/127.0.0.1/tcp/0", show_default=True,
@@ -325,7 +311,7 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
         else:
             trio.run(run)
     except BaseExceptionGroup as group:
-        raise _single(group) from None
+        raise cliutil.single_leaf(group) from None
 
 
 class _StatusLine:

@@ -32,10 +32,31 @@ data_dir_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 
 
+def single_leaf(group: BaseExceptionGroup) -> BaseException:
+    """The one leaf of a (nested) exception group, or the group itself."""
+    leaves = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for e in exc.exceptions:
+                walk(e)
+        else:
+            leaves.append(exc)
+    walk(group)
+    return leaves[0] if len(leaves) == 1 else group
+
+
+def _main(group: click.Group) -> None:
+    try:
+        group.main(standalone_mode=False)
+    except BaseExceptionGroup as eg:  # trio nurseries wrap, e.g., a Ctrl-C mid-generation
+        raise single_leaf(eg) from None
+
+
 def run(group: click.Group) -> None:
     """Run a click group, turning expected errors into one line and exit 2."""
     try:
-        group.main(standalone_mode=False)
+        _main(group)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.Abort:

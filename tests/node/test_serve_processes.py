@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import trio
@@ -23,6 +26,7 @@ from wallet.client import InferRequest
 from wallet.remote import ClientParts, open_remote
 
 PROMPT = "Write a short poem about the sea."
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -95,6 +99,24 @@ def test_pwallet_over_three_server_processes_equals_local_and_keeps_to_trusted_p
     assert local.code == 0, local.err
     assert {k: doc[k] for k in ("token_ids", "text")} == local.json()
     trusted_peers_that_cannot_cover_the_model_fail_clearly(nodes, pwallet, tmp_path)
+    ctrl_c_mid_generation_says_interrupted(nodes[0][1])
+
+
+def ctrl_c_mid_generation_says_interrupted(addr: str) -> None:
+    """SIGINT while tokens stream: one line and exit 130, not a trio traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from wallet.cli import main; main()", "infer",
+         "The history of the Roman Empire", "--peers", addr, "--raw", "--greedy",
+         "--max-tokens", "400"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.read(1), "no token streamed"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().endswith("interrupted") and "Traceback" not in err
 
 
 def test_kill_9_then_a_stall_mid_generation_and_spare_servers_take_over(
