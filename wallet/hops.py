@@ -196,8 +196,7 @@ class RouteRun:
         self._record(session, x, pos)
         last = len(self.sessions) - 1 if self.pushing else i
         timeout, sent = await self._send(session, x, pos, ())
-        timeout += sum(self._timeout(s, x.shape[1], 1) - self.client.config.step_timeout
-                       for s in self.sessions[i + 1: last + 1])
+        timeout += sum(self._chained(s, x.shape[1]) for s in self.sessions[i + 1: last + 1])
         j, out = await self._await(self.sessions[: last + 1], self.sessions[i: last + 1],
                                    x, pos, timeout, sent)
         if j < last:
@@ -240,11 +239,10 @@ class RouteRun:
         their original chunks, and its outputs are the next one's inputs
         (and the next hop's, which are then complete).
         """
-        await self._rebuild_inputs(i)
+        i = await self._rebuild_inputs(i)
         failed = self.sessions[i]
         span = (failed.hop.start, failed.hop.end)
         kept = self.inputs[span[0]]
-        lengths = [c.shape[1] for c in kept]
         while True:
             failed.served.failed = True
             await failed.close()
@@ -262,6 +260,10 @@ class RouteRun:
                 for session in replacement:
                     await session.close()
                 continue
+            except BaseException:  # e.g. a history too large for one frame: free them
+                for session in replacement:
+                    await session.close()
+                raise
             self.sessions[i: i + 1] = replacement
             self.client.route = [s.hop for s in self.sessions]
             after = i + len(replacement)
@@ -269,13 +271,16 @@ class RouteRun:
                 self._keep(self.sessions[after], history)
             return after, history[-1]
 
-    async def _rebuild_inputs(self, i: int) -> None:
+    async def _rebuild_inputs(self, i: int) -> int:
         """Make hop ``i``'s kept inputs complete: replay the hops before it whose outputs are not.
 
         Pushed steps never passed through the client, so it replays the
         first kept hop's inputs onward (each server rolls its cache back to
         position 0 and recomputes it bit for bit); a hop that fails on the
         way is failed over in turn.
+
+        Returns:
+            Hop ``i``'s index now (a hop before it may have become several).
         """
         k = max(j for j in range(i + 1) if self.sessions[j].hop.start in self.kept)
         while k < i:
@@ -289,6 +294,7 @@ class RouteRun:
                 continue
             k += 1
             self._keep(self.sessions[k], history)
+        return i
 
     def _record(self, session: HopSession, x: torch.Tensor, pos: int) -> None:
         """Keep ``x``, sent to ``session`` at ``pos``, unless its kept inputs hold it already."""
@@ -403,6 +409,15 @@ class RouteRun:
         return (cfg.step_timeout + cfg.step_timeout_per_token * positions
                 + 2.0 * (calls - 1) / self.client.throughput(session.hop.peer_id))
 
+    def _chained(self, session: HopSession, positions: int) -> float:
+        """Seconds a linked chain's wait grows by for ``session`` among its further hops.
+
+        0.02 s per position and twice the server's announced time for one
+        step: a chain of slow servers is not taken for a silent one.
+        """
+        return (self.client.config.step_timeout_per_token * positions
+                + 2.0 / self.client.throughput(session.hop.peer_id))
+
     async def _send(self, session: HopSession, x: torch.Tensor, pos: int,
                     chunks: tuple[int, ...]) -> tuple[float, int]:
         """Send a step to ``session``; returns (its answer's timeout, payload bytes)."""
@@ -475,9 +490,6 @@ class RouteRun:
                 if session.error is not None:
                     raise session.error
             session, message = await self._inbox.receive()
-            if isinstance(message, SessionError) and session in watch:
-                raise HopFailed(f"{session.hop.peer_id} refused a step: {message.reason}",
-                                session)
             if session.error is None and wanted(session, message):
                 return session, message
 
@@ -488,9 +500,13 @@ class RouteRun:
                 while True:
                     message = decode(await session.reader.read_frame(MAX_INFERENCE_FRAME),
                                      (StepResult, SessionError, Linked))
+                    if isinstance(message, SessionError):  # the server ends the session
+                        raise HopFailed(f"{session.hop.peer_id} refused a step: "
+                                        f"{message.reason}", session)
                     await self._inbox_in.send((session, message))
-            except (FramingError, DecodeError) as exc:
-                session.error = HopFailed(f"{session.hop.peer_id} failed: {exc}", session)
+            except Exception as exc:  # refused, framing, decoding, whatever the stream raised
+                session.error = exc if isinstance(exc, HopFailed) else HopFailed(
+                    f"{session.hop.peer_id} failed: {exc}", session)
                 await self._inbox_in.send((session, None))  # wakes a waiting client
 
 

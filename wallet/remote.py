@@ -201,6 +201,7 @@ class RemoteModel:
                 failure = exc
             finally:
                 await run.close()
+                readers.cancel_scope.cancel()  # and any reader a failure left behind
         if failure is not None:
             raise failure
         return result

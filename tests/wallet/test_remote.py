@@ -155,6 +155,42 @@ def test_a_pushed_route_loses_its_last_hop_and_the_client_rebuilds_its_inputs(
     run(main, deadline=120)
 
 
+def test_a_hop_that_fails_while_rebuilding_inputs_is_replaced_first(
+        gguf_reader, parts, local_tokens):
+    """Pushed A (0..9), B, C: C dies; while A replays to rebuild C's inputs A
+    dies too and becomes A1 (0..4) + A2 (5..9); C is still the one replaced
+    after (B, the only server of 10..19, stays)."""
+    async def main():
+        async with AsyncExitStack() as stack:
+            spans = [(0, 10), (10, 20), (20, 30), (0, 5), (5, 10), (20, 30)]
+            hosts, servers = await swarm(stack, gguf_reader, spans)
+            a = servers[0].inference
+            step_of_a = a._step
+
+            async def dies_on_a_replay(session, step):
+                if len(step.chunks) > 1:  # only the client's rebuild replays through A
+                    hosts[0].stop()
+                    return False
+                return await step_of_a(session, step)
+            a._step = dies_on_a_replay
+            by_id = {str(h.peer_id): h for h in hosts}
+            async with open_remote([hosts[1].addrs[0]], parts,
+                                   config=ClientConfig(push=True)) as client:
+
+                def kill(token) -> None:
+                    seen.append(token.id)
+                    if len(seen) == 5:
+                        by_id[[h for h in client.route if h.start == 20][0].peer_id].stop()
+                seen: list[int] = []
+                result = await client.generate(InferRequest(PROMPT, max_tokens=10), kill)
+            assert result.token_ids == local_tokens(10)
+            assert result.failovers == 2
+            failed = sorted((s.start, s.end) for s in result.route if s.failed)
+            assert failed == [(0, 10), (20, 30)]
+            assert [s.failed for s in result.route if s.start == 10] == [False]
+    run(main, deadline=120)
+
+
 def test_trusted_peers_only_and_a_clear_error_when_they_cannot_cover(gguf_reader, parts,
                                                                    local_tokens):
     async def main():
