@@ -197,8 +197,9 @@ class RouteRun:
         last = len(self.sessions) - 1 if self.pushing else i
         timeout, sent = await self._send(session, x, pos, ())
         timeout += sum(self._chained(s, x.shape[1]) for s in self.sessions[i + 1: last + 1])
-        j, out = await self._await(self.sessions[: last + 1], self.sessions[i: last + 1],
-                                   x, pos, timeout, sent)
+        answered, out = await self._await(self.sessions[: last + 1],
+                                          self.sessions[i: last + 1], x, pos, timeout, sent)
+        j = self.sessions.index(answered)
         if j < last:
             await self._stop_pushing()
         return j + 1, out
@@ -215,7 +216,8 @@ class RouteRun:
                 for a, b in zip(self.sessions, self.sessions[1:]):
                     await write_frame(a.stream, encode(Link(
                         b.hop.peer_id, self.client._addrs(b.hop.peer_id), b.token)))
-                    _, reply = await self._receive([a], lambda s, m: s is a and isinstance(m, Linked))
+                    _, reply = await self._receive(
+                        [a], lambda s, m: s is a and isinstance(m, Linked))
                     if not reply.ok:
                         raise HopFailed(f"{a.hop.peer_id} cannot reach {b.hop.peer_id}: "
                                         f"{reply.reason}", a)
@@ -441,12 +443,12 @@ class RouteRun:
 
     async def _await(self, watch: list[HopSession], answering: list[HopSession],
                      x: torch.Tensor, pos: int, timeout: float, sent: int
-                     ) -> tuple[int, torch.Tensor]:
+                     ) -> tuple[HopSession, torch.Tensor]:
         """The outputs for the step at ``pos`` (inputs ``x``) from one of ``answering``.
 
-        Returns (the answering session's index in the route, or 0 outside
-        it, its outputs). Results for other positions are skipped: a step
-        sent again after a failure may be answered twice.
+        Returns (the answering session, its outputs). Results for other
+        positions are skipped: a step sent again after a failure may be
+        answered twice.
 
         Raises:
             HopFailed: a session in ``watch`` broke or refused; or nothing
@@ -476,8 +478,7 @@ class RouteRun:
             if not done.steps:  # the route lists servers that actually served
                 self.result.route.append(done.served)
             done.steps += 1
-        index = self.sessions.index(session) if session in self.sessions else 0
-        return index, out.to(x.dtype)
+        return session, out.to(x.dtype)
 
     async def _receive(self, watch: list[HopSession], wanted) -> tuple[HopSession, object]:
         """The next frame ``wanted(session, message)`` accepts; frames it does not are dropped.

@@ -128,6 +128,18 @@ def test_a_hop_replaced_by_two_servers_and_a_second_failure_inside_the_replaceme
     run(main, deadline=150)
 
 
+def stop_hop_after(tokens: int, start: int, client, hosts):
+    """An ``on_token`` that stops the route's server for layer ``start`` at token ``tokens``."""
+    by_id = {str(h.peer_id): h for h in hosts}
+    seen: list[int] = []
+
+    def on_token(token) -> None:
+        seen.append(token.id)
+        if len(seen) == tokens:
+            by_id[[h for h in client.route if h.start == start][0].peer_id].stop()
+    return on_token
+
+
 def test_a_pushed_route_loses_its_last_hop_and_the_client_rebuilds_its_inputs(
         gguf_reader, parts, local_tokens):
     """Linked hops answer only at the end of the chain, so when C (20..29)
@@ -137,14 +149,9 @@ def test_a_pushed_route_loses_its_last_hop_and_the_client_rebuilds_its_inputs(
         async with AsyncExitStack() as stack:
             spans = [(0, 10), (10, 20), (20, 30), (20, 30)]
             hosts, servers = await swarm(stack, gguf_reader, spans)
-            by_id = {str(h.peer_id): h for h in hosts}
             async with open_remote([hosts[0].addrs[0]], parts,
                                    config=ClientConfig(push=True)) as client:
-                def kill(token) -> None:
-                    seen.append(token.id)
-                    if len(seen) == 6:
-                        by_id[[h for h in client.route if h.start == 20][0].peer_id].stop()
-                seen: list[int] = []
+                kill = stop_hop_after(6, 20, client, hosts)
                 result = await client.generate(InferRequest(PROMPT, max_tokens=12), kill)
             assert result.token_ids == local_tokens(12)
             assert result.failovers == 1
@@ -173,15 +180,9 @@ def test_a_hop_that_fails_while_rebuilding_inputs_is_replaced_first(
                     return False
                 return await step_of_a(session, step)
             a._step = dies_on_a_replay
-            by_id = {str(h.peer_id): h for h in hosts}
             async with open_remote([hosts[1].addrs[0]], parts,
                                    config=ClientConfig(push=True)) as client:
-
-                def kill(token) -> None:
-                    seen.append(token.id)
-                    if len(seen) == 5:
-                        by_id[[h for h in client.route if h.start == 20][0].peer_id].stop()
-                seen: list[int] = []
+                kill = stop_hop_after(5, 20, client, hosts)
                 result = await client.generate(InferRequest(PROMPT, max_tokens=10), kill)
             assert result.token_ids == local_tokens(10)
             assert result.failovers == 2
