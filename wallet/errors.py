@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from wallet.hops import HopSession
+
 
 class WalletError(Exception):
     """Root of every error raised by the wallet package."""
@@ -35,3 +40,27 @@ class NoRoute(WalletError):
         if trusted_only:
             message += "; only trusted peers were considered"
         super().__init__(message)
+
+
+class RemoteError(WalletError):
+    """Networked inference failed: no peer reachable, no route, too many failures."""
+
+
+class HopFailed(RemoteError):
+    """One server of the route failed (dead, stalled, refused or garbled).
+
+    Attributes:
+        session: the failed hop's session, when known.
+    """
+
+    def __init__(self, message: str, session: HopSession | None = None):
+        super().__init__(message)
+        self.session = session
+
+
+class ServerBusy(RemoteError):
+    """A server answered `Busy`."""
+
+    def __init__(self, peer: str, retry_after_ms: int, reason: str):
+        super().__init__(f"{peer} is busy ({reason}); retry after {retry_after_ms} ms")
+        self.peer, self.retry_after_ms = peer, retry_after_ms

@@ -6,12 +6,11 @@ Owns what `wallet.remote.RemoteModel` does with the servers of a route
 inbox, sending steps and matching their results, linking the hops for push
 routing, and replacing a failed hop by replaying the inputs it was sent
 (rebuilt first when they were pushed), chunk by chunk, so the rebuilt KV
-caches are bit-identical. Also the client's tunables, results and errors.
+caches are bit-identical.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,89 +25,15 @@ from node.framing import FrameReader, FramingError, read_frame, write_frame
 from node.host import DialError, RequestError
 from node.inference import tensor_work
 from node.serve_protocol import (
-    CODECS, INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, Busy, Link, Linked, OpenSession,
+    INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, Busy, Link, Linked, OpenSession,
     SessionAccepted, SessionError, Step, StepResult,
 )
-from wallet.errors import NoRoute, WalletError
+from wallet.errors import HopFailed, NoRoute, RemoteError, ServerBusy
+from wallet.generation import ClientConfig, Generation, Served
 from wallet.route import Hop
 
 if TYPE_CHECKING:
     from wallet.remote import RemoteModel
-
-
-class RemoteError(WalletError):
-    """Networked inference failed: no peer reachable, no route, too many failures."""
-
-
-class HopFailed(RemoteError):
-    """One server of the route failed (dead, stalled, refused or garbled).
-
-    Attributes:
-        session: the failed hop's session, when known.
-    """
-
-    def __init__(self, message: str, session: HopSession | None = None):
-        super().__init__(message)
-        self.session = session
-
-
-class ServerBusy(RemoteError):
-    """A server answered `Busy`."""
-
-    def __init__(self, peer: str, retry_after_ms: int, reason: str):
-        super().__init__(f"{peer} is busy ({reason}); retry after {retry_after_ms} ms")
-        self.peer, self.retry_after_ms = peer, retry_after_ms
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    """Tunables of the client.
-
-    codec: wire encoding of hidden states both ways ("raw" keeps the output
-        bit-identical to a local run; "fp16" halves the bytes).
-    push: link the hops so that each pushes its outputs to the next
-        (`wallet.remote`'s module docstring, step 4; the default: faster
-        on loopback, where the hops share cores, and on a real network two
-        one-way latencies per token fewer over three hops).
-    step_timeout: seconds a step may take, plus ``step_timeout_per_token``
-        per position it carries: past it the server counts as stalled.
-    """
-
-    codec: str = "raw"
-    step_timeout: float = 5.0
-    step_timeout_per_token: float = 0.02
-    open_timeout: float = 10.0
-    max_failovers: int = 8
-    busy_wait: float = 15.0  # most seconds spent waiting on busy servers per hop
-    push: bool = True
-
-    def __post_init__(self) -> None:
-        if self.codec not in CODECS:
-            raise RemoteError(f"unknown wire codec {self.codec!r}: expected one of {CODECS}")
-
-
-@dataclass(slots=True)
-class Served:
-    """One server's part in a generation, for the ``route`` of the result."""
-
-    peer_id: str
-    start: int
-    end: int
-    failed: bool = False
-
-    def as_json(self) -> dict:
-        return {"peer_id": self.peer_id, "start": self.start, "end": self.end,
-                "failed": self.failed}
-
-
-@dataclass(slots=True)
-class Generation:
-    """What `RemoteModel.generate` did."""
-
-    token_ids: list[int] = field(default_factory=list)
-    route: list[Served] = field(default_factory=list)
-    failovers: int = 0
-    wire_bytes: int = 0  # hidden-state payload bytes sent and received
 
 
 class HopSession:

@@ -27,7 +27,8 @@ section 9.4), after Petals:
    goes on; greedy output does not change. A failure unlinks the route:
    the rest of the generation is driven by the client.
 
-The hops' sessions, push links and failover live in `wallet.hops`. Torch
+The hops' sessions, push links and failover live in `wallet.hops`; the
+client's tunables and results in `wallet.generation` (re-exported here). Torch
 work (embedding, head, wire encoding) runs in worker threads, never on the
 trio loop.
 """
@@ -55,10 +56,9 @@ from node.serve_protocol import (
 )
 from node.swarm import SwarmView, announce_peer
 from wallet.client import InferRequest, Token
-from wallet.errors import RouteError
-from wallet.hops import (  # noqa: F401  (the client's API: re-exported)
-    ClientConfig, Generation, HopFailed, RemoteError, RouteRun, Served, ServerBusy,
-)
+from wallet.errors import HopFailed, RemoteError, RouteError, ServerBusy  # noqa: F401
+from wallet.generation import ClientConfig, Generation, Served  # noqa: F401
+from wallet.hops import RouteRun
 from wallet.route import Hop, ServerInfo, plan_route
 
 

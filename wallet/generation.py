@@ -1,0 +1,64 @@
+"""What a client asks of a generation over the swarm and what it gets back.
+
+Owns `ClientConfig` (the client's tunables), `Served` (one server's part in
+a generation) and `Generation` (the tokens, the route that served them and
+its failovers), shared by `wallet.remote` and `wallet.hops`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from node.serve_protocol import CODECS
+from wallet.errors import RemoteError
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Tunables of the client.
+
+    codec: wire encoding of hidden states both ways ("raw" keeps the output
+        bit-identical to a local run; "fp16" halves the bytes).
+    push: link the hops so that each pushes its outputs to the next
+        (`wallet.remote`'s module docstring, step 4; the default: faster
+        on loopback, where the hops share cores, and on a real network two
+        one-way latencies per token fewer over three hops).
+    step_timeout: seconds a step may take, plus ``step_timeout_per_token``
+        per position it carries: past it the server counts as stalled.
+    """
+
+    codec: str = "raw"
+    step_timeout: float = 5.0
+    step_timeout_per_token: float = 0.02
+    open_timeout: float = 10.0
+    max_failovers: int = 8
+    busy_wait: float = 15.0  # most seconds spent waiting on busy servers per hop
+    push: bool = True
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            raise RemoteError(f"unknown wire codec {self.codec!r}: expected one of {CODECS}")
+
+
+@dataclass(slots=True)
+class Served:
+    """One server's part in a generation, for the ``route`` of the result."""
+
+    peer_id: str
+    start: int
+    end: int
+    failed: bool = False
+
+    def as_json(self) -> dict:
+        return {"peer_id": self.peer_id, "start": self.start, "end": self.end,
+                "failed": self.failed}
+
+
+@dataclass(slots=True)
+class Generation:
+    """What `RemoteModel.generate` did."""
+
+    token_ids: list[int] = field(default_factory=list)
+    route: list[Served] = field(default_factory=list)
+    failovers: int = 0
+    wire_bytes: int = 0  # hidden-state payload bytes sent and received
