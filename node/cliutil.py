@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable
@@ -46,6 +47,54 @@ def single_leaf(group: BaseExceptionGroup) -> BaseException:
     return leaves[0] if len(leaves) == 1 else group
 
 
+def run_trio_interruptibly(async_fn: Callable[..., Any], *args: Any) -> Any:
+    """``trio.run(async_fn, *args)``, where Ctrl-C cancels the run, then raises KeyboardInterrupt.
+
+    By default trio raises KeyboardInterrupt in whichever task happens to run
+    when SIGINT arrives; a library task that catches BaseException (some of
+    py-libp2p's do) can swallow it, and a generation then failed over and ran
+    to its end instead of stopping. Here one task takes SIGINT, cancels the
+    whole run, and the interrupt is raised once everything has unwound.
+
+    Returns:
+        What ``async_fn`` returned.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C (SIGINT) during the run, whatever the
+            cancelled tasks raised while they unwound.
+    """
+    import trio
+
+    interrupted = False
+
+    async def main() -> Any:
+        work, watching = trio.CancelScope(), trio.Event()
+
+        async def watch() -> None:  # a system task: never in the way of async_fn's errors
+            nonlocal interrupted
+            with trio.open_signal_receiver(signal.SIGINT) as signals:
+                watching.set()
+                async for _ in signals:
+                    interrupted = True
+                    work.cancel()
+                    return
+
+        trio.lowlevel.spawn_system_task(watch)
+        await watching.wait()
+        with work:
+            return await async_fn(*args)
+
+    try:
+        result = trio.run(main)
+    except BaseException:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    if interrupted:  # async_fn gave up quietly when cancelled
+        raise KeyboardInterrupt
+    return result
+
+
 def _main(group: click.Group) -> None:
     try:
         group.main(standalone_mode=False)
@@ -59,7 +108,10 @@ def run(group: click.Group) -> None:
         _main(group)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.Abort:
+    except click.Abort as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # click's wrapping of a Ctrl-C
+            click.echo("interrupted", err=True)
+            sys.exit(130)
         click.echo("aborted", err=True)
         sys.exit(EXIT_USAGE)
     except click.UsageError as exc:  # one line, with where to look for help

@@ -271,8 +271,6 @@ def _running_node_addr(data_dir: str) -> str:
 
 def _infer_remote(request, peers, trusted, wire, push, model_file, show) -> dict:
     """Run the generation over the swarm; the JSON fields it adds."""
-    import trio
-
     from wallet import remote
 
     parts = remote.load_client_parts(model_file)
@@ -283,7 +281,7 @@ def _infer_remote(request, peers, trusted, wire, push, model_file, show) -> dict
                                       ) as model:
             return await model.generate(request, show)
 
-    result = trio.run(run)
+    result = cliutil.run_trio_interruptibly(run)
     route = sorted(result.route, key=lambda s: s.start)  # stable: a failed hop before its heir
     return {"token_ids": result.token_ids, "route": [s.as_json() for s in route],
             "failovers": result.failovers, "wire": wire, "wire_bytes": result.wire_bytes}
