@@ -12,6 +12,10 @@ message between two processes on loopback, echoed by a server process:
            transport phase does), a 12-byte header as yamux's and the 4-byte
            frame length, on a plain trio TCP stream; no handshake, a fixed
            key: a measuring stick, never a transport;
+  noise    py-libp2p's Noise session alone (its handshake and transport
+           phase, as `node.host` configures it) on a trio TCP stream, frames
+           written straight onto it: no yamux, so the gap between this row
+           and libp2p's is what the muxer costs;
   raw tcp  the same bytes on a plain trio TCP stream (the baseline).
 
 Each is timed back to back and with --gap-ms of sleep between round trips
@@ -44,12 +48,18 @@ if str(_ROOT) not in sys.path:
 import trio  # noqa: E402
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305  # noqa: E402
 
+from libp2p.crypto.x25519 import create_new_key_pair as noise_key_pair  # noqa: E402
+from libp2p.io.trio import TrioTCPStream  # noqa: E402
+from libp2p.network.connection.raw_connection import RawConnection  # noqa: E402
+from libp2p.peer.id import ID  # noqa: E402
+from libp2p.security.noise.transport import Transport as NoiseTransport  # noqa: E402
+
 from node.framing import FrameReader, write_frame  # noqa: E402
 from node.host import Host  # noqa: E402
 from node.identity import PeerIdentity  # noqa: E402
 
 PROTOCOL = "/pnode/bench-echo/1.0.0"
-KINDS = ("libp2p", "lean", "raw tcp")
+KINDS = ("libp2p", "noise", "lean", "raw tcp")
 MAX_FRAME = 1 << 20
 
 
@@ -84,6 +94,30 @@ class LeanChannel:
             self.buffer += data
 
 
+class NoiseFrames:
+    """4-byte length-prefixed frames written straight onto a py-libp2p Noise session."""
+
+    def __init__(self, session):
+        self.session, self.buffer = session, bytearray()
+
+    async def send(self, payload: bytes) -> None:
+        await self.session.write(struct.pack(">I", len(payload)) + payload)
+
+    async def receive(self) -> bytes:
+        while True:
+            if len(self.buffer) >= 4:
+                (size,) = struct.unpack_from(">I", self.buffer)
+                if len(self.buffer) >= 4 + size:
+                    payload = bytes(self.buffer[4:4 + size])
+                    del self.buffer[:4 + size]
+                    return payload
+            self.buffer += await self.session.read(None)  # one Noise message
+
+
+def noise_transport(identity: PeerIdentity) -> NoiseTransport:
+    return NoiseTransport(identity.key_pair, noise_privkey=noise_key_pair().private_key)
+
+
 # -- the echo server (a process of its own) ----------------------------------
 
 async def serve(info_path: str) -> None:
@@ -109,6 +143,18 @@ async def serve(info_path: str) -> None:
         except (EOFError, trio.BrokenResourceError):
             pass
 
+    identity = PeerIdentity.from_seed(b"s" * 32)
+    noise = noise_transport(identity)
+
+    async def noise_echo(stream) -> None:
+        session = await noise.secure_inbound(RawConnection(TrioTCPStream(stream), False))
+        frames = NoiseFrames(session)
+        try:
+            while True:
+                await frames.send(await frames.receive())
+        except Exception:  # the client closed the connection
+            pass
+
     async def raw_echo(stream) -> None:
         try:
             while data := await stream.receive_some(65536):
@@ -117,15 +163,15 @@ async def serve(info_path: str) -> None:
             pass
 
     async with trio.open_nursery() as nursery:
-        host = await nursery.start(Host(PeerIdentity.from_seed(b"s" * 32)).run)
+        host = await nursery.start(Host(identity).run)
         host._host.set_stream_handler(PROTOCOL, libp2p_echo)
-        lean = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        raw = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        nursery.start_soon(trio.serve_listeners, lean_echo, lean)
-        nursery.start_soon(trio.serve_listeners, raw_echo, raw)
+        ports = {}
+        for kind, handler in (("noise", noise_echo), ("lean", lean_echo), ("raw tcp", raw_echo)):
+            listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+            nursery.start_soon(trio.serve_listeners, handler, listeners)
+            ports[kind] = listeners[0].socket.getsockname()[1]
         Path(info_path).write_text(json.dumps({
-            "libp2p": host.addrs[0], "lean": lean[0].socket.getsockname()[1],
-            "raw": raw[0].socket.getsockname()[1]}))
+            "libp2p": host.addrs[0], "peer_id": str(host.peer_id), "ports": ports}))
 
 
 # -- the client (this process) ------------------------------------------------
@@ -153,8 +199,14 @@ async def measure(info: dict, kind: str, host: Host, payload: bytes, n: int, gap
                                           lambda: reader.read_frame(MAX_FRAME), payload, n, gap)
         finally:
             await stream.close()
-    tcp = await trio.open_tcp_stream("127.0.0.1", info["lean" if kind == "lean" else "raw"])
+    tcp = await trio.open_tcp_stream("127.0.0.1", info["ports"][kind])
     async with tcp:
+        if kind == "noise":
+            noise = noise_transport(PeerIdentity.from_seed(b"c" * 32))
+            session = await noise.secure_outbound(RawConnection(TrioTCPStream(tcp), True),
+                                                  ID.from_base58(info["peer_id"]))
+            frames = NoiseFrames(session)
+            return await time_round_trips(frames.send, frames.receive, payload, n, gap)
         if kind == "lean":
             channel = LeanChannel(tcp)
             return await time_round_trips(channel.send, channel.receive, payload, n, gap)
