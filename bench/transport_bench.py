@@ -79,19 +79,27 @@ class LeanChannel:
         await self.stream.send_all(struct.pack(">H", len(sealed)) + sealed)
 
     async def receive(self) -> bytes:
-        while True:
-            if len(self.buffer) >= 2:
-                (size,) = struct.unpack_from(">H", self.buffer)
-                if len(self.buffer) >= 2 + size:
-                    sealed = bytes(self.buffer[2:2 + size])
-                    del self.buffer[:2 + size]
-                    body = self.aead.decrypt(self.received.to_bytes(12, "little"), sealed, None)
-                    self.received += 1
-                    return body[16:]
+        while (sealed := take_frame(self.buffer, ">H")) is None:
             data = await self.stream.receive_some(65536)
             if not data:
                 raise EOFError
             self.buffer += data
+        body = self.aead.decrypt(self.received.to_bytes(12, "little"), sealed, None)
+        self.received += 1
+        return body[16:]
+
+
+def take_frame(buffer: bytearray, prefix: str) -> bytes | None:
+    """The first length-prefixed frame's body, cut from ``buffer``; None while incomplete."""
+    start = struct.calcsize(prefix)
+    if len(buffer) < start:
+        return None
+    (size,) = struct.unpack_from(prefix, buffer)
+    if len(buffer) < start + size:
+        return None
+    body = bytes(buffer[start:start + size])
+    del buffer[:start + size]
+    return body
 
 
 class NoiseFrames:
@@ -104,14 +112,9 @@ class NoiseFrames:
         await self.session.write(struct.pack(">I", len(payload)) + payload)
 
     async def receive(self) -> bytes:
-        while True:
-            if len(self.buffer) >= 4:
-                (size,) = struct.unpack_from(">I", self.buffer)
-                if len(self.buffer) >= 4 + size:
-                    payload = bytes(self.buffer[4:4 + size])
-                    del self.buffer[:4 + size]
-                    return payload
+        while (payload := take_frame(self.buffer, ">I")) is None:
             self.buffer += await self.session.read(None)  # one Noise message
+        return payload
 
 
 def noise_transport(identity: PeerIdentity) -> NoiseTransport:
