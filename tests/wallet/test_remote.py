@@ -140,6 +140,14 @@ def stop_hop_after(tokens: int, start: int, client, hosts):
     return on_token
 
 
+async def generate_losing_a_hop(entry: str, parts, hosts, *, at: int, start: int,
+                                tokens: int):
+    """A pushed generation of ``tokens`` whose hop for layer ``start`` stops after ``at``."""
+    async with open_remote([entry], parts, config=ClientConfig(push=True)) as client:
+        kill = stop_hop_after(at, start, client, hosts)
+        return await client.generate(InferRequest(PROMPT, max_tokens=tokens), kill)
+
+
 def test_a_pushed_route_loses_its_last_hop_and_the_client_rebuilds_its_inputs(
         gguf_reader, parts, local_tokens):
     """Linked hops answer only at the end of the chain, so when C (20..29)
@@ -149,10 +157,8 @@ def test_a_pushed_route_loses_its_last_hop_and_the_client_rebuilds_its_inputs(
         async with AsyncExitStack() as stack:
             spans = [(0, 10), (10, 20), (20, 30), (20, 30)]
             hosts, servers = await swarm(stack, gguf_reader, spans)
-            async with open_remote([hosts[0].addrs[0]], parts,
-                                   config=ClientConfig(push=True)) as client:
-                kill = stop_hop_after(6, 20, client, hosts)
-                result = await client.generate(InferRequest(PROMPT, max_tokens=12), kill)
+            result = await generate_losing_a_hop(hosts[0].addrs[0], parts, hosts,
+                                                 at=6, start=20, tokens=12)
             assert result.token_ids == local_tokens(12)
             assert result.failovers == 1
             last = [(s.start, s.failed) for s in result.route if s.start == 20]
@@ -180,10 +186,8 @@ def test_a_hop_that_fails_while_rebuilding_inputs_is_replaced_first(
                     return False
                 return await step_of_a(session, step)
             a._step = dies_on_a_replay
-            async with open_remote([hosts[1].addrs[0]], parts,
-                                   config=ClientConfig(push=True)) as client:
-                kill = stop_hop_after(5, 20, client, hosts)
-                result = await client.generate(InferRequest(PROMPT, max_tokens=10), kill)
+            result = await generate_losing_a_hop(hosts[1].addrs[0], parts, hosts,
+                                                 at=5, start=20, tokens=10)
             assert result.token_ids == local_tokens(10)
             assert result.failovers == 2
             failed = sorted((s.start, s.end) for s in result.route if s.failed)
