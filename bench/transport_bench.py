@@ -5,8 +5,11 @@ servers, client), each one message of about 2.3 KB (a raw float32 hidden
 state and its framing). This bench measures the round trip of such a
 message between two processes on loopback, echoed by a server process:
 
-  libp2p   a py-libp2p stream as pnode uses it (`node.host.Host`: TCP, Noise,
-           yamux; frames by `node.framing`), the server echoing each frame;
+  libp2p   a libp2p stream as pnode uses it (`node.host.Host`: TCP, Noise,
+           pnode's yamux `node.yamux`; frames by `node.framing`), the
+           server echoing each frame;
+  py-yamux the same with py-libp2p 0.8.1's own yamux on both hosts (what
+           pnode used before `node.yamux`);
   lean     the floor of any encrypted, framed channel written in Python on
            trio: one ChaCha20-Poly1305 seal per frame (what Noise's
            transport phase does), a 12-byte header as yamux's and the 4-byte
@@ -15,15 +18,16 @@ message between two processes on loopback, echoed by a server process:
   noise    py-libp2p's Noise session alone (its handshake and transport
            phase, as `node.host` configures it) on a trio TCP stream, frames
            written straight onto it: no yamux, so the gap between this row
-           and libp2p's is what the muxer costs;
+           and the two above is what each muxer costs;
   raw tcp  the same bytes on a plain trio TCP stream (the baseline).
 
 Each is timed back to back and with --gap-ms of sleep between round trips
 (a hop waits about that long while the others compute, and a process that
-slept pays its wake-ups). The libp2p row also reports the yamux window
+slept pays its wake-ups). The py-yamux row also reports the yamux window
 updates the echoing side sent per message read (each one is an extra
 encrypted frame and socket write on the reading side before the read
-returns). Kinds alternate within each repeat; figures are medians.
+returns; `node.yamux` sends one per half window, none here). Kinds
+alternate within each repeat; figures are medians.
 
 Usage:  .venv/bin/python bench/transport_bench.py [--messages 300] [--repeats 3]
             [--size 2318] [--gap-ms 20] [--json]
@@ -53,13 +57,15 @@ from libp2p.io.trio import TrioTCPStream  # noqa: E402
 from libp2p.network.connection.raw_connection import RawConnection  # noqa: E402
 from libp2p.peer.id import ID  # noqa: E402
 from libp2p.security.noise.transport import Transport as NoiseTransport  # noqa: E402
+from libp2p.stream_muxer.muxer_multistream import MuxerMultistream  # noqa: E402
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX, Yamux  # noqa: E402
 
 from node.framing import FrameReader, write_frame  # noqa: E402
 from node.host import Host  # noqa: E402
 from node.identity import PeerIdentity  # noqa: E402
 
 PROTOCOL = "/pnode/bench-echo/1.0.0"
-KINDS = ("libp2p", "noise", "lean", "raw tcp")
+KINDS = ("libp2p", "py-yamux", "noise", "lean", "raw tcp")
 MAX_FRAME = 1 << 20
 
 
@@ -117,6 +123,13 @@ class NoiseFrames:
         return payload
 
 
+def with_py_libp2p_yamux(host: Host) -> Host:
+    """``host``, made to negotiate py-libp2p's own yamux instead of `node.yamux`."""
+    upgrader = host._host.get_network().upgrader
+    upgrader.muxer_multistream = MuxerMultistream({YAMUX: Yamux})
+    return host
+
+
 def noise_transport(identity: PeerIdentity) -> NoiseTransport:
     return NoiseTransport(identity.key_pair, noise_privkey=noise_key_pair().private_key)
 
@@ -134,6 +147,8 @@ async def serve(info_path: str) -> None:
         except Exception:  # the client closed the stream
             pass
         muxed = stream.muxed_stream
+        if not isinstance(muxed.muxed_conn, Yamux):
+            return  # node.yamux keeps no counters (and sends no update here)
         updates = sum(v for k, v in vars(muxed).items()
                       if k.startswith("_window_update_") and k != "_window_update_hysteresis_skips")
         print(json.dumps({"reads": reads, "window_updates": updates}), flush=True)
@@ -168,13 +183,16 @@ async def serve(info_path: str) -> None:
     async with trio.open_nursery() as nursery:
         host = await nursery.start(Host(identity).run)
         host._host.set_stream_handler(PROTOCOL, libp2p_echo)
+        py_host = await nursery.start(with_py_libp2p_yamux(Host(identity)).run)
+        py_host._host.set_stream_handler(PROTOCOL, libp2p_echo)
         ports = {}
         for kind, handler in (("noise", noise_echo), ("lean", lean_echo), ("raw tcp", raw_echo)):
             listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
             nursery.start_soon(trio.serve_listeners, handler, listeners)
             ports[kind] = listeners[0].socket.getsockname()[1]
         Path(info_path).write_text(json.dumps({
-            "libp2p": host.addrs[0], "peer_id": str(host.peer_id), "ports": ports}))
+            "libp2p": host.addrs[0], "py-yamux": py_host.addrs[0],
+            "peer_id": str(host.peer_id), "ports": ports}))
 
 
 # -- the client (this process) ------------------------------------------------
@@ -192,9 +210,11 @@ async def time_round_trips(send, receive, payload: bytes, n: int, gap: float) ->
     return statistics.median(times[10:])  # the first few warm the path
 
 
-async def measure(info: dict, kind: str, host: Host, payload: bytes, n: int, gap: float) -> float:
-    if kind == "libp2p":
-        peer = await host.connect(info["libp2p"])
+async def measure(info: dict, kind: str, hosts: dict[str, Host], payload: bytes, n: int,
+                  gap: float) -> float:
+    if kind in hosts:
+        host = hosts[kind]
+        peer = await host.connect(info[kind])
         stream = await host.open_stream(peer, PROTOCOL)
         reader = FrameReader(stream)
         try:
@@ -226,14 +246,17 @@ async def run_client(info: dict, args) -> dict:
     payload = os.urandom(args.size)
     results: dict[tuple[str, float], list[float]] = {}
     async with trio.open_nursery() as nursery:
-        host = await nursery.start(Host(PeerIdentity.from_seed(b"c" * 32)).run)
+        identity = PeerIdentity.from_seed(b"c" * 32)
+        hosts = {"libp2p": await nursery.start(Host(identity).run),
+                 "py-yamux": await nursery.start(with_py_libp2p_yamux(Host(identity)).run)}
         for r in range(args.repeats):
             for gap in (0.0, args.gap_ms / 1000):
                 for kind in (KINDS if r % 2 == 0 else KINDS[::-1]):
-                    rtt = await measure(info, kind, host, payload, args.messages, gap)
+                    rtt = await measure(info, kind, hosts, payload, args.messages, gap)
                     results.setdefault((kind, gap), []).append(rtt)
             print(f"repeat {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
-        host.stop()
+        for host in hosts.values():
+            host.stop()
         nursery.cancel_scope.cancel()
     return {f"{kind}|{gap}": statistics.median(v) for (kind, gap), v in results.items()}
 
@@ -282,7 +305,8 @@ def main() -> None:
     print(f"{'transport':<26}{'rtt ms':>9}{'vs raw tcp':>12}")
     for name, row in table.items():
         print(f"{name:<26}{row['rtt_ms']:>9.3f}{row['vs_raw']:>11.2f}x")
-    print(f"yamux window updates sent by the echoing side: {updates_per_read:.2f} per read")
+    print(f"py-libp2p yamux window updates sent by the echoing side: {updates_per_read:.2f} "
+          f"per read")
 
 
 if __name__ == "__main__":

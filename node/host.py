@@ -3,7 +3,7 @@
 Owns all use of py-libp2p 0.8.1 (DESIGN.md section 7; its traps are listed in
 specs/network.md) but the identity (`node.identity.PeerIdentity`, re-exported
 here): `open_host`, a `Host` with TCP, Noise the *only* security protocol,
-yamux, pubsub + gossipsub started before any connection; one-frame
+pnode's yamux (`node.yamux`), pubsub + gossipsub started before any connection; one-frame
 request/response streams (`node.framing`) where an error closes only
 that stream and scores its peer (`Host.penalize`); gossip with a size limit
 checked at publish, the rate limit raised, and per-topic validators that run
@@ -31,11 +31,11 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE, Transport as NoiseTransport
-from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX, Yamux
 from libp2p.tools.anyio_service import background_trio_service
 
 from node.framing import DEFAULT_MAX_FRAME_SIZE as MAX_FRAME
 from node.framing import FrameStreamError, FramingError, read_frame, write_frame
+from node import yamux
 from node.identity import HostError, PeerIdentity
 
 __all__ = ["DialError", "GossipError", "Host", "HostConfig", "HostError", "PeerIdentity",
@@ -102,8 +102,11 @@ class Host:
         self._topics = tuple(gossip_topics)
         kp = identity.key_pair
         noise = NoiseTransport(kp, noise_privkey=create_noise_key_pair().private_key)
-        # Only Noise (new_host's default adds TLS, SECIO and /plaintext/2.0.0); only yamux.
-        self._host = new_host(key_pair=kp, sec_opt={NOISE: noise}, muxer_opt={YAMUX: Yamux})
+        # Only Noise (new_host's default adds TLS, SECIO and /plaintext/2.0.0); only
+        # yamux, pnode's own (`node.yamux`: py-libp2p's costs ~1 ms per message).
+        self._host = new_host(key_pair=kp, sec_opt={NOISE: noise},
+                              muxer_opt={yamux.PROTOCOL_ID: yamux.YamuxConnection})
+        yamux.install(self._host)
         self._gossipsub = GossipSub(  # positional: degree, degree_low, degree_high
             [PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID], *config.gossip_degree,
             heartbeat_interval=config.heartbeat_interval,

@@ -1,0 +1,499 @@
+"""pnode's yamux: the stream muxer under every libp2p connection of a node.
+
+Owns `YamuxConnection` and `YamuxStream`, a `/yamux/1.0.0` muxer with the
+wire format of hashicorp's yamux spec (so it talks to any yamux peer,
+py-libp2p's own included: tests/node/test_yamux.py runs both against each
+other), and `install`, which makes a py-libp2p host negotiate it
+(specs/network.md, "Stream muxer").
+
+Why not py-libp2p's `Yamux`: on loopback it costs about 1.1 ms more per
+message round trip than the Noise session under it (bench/transport_bench.py),
+a few per cent of a swarm token that crosses four connections. It sends a
+window update on every read before the read returns, takes several locks and
+formats several debug strings per frame, and reads each frame's header and
+body in separate calls. This one has one reader task per connection that
+takes every frame out of each Noise message it reads and never awaits while
+dispatching them; readers and writers wait on parking lots; a window update
+goes out only once half the receive window has been consumed (as go-yamux).
+
+Limits a hostile peer meets (any breach ends the connection with a GoAway
+"protocol error"): a data frame larger than its stream's remaining receive
+window, an unknown version or frame type, a SYN for a stream id that is in
+use or of the wrong parity, a stream frame with id 0. A SYN beyond
+`MAX_STREAMS` open streams, or while `ACCEPT_BACKLOG` streams wait to be
+accepted, is answered with RST. Each stream buffers at most its window.
+Replies the reader owes (ACKs, pongs, RSTs) go out from a task of their
+own, so that the reader never waits on a write; more than `MAX_REPLIES` of
+them unsent (a peer that does not read) also ends the connection.
+
+Writes are shielded from cancellation (for at most `SEND_TIMEOUT` s): a frame
+cut in half, or a Noise message encrypted and not sent, would corrupt every
+stream of the connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+from libp2p.abc import IMuxedConn, IMuxedStream, ISecureConn
+from libp2p.peer.id import ID
+from libp2p.stream_muxer.exceptions import (MuxedConnUnavailable, MuxedStreamClosed,
+                                            MuxedStreamEOF, MuxedStreamError, MuxedStreamReset)
+from libp2p.stream_muxer.muxer_multistream import MuxerMultistream
+
+__all__ = ["INITIAL_WINDOW", "PROTOCOL_ID", "YamuxConnection", "YamuxStream", "install"]
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_ID = "/yamux/1.0.0"
+HEADER = struct.Struct(">BBHII")  # version, type, flags, stream id, length
+VERSION = 0
+DATA, WINDOW_UPDATE, PING, GO_AWAY = 0, 1, 2, 3
+SYN, ACK, FIN, RST = 1, 2, 4, 8
+GO_AWAY_NORMAL, GO_AWAY_PROTOCOL_ERROR = 0, 1
+INITIAL_WINDOW = 256 * 1024  # the spec's initial (and here also maximum) stream window
+MAX_CHUNK = 65_535 - 16 - HEADER.size  # one data frame fits one Noise message
+MAX_STREAMS = 1024  # open streams per connection, both directions
+ACCEPT_BACKLOG = 256  # inbound streams not yet taken by accept_stream
+MAX_REPLIES = 4096  # ACKs, pongs and RSTs owed to a peer that does not read them
+SEND_TIMEOUT = 10.0  # seconds a shielded write may take before the connection is dropped
+
+
+class YamuxProtocolError(MuxedStreamError):
+    """A frame that breaks the yamux protocol; the connection ends."""
+
+
+class YamuxStream(IMuxedStream):
+    """One yamux stream: a byte stream each way, half-closable, resettable."""
+
+    def __init__(self, stream_id: int, conn: YamuxConnection, *, inbound: bool):
+        self.stream_id, self.muxed_conn = stream_id, conn
+        self._buffer = bytearray()
+        self._recv_credit = INITIAL_WINDOW  # bytes the peer may still send us
+        self._consumed = 0  # bytes read and not yet granted back to the peer
+        self._send_window = INITIAL_WINDOW  # bytes we may still send
+        self._ack_pending = inbound  # the first frame we send on it carries ACK
+        self.local_closed = self.remote_closed = self.was_reset = False
+        self._readable = trio.lowlevel.ParkingLot()
+        self._writable = trio.lowlevel.ParkingLot()
+
+    @property
+    def is_closed(self) -> bool:
+        """True once the stream is done both ways (closed both ways, or reset)."""
+        return self.was_reset or (self.local_closed and self.remote_closed)
+
+    async def read(self, n: int | None = None) -> bytes:
+        """Up to ``n`` bytes of what has arrived (all of it for None or -1).
+
+        Raises:
+            MuxedStreamReset: the stream or its connection was reset.
+            MuxedStreamEOF: the peer closed its side and everything was read.
+        """
+        if n == 0:
+            return b""
+        while not self._buffer or self.was_reset:
+            if self.was_reset:
+                raise MuxedStreamReset(f"stream {self.stream_id} was reset")
+            if self.remote_closed:
+                raise MuxedStreamEOF(f"stream {self.stream_id} ended")
+            await self._readable.park()
+        if n is None or n < 0 or n >= len(self._buffer):
+            data = bytes(self._buffer)
+            self._buffer.clear()
+        else:
+            data = bytes(self._buffer[:n])
+            del self._buffer[:n]
+        await self._grant(len(data))
+        return data
+
+    async def _grant(self, read: int) -> None:
+        """Give the peer back the window of bytes read, once half a window is due."""
+        self._consumed += read
+        if self._consumed < INITIAL_WINDOW // 2 or self.remote_closed or self.was_reset:
+            return
+        delta, self._consumed = self._consumed, 0
+        self._recv_credit += delta
+        try:
+            await self.muxed_conn.send_frame(WINDOW_UPDATE, self._flags(), self.stream_id, delta)
+        except MuxedStreamError:
+            pass  # the connection is gone: the data read is still the caller's
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data``, waiting for window as the peer grants it.
+
+        Raises:
+            MuxedStreamClosed: this side was closed.
+            MuxedStreamReset: the stream or its connection was reset.
+        """
+        view = memoryview(bytes(data))
+        while view:
+            self._check_writable()
+            while self._send_window == 0:
+                await self._writable.park()
+                self._check_writable()
+            size = min(len(view), self._send_window, MAX_CHUNK)
+            self._send_window -= size
+            await self.muxed_conn.send_frame(DATA, self._flags(), self.stream_id, size,
+                                             view[:size])
+            view = view[size:]
+
+    def _check_writable(self) -> None:
+        if self.was_reset:
+            raise MuxedStreamReset(f"stream {self.stream_id} was reset")
+        if self.local_closed:
+            raise MuxedStreamClosed(f"stream {self.stream_id} is closed for writing")
+
+    def _flags(self) -> int:
+        """ACK on the first frame of an accepted stream; nothing after."""
+        if self._ack_pending:
+            self._ack_pending = False
+            return ACK
+        return 0
+
+    async def close(self) -> None:
+        """Close this side (FIN); reading goes on until the peer closes too."""
+        if self.local_closed or self.was_reset:
+            return
+        self.local_closed = True
+        self._writable.unpark_all()
+        try:
+            await self.muxed_conn.send_frame(WINDOW_UPDATE, self._flags() | FIN,
+                                             self.stream_id, 0)
+        except MuxedStreamError:
+            pass  # the connection is gone, and the stream with it
+        self.muxed_conn.forget_if_done(self)
+
+    async def reset(self) -> None:
+        """Abort both ways (RST); buffered data is dropped."""
+        if self.is_closed:
+            return
+        self.on_reset()
+        try:
+            await self.muxed_conn.send_frame(WINDOW_UPDATE, RST, self.stream_id, 0)
+        except MuxedStreamError:
+            pass
+
+    def on_reset(self) -> None:
+        """Mark the stream reset (by either side, or by the connection's end)."""
+        self.was_reset = True
+        self._buffer.clear()
+        self._readable.unpark_all()
+        self._writable.unpark_all()
+        self.muxed_conn.forget_if_done(self)
+
+    def on_data(self, body: bytes) -> None:
+        if len(body) > self._recv_credit:
+            raise YamuxProtocolError(f"stream {self.stream_id}: {len(body)} bytes of data "
+                                     f"with {self._recv_credit} bytes of window left")
+        self._recv_credit -= len(body)
+        if not self.was_reset and not self.remote_closed:
+            self._buffer += body
+            self._readable.unpark_all()
+
+    def on_window(self, delta: int) -> None:
+        self._send_window += delta
+        if delta:
+            self._writable.unpark_all()
+
+    def on_fin(self) -> None:
+        self.remote_closed = True
+        self._readable.unpark_all()
+        self.muxed_conn.forget_if_done(self)
+
+    def set_deadline(self, ttl: int) -> None:
+        """Yamux has no deadlines (as py-libp2p's); use trio's cancel scopes."""
+        raise NotImplementedError("yamux streams have no deadlines; use a trio cancel scope")
+
+    def get_remote_address(self) -> tuple[str, int] | None:
+        return self.muxed_conn.get_remote_address()
+
+    async def __aenter__(self) -> YamuxStream:
+        return self
+
+
+class YamuxConnection(IMuxedConn):
+    """A yamux session over one secured connection (see the module docstring).
+
+    Made by py-libp2p's upgrader once `/yamux/1.0.0` is negotiated; the swarm
+    runs `start` as a task, which reads until the connection ends.
+    """
+
+    def __init__(self, secured_conn: ISecureConn, peer_id: ID,
+                 is_initiator: bool | None = None,
+                 on_close: Callable[[], Awaitable[Any]] | None = None):
+        self.secured_conn, self.peer_id, self.on_close = secured_conn, peer_id, on_close
+        initiator = secured_conn.is_initiator if is_initiator is None else is_initiator
+        self._initiator = bool(initiator)
+        self._next_id = 1 if self._initiator else 2  # initiators odd, responders even
+        self.streams: dict[int, YamuxStream] = {}
+        self._to_accept, self._accepted = trio.open_memory_channel[YamuxStream](ACCEPT_BACKLOG)
+        self._send_lock = trio.Lock()
+        self._replies: list[bytes] = []  # frames the reader owes the peer (ACKs, pongs, RSTs)
+        self._reply_due = trio.lowlevel.ParkingLot()
+        self.remote_gone_away = False
+        self.event_started, self.event_closed = trio.Event(), trio.Event()
+        self._closing = False
+
+    # -- IMuxedConn --------------------------------------------------------
+
+    @property
+    def is_initiator(self) -> bool:
+        return self._initiator
+
+    @property
+    def is_established(self) -> bool:
+        return self.event_started.is_set() and not self._closing
+
+    @property
+    def is_closed(self) -> bool:
+        return self.event_closed.is_set()
+
+    def get_transport_addresses(self) -> list[Any]:
+        return self.secured_conn.get_transport_addresses()
+
+    def get_connection_type(self) -> Any:
+        return self.secured_conn.get_connection_type()
+
+    def get_remote_address(self) -> tuple[str, int] | None:
+        return self.secured_conn.get_remote_address()
+
+    async def start(self) -> None:
+        """Read and dispatch frames until the connection ends; then close it."""
+        if self.event_started.is_set():
+            return
+        code = GO_AWAY_NORMAL
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._send_replies)
+                self.event_started.set()
+                code = await self._read_frames()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.close(code)
+
+    async def close(self, error_code: int = GO_AWAY_NORMAL) -> None:
+        """Say GoAway (best effort), close the secured connection, reset all streams."""
+        if self._closing:
+            return
+        self._closing = True
+        with trio.move_on_after(1.0, shield=True):
+            try:
+                await self._send(HEADER.pack(VERSION, GO_AWAY, 0, 0, error_code))
+            except MuxedStreamError:
+                pass
+            await self._abort()
+        for stream in list(self.streams.values()):
+            stream.on_reset()
+        self._to_accept.close()
+        self._reply_due.unpark_all()
+        self.event_closed.set()
+        if self.on_close is not None:
+            try:
+                await self.on_close()
+            except Exception:  # the swarm's own cleanup: log it, the muxer is closed
+                log.exception("yamux: on_close for %s failed", self.peer_id)
+
+    async def _abort(self) -> None:
+        """Close the secured connection under us; the reader then sees its end."""
+        with trio.CancelScope(shield=True):
+            try:
+                await self.secured_conn.close()
+            except Exception:  # already broken: nothing left to close
+                pass
+
+    async def open_stream(self) -> YamuxStream:
+        """Open a stream (SYN sent before this returns).
+
+        Raises:
+            MuxedStreamError: the connection is closing, went away, or is full.
+        """
+        if self._closing or self.remote_gone_away:
+            raise MuxedStreamError(f"connection to {self.peer_id} is closing")
+        if len(self.streams) >= MAX_STREAMS:
+            raise MuxedStreamError(f"{MAX_STREAMS} streams are open to {self.peer_id}")
+        stream = YamuxStream(self._next_id, self, inbound=False)
+        self._next_id += 2
+        self.streams[stream.stream_id] = stream
+        await self.send_frame(WINDOW_UPDATE, SYN, stream.stream_id, 0)
+        return stream
+
+    async def accept_stream(self) -> YamuxStream:
+        """The next stream the peer opened.
+
+        Raises:
+            MuxedConnUnavailable: the connection ended.
+        """
+        try:
+            return await self._accepted.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise MuxedConnUnavailable(f"connection to {self.peer_id} ended") from None
+
+    # -- sending -----------------------------------------------------------
+
+    async def send_frame(self, kind: int, flags: int, stream_id: int, length: int,
+                         body: bytes | memoryview = b"") -> None:
+        """Send one frame (header, then ``body`` for data frames).
+
+        Raises:
+            MuxedStreamReset: the connection is closed or broke.
+        """
+        if self._closing:
+            raise MuxedStreamReset(f"connection to {self.peer_id} is closed")
+        await self._send(HEADER.pack(VERSION, kind, flags, stream_id, length) + body)
+
+    async def _send(self, frame: bytes) -> None:
+        """Write whole frames, one writer at a time, shielded (module docstring).
+
+        A write that fails or times out leaves the connection unusable: it is
+        aborted, and the reader's end closes it.
+        """
+        failure = None
+        try:  # uncontended (the usual case), taking the lock costs no trip through trio
+            self._send_lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._send_lock.acquire()
+        try:
+            with trio.CancelScope(shield=True) as scope:
+                scope.deadline = trio.current_time() + SEND_TIMEOUT
+                try:
+                    await self.secured_conn.write(frame)
+                except Exception as exc:  # every transport error means the same here
+                    failure = repr(exc)
+            if scope.cancelled_caught:
+                failure = f"a write took over {SEND_TIMEOUT} s"
+        finally:
+            self._send_lock.release()
+        if failure is not None:
+            await self._abort()
+            raise MuxedStreamReset(f"connection to {self.peer_id} broke: {failure}")
+
+    async def _send_replies(self) -> None:
+        """Send what the reader owes the peer, so that the reader never waits on a write."""
+        while not self._closing:
+            if not self._replies:
+                await self._reply_due.park()
+                continue
+            replies, self._replies = b"".join(self._replies), []
+            try:
+                await self._send(replies)
+            except MuxedStreamError:
+                return
+
+    # -- receiving ---------------------------------------------------------
+
+    async def _read_frames(self) -> int:
+        """Take every complete frame out of each message read, until the end.
+
+        Returns:
+            The GoAway code to close with: normal at EOF, protocol error
+            after a frame that breaks the protocol.
+        """
+        try:
+            await self._read_until_eof()
+        except YamuxProtocolError as exc:
+            log.info("yamux: closing the connection to %s: %s", self.peer_id, exc)
+            return GO_AWAY_PROTOCOL_ERROR
+        return GO_AWAY_NORMAL
+
+    async def _read_until_eof(self) -> None:
+        buffer, start = bytearray(), 0
+        while True:
+            try:
+                chunk = await self.secured_conn.read()  # one Noise message
+            except Exception:  # EOF, reset or a broken session: the connection ended
+                return
+            if not chunk:
+                return
+            buffer += chunk
+            while len(buffer) - start >= HEADER.size:
+                version, kind, flags, stream_id, length = HEADER.unpack_from(buffer, start)
+                if version != VERSION or kind > GO_AWAY:
+                    raise YamuxProtocolError(f"frame of version {version}, type {kind}")
+                body_end = start + HEADER.size + (length if kind == DATA else 0)
+                if kind == DATA and length > INITIAL_WINDOW:
+                    raise YamuxProtocolError(f"data frame of {length} bytes")
+                if len(buffer) < body_end:
+                    break
+                self._dispatch(kind, flags, stream_id, length,
+                               bytes(buffer[start + HEADER.size:body_end]))
+                start = body_end
+            del buffer[:start]
+            start = 0
+            if self._replies:
+                if len(self._replies) > MAX_REPLIES:
+                    raise YamuxProtocolError(f"{len(self._replies)} replies unsent: "
+                                             f"the peer does not read")
+                self._reply_due.unpark_all()
+
+    def _dispatch(self, kind: int, flags: int, stream_id: int, length: int,
+                  body: bytes) -> None:
+        """Apply one frame; never awaits (replies are queued in `_replies`)."""
+        if kind == PING:
+            if flags & SYN:
+                self._replies.append(HEADER.pack(VERSION, PING, ACK, 0, length))
+            return
+        if kind == GO_AWAY:
+            self.remote_gone_away = True
+            return
+        if stream_id == 0:
+            raise YamuxProtocolError(f"stream frame (type {kind}) for stream 0")
+        stream = self._accept_syn(stream_id) if flags & SYN else self.streams.get(stream_id)
+        if stream is None:
+            return  # a stream we reset or forgot; its late frames are dropped
+        if kind == DATA:
+            stream.on_data(body)
+        else:
+            stream.on_window(length)
+        if flags & RST:
+            stream.on_reset()
+        elif flags & FIN:
+            stream.on_fin()
+
+    def _accept_syn(self, stream_id: int) -> YamuxStream | None:
+        """The stream a SYN opens, queued for `accept_stream`; None if refused (RST)."""
+        if stream_id % 2 == self._next_id % 2 or stream_id in self.streams:
+            raise YamuxProtocolError(f"SYN for stream {stream_id}, which is ours or open")
+        stream = YamuxStream(stream_id, self, inbound=True)
+        try:
+            if len(self.streams) >= MAX_STREAMS:
+                raise trio.WouldBlock
+            self._to_accept.send_nowait(stream)
+        except (trio.WouldBlock, trio.ClosedResourceError):
+            self._replies.append(HEADER.pack(VERSION, WINDOW_UPDATE, RST, stream_id, 0))
+            return None
+        self.streams[stream_id] = stream
+        # ACK now, as py-libp2p and go-yamux do: a stream that only reads
+        # would otherwise leave its opener counting it as never accepted.
+        stream._ack_pending = False
+        self._replies.append(HEADER.pack(VERSION, WINDOW_UPDATE, ACK, stream_id, 0))
+        return stream
+
+    def forget_if_done(self, stream: YamuxStream) -> None:
+        """Drop a stream that is closed both ways or reset from the table."""
+        if stream.is_closed and self.streams.get(stream.stream_id) is stream:
+            del self.streams[stream.stream_id]
+
+
+class _Negotiator(MuxerMultistream):
+    """py-libp2p's muxer negotiation, building the class registered for the protocol.
+
+    py-libp2p 0.8.1's own `new_conn` builds its `Yamux` for `/yamux/1.0.0`
+    whatever class was registered; this one honours the registration.
+    """
+
+    async def new_conn(self, conn: ISecureConn, peer_id: ID) -> IMuxedConn:
+        protocol, muxer_class = await self._selector.select(
+            conn, conn.is_initiator, self.negotiate_timeout)
+        return self._annotate_connection(muxer_class(conn, peer_id), conn, protocol)
+
+
+def install(host: Any) -> None:
+    """Make ``host`` (a py-libp2p host) negotiate pnode's yamux and nothing else."""
+    upgrader = host.get_network().upgrader
+    upgrader.muxer_multistream = _Negotiator({PROTOCOL_ID: YamuxConnection},
+                                             upgrader.muxer_multistream.negotiate_timeout)
