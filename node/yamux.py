@@ -70,13 +70,12 @@ class YamuxProtocolError(MuxedStreamError):
 class YamuxStream(IMuxedStream):
     """One yamux stream: a byte stream each way, half-closable, resettable."""
 
-    def __init__(self, stream_id: int, conn: YamuxConnection, *, inbound: bool):
+    def __init__(self, stream_id: int, conn: YamuxConnection):
         self.stream_id, self.muxed_conn = stream_id, conn
         self._buffer = bytearray()
         self._recv_credit = INITIAL_WINDOW  # bytes the peer may still send us
         self._consumed = 0  # bytes read and not yet granted back to the peer
         self._send_window = INITIAL_WINDOW  # bytes we may still send
-        self._ack_pending = inbound  # the first frame we send on it carries ACK
         self.local_closed = self.remote_closed = self.was_reset = False
         self._readable = trio.lowlevel.ParkingLot()
         self._writable = trio.lowlevel.ParkingLot()
@@ -118,7 +117,7 @@ class YamuxStream(IMuxedStream):
         delta, self._consumed = self._consumed, 0
         self._recv_credit += delta
         try:
-            await self.muxed_conn.send_frame(WINDOW_UPDATE, self._flags(), self.stream_id, delta)
+            await self.muxed_conn.send_frame(WINDOW_UPDATE, 0, self.stream_id, delta)
         except MuxedStreamError:
             pass  # the connection is gone: the data read is still the caller's
 
@@ -137,8 +136,7 @@ class YamuxStream(IMuxedStream):
                 self._check_writable()
             size = min(len(view), self._send_window, MAX_CHUNK)
             self._send_window -= size
-            await self.muxed_conn.send_frame(DATA, self._flags(), self.stream_id, size,
-                                             view[:size])
+            await self.muxed_conn.send_frame(DATA, 0, self.stream_id, size, view[:size])
             view = view[size:]
 
     def _check_writable(self) -> None:
@@ -147,13 +145,6 @@ class YamuxStream(IMuxedStream):
         if self.local_closed:
             raise MuxedStreamClosed(f"stream {self.stream_id} is closed for writing")
 
-    def _flags(self) -> int:
-        """ACK on the first frame of an accepted stream; nothing after."""
-        if self._ack_pending:
-            self._ack_pending = False
-            return ACK
-        return 0
-
     async def close(self) -> None:
         """Close this side (FIN); reading goes on until the peer closes too."""
         if self.local_closed or self.was_reset:
@@ -161,8 +152,7 @@ class YamuxStream(IMuxedStream):
         self.local_closed = True
         self._writable.unpark_all()
         try:
-            await self.muxed_conn.send_frame(WINDOW_UPDATE, self._flags() | FIN,
-                                             self.stream_id, 0)
+            await self.muxed_conn.send_frame(WINDOW_UPDATE, FIN, self.stream_id, 0)
         except MuxedStreamError:
             pass  # the connection is gone, and the stream with it
         self.muxed_conn.forget_if_done(self)
@@ -316,10 +306,14 @@ class YamuxConnection(IMuxedConn):
             raise MuxedStreamError(f"connection to {self.peer_id} is closing")
         if len(self.streams) >= MAX_STREAMS:
             raise MuxedStreamError(f"{MAX_STREAMS} streams are open to {self.peer_id}")
-        stream = YamuxStream(self._next_id, self, inbound=False)
+        stream = YamuxStream(self._next_id, self)
         self._next_id += 2
         self.streams[stream.stream_id] = stream
-        await self.send_frame(WINDOW_UPDATE, SYN, stream.stream_id, 0)
+        try:
+            await self.send_frame(WINDOW_UPDATE, SYN, stream.stream_id, 0)
+        except BaseException:
+            del self.streams[stream.stream_id]
+            raise
         return stream
 
     async def accept_stream(self) -> YamuxStream:
@@ -458,7 +452,7 @@ class YamuxConnection(IMuxedConn):
         """The stream a SYN opens, queued for `accept_stream`; None if refused (RST)."""
         if stream_id % 2 == self._next_id % 2 or stream_id in self.streams:
             raise YamuxProtocolError(f"SYN for stream {stream_id}, which is ours or open")
-        stream = YamuxStream(stream_id, self, inbound=True)
+        stream = YamuxStream(stream_id, self)
         try:
             if len(self.streams) >= MAX_STREAMS:
                 raise trio.WouldBlock
@@ -467,9 +461,9 @@ class YamuxConnection(IMuxedConn):
             self._replies.append(HEADER.pack(VERSION, WINDOW_UPDATE, RST, stream_id, 0))
             return None
         self.streams[stream_id] = stream
-        # ACK now, as py-libp2p and go-yamux do: a stream that only reads
-        # would otherwise leave its opener counting it as never accepted.
-        stream._ack_pending = False
+        # ACK now, as py-libp2p and go-yamux do, not with the first frame
+        # back: a stream that only reads would leave its opener counting it
+        # as never accepted.
         self._replies.append(HEADER.pack(VERSION, WINDOW_UPDATE, ACK, stream_id, 0))
         return stream
 
