@@ -51,11 +51,11 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from node.cliutil import share_cpus_politely  # noqa: E402
+from node.cliutil import CLIENT_SPIN_COUNT, share_cpus_politely  # noqa: E402
 
 USER_ENV = dict(os.environ)  # before the client's own settings: for the baseline
 if "--local-worker" not in sys.argv:
-    share_cpus_politely()  # as `pwallet infer --peers` does, before torch loads
+    share_cpus_politely(CLIENT_SPIN_COUNT)  # as `pwallet infer --peers` does, before torch
 
 import torch  # noqa: E402
 import trio  # noqa: E402

@@ -260,22 +260,29 @@ def parse_peer_addr(text: str) -> str:
     return parse_multiaddr(text, peer=True)
 
 
-SPIN_COUNT = "10000"  # libgomp spins: about 0.1 ms at ~1e5 spins/ms
+SPIN_COUNT = "10000"  # a server's libgomp spin: about 0.1 ms at ~1e5 spins/ms
+CLIENT_SPIN_COUNT = "0"  # a swarm client's: its threads sleep as soon as they are idle
 
 
-def share_cpus_politely() -> None:
+def share_cpus_politely(spin_count: str = SPIN_COUNT) -> None:
     """Let idle OpenMP threads spin only briefly, then sleep (before torch loads).
 
     A swarm hop is a pipeline: while one process computes, the others wait
     for it. libgomp's default spins about 3 ms after each parallel region, and
     on a machine with few cores those spinning threads steal the cores the
     next hop needs; never spinning (``OMP_WAIT_POLICY=PASSIVE``) makes every
-    parallel region of a step pay a futex wake-up instead. A spin of about
-    0.1 ms (``GOMP_SPINCOUNT=10000``) bridges the microsecond gaps between
+    parallel region of a step pay a futex wake-up instead. A server spins
+    about 0.1 ms (`SPIN_COUNT`): that bridges the microsecond gaps between
     the regions of one forward call and yields the core soon after it ends
     (three servers and a client on 2 cores, 3-hop decode: 0.57x of local with
     the default, 0.68x PASSIVE, 0.79-0.85x with this; BENCHMARKS.md "Swarm").
-    A user's own ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` wins.
+    A swarm client does not spin at all (`CLIENT_SPIN_COUNT`): its one
+    parallel product a token (the LM head) is followed by the first hop's
+    forward, which its spinning thread would slow by a fifth (BENCHMARKS.md,
+    session 9). A user's own ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` wins.
+
+    Args:
+        spin_count: ``GOMP_SPINCOUNT`` to set when the user set neither.
     """
     if "OMP_WAIT_POLICY" not in os.environ:
-        os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
+        os.environ.setdefault("GOMP_SPINCOUNT", spin_count)

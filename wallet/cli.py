@@ -227,7 +227,7 @@ def infer(prompt, local, peers, trusted_file, wire, push, raw, greedy, max_token
         parse_peer_addr(addr)
     trusted = read_peer_list(trusted_file) if trusted_file else None
     if not local:
-        cliutil.share_cpus_politely()  # a client waits on servers most of the time
+        cliutil.share_cpus_politely(cliutil.CLIENT_SPIN_COUNT)  # it waits on servers
     # torch loads here, not at start-up: the other pwallet commands stay fast.
     from compute.generate import Sampling
     from wallet import client

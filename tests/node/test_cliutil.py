@@ -12,17 +12,19 @@ from node import cliutil
 from wallet.errors import WalletError
 
 
-@pytest.mark.parametrize("env, want", [
-    ({}, {"GOMP_SPINCOUNT": cliutil.SPIN_COUNT}),
-    ({"GOMP_SPINCOUNT": "0"}, {"GOMP_SPINCOUNT": "0"}),
-    ({"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"}),
+@pytest.mark.parametrize("env, spin, want", [
+    ({}, cliutil.SPIN_COUNT, {"GOMP_SPINCOUNT": cliutil.SPIN_COUNT}),
+    ({}, cliutil.CLIENT_SPIN_COUNT, {"GOMP_SPINCOUNT": "0"}),
+    ({"GOMP_SPINCOUNT": "0"}, cliutil.SPIN_COUNT, {"GOMP_SPINCOUNT": "0"}),
+    ({"GOMP_SPINCOUNT": "500"}, cliutil.CLIENT_SPIN_COUNT, {"GOMP_SPINCOUNT": "500"}),
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, cliutil.SPIN_COUNT, {"OMP_WAIT_POLICY": "ACTIVE"}),
 ])
-def test_short_spin_unless_the_user_chose(monkeypatch, env, want):
+def test_short_spin_unless_the_user_chose(monkeypatch, env, spin, want):
     for key in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    cliutil.share_cpus_politely()
+    cliutil.share_cpus_politely(spin)
     got = {k: os.environ[k] for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if k in os.environ}
     assert got == want
 
