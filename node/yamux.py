@@ -4,17 +4,16 @@ Owns `YamuxConnection` and `YamuxStream`, a `/yamux/1.0.0` muxer with the
 wire format of hashicorp's yamux spec (so it talks to any yamux peer,
 py-libp2p's own included: tests/node/test_yamux.py runs both against each
 other), and `install`, which makes a py-libp2p host negotiate it
-(specs/network.md, "Stream muxer").
+(specs/network.md section 1a).
 
-Why not py-libp2p's `Yamux`: on loopback it costs about 1.1 ms more per
-message round trip than the Noise session under it (bench/transport_bench.py),
-a few per cent of a swarm token that crosses four connections. It sends a
-window update on every read before the read returns, takes several locks and
-formats several debug strings per frame, and reads each frame's header and
-body in separate calls. This one has one reader task per connection that
-takes every frame out of each Noise message it reads and never awaits while
-dispatching them; readers and writers wait on parking lots; a window update
-goes out only once half the receive window has been consumed (as go-yamux).
+Why not py-libp2p's `Yamux`: it sends a window update on every read before
+the read returns, takes several locks and formats debug strings per frame,
+and reads each frame's header and body separately: 0.85 ms per round trip
+above the Noise session on loopback, against 0.31 ms here
+(bench/transport_bench.py). Here one reader task per connection takes every
+frame out of each Noise message and dispatches them without awaiting;
+readers and writers wait on parking lots; a window update goes out once
+half the window has been read (as go-yamux).
 
 Limits a hostile peer meets (any breach ends the connection with a GoAway
 "protocol error"): a data frame larger than its stream's remaining receive
@@ -79,6 +78,7 @@ class YamuxStream(IMuxedStream):
         self.local_closed = self.remote_closed = self.was_reset = False
         self._readable = trio.lowlevel.ParkingLot()
         self._writable = trio.lowlevel.ParkingLot()
+        self._writing = trio.Lock()  # one write() at a time: its chunks stay in order
 
     @property
     def is_closed(self) -> bool:
@@ -129,15 +129,19 @@ class YamuxStream(IMuxedStream):
             MuxedStreamReset: the stream or its connection was reset.
         """
         view = memoryview(bytes(data))
-        while view:
-            self._check_writable()
-            while self._send_window == 0:
-                await self._writable.park()
+        await _take(self._writing)
+        try:
+            while view:
                 self._check_writable()
-            size = min(len(view), self._send_window, MAX_CHUNK)
-            self._send_window -= size
-            await self.muxed_conn.send_frame(DATA, 0, self.stream_id, size, view[:size])
-            view = view[size:]
+                while self._send_window == 0:
+                    await self._writable.park()
+                    self._check_writable()
+                size = min(len(view), self._send_window, MAX_CHUNK)
+                self._send_window -= size
+                await self.muxed_conn.send_frame(DATA, 0, self.stream_id, size, view[:size])
+                view = view[size:]
+        finally:
+            self._writing.release()
 
     def _check_writable(self) -> None:
         if self.was_reset:
@@ -347,10 +351,7 @@ class YamuxConnection(IMuxedConn):
         aborted, and the reader's end closes it.
         """
         failure = None
-        try:  # uncontended (the usual case), taking the lock costs no trip through trio
-            self._send_lock.acquire_nowait()
-        except trio.WouldBlock:
-            await self._send_lock.acquire()
+        await _take(self._send_lock)
         try:
             with trio.CancelScope(shield=True) as scope:
                 scope.deadline = trio.current_time() + SEND_TIMEOUT
@@ -471,6 +472,14 @@ class YamuxConnection(IMuxedConn):
         """Drop a stream that is closed both ways or reset from the table."""
         if stream.is_closed and self.streams.get(stream.stream_id) is stream:
             del self.streams[stream.stream_id]
+
+
+async def _take(lock: trio.Lock) -> None:
+    """Acquire ``lock``; a free one (the usual case) costs no trip through trio."""
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        await lock.acquire()
 
 
 class _Negotiator(MuxerMultistream):

@@ -201,6 +201,23 @@ def test_bulk_both_ways_on_many_streams_at_once():
     run(main, 60)
 
 
+def test_two_writers_on_one_stream_never_interleave_their_writes():
+    """Writes larger than the window go out whole, one after the other."""
+    async def main():
+        async with yamux_pair() as (a, b):
+            s = await a.open_stream()
+            one, two = b"1" * (2 * INITIAL_WINDOW), b"2" * (2 * INITIAL_WINDOW)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(s.write, one)
+                nursery.start_soon(s.write, two)
+                t = await b.accept_stream()
+                got = bytearray()
+                while len(got) < len(one) + len(two):
+                    got += await t.read()
+            assert bytes(got) in (one + two, two + one)
+    run(main)
+
+
 def test_half_close_then_eof_and_reset_both_ways():
     async def main():
         async with yamux_pair() as (a, b):
