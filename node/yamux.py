@@ -220,17 +220,15 @@ class YamuxConnection(IMuxedConn):
                  is_initiator: bool | None = None,
                  on_close: Callable[[], Awaitable[Any]] | None = None):
         self.secured_conn, self.peer_id, self.on_close = secured_conn, peer_id, on_close
-        initiator = secured_conn.is_initiator if is_initiator is None else is_initiator
-        self._initiator = bool(initiator)
+        self._initiator = bool(secured_conn.is_initiator if is_initiator is None else is_initiator)
         self._next_id = 1 if self._initiator else 2  # initiators odd, responders even
         self.streams: dict[int, YamuxStream] = {}
         self._to_accept, self._accepted = trio.open_memory_channel[YamuxStream](ACCEPT_BACKLOG)
         self._send_lock = trio.Lock()
         self._replies: list[bytes] = []  # frames the reader owes the peer (ACKs, pongs, RSTs)
         self._reply_due = trio.lowlevel.ParkingLot()
-        self.remote_gone_away = False
+        self.remote_gone_away = self._closing = False
         self.event_started, self.event_closed = trio.Event(), trio.Event()
-        self._closing = False
 
     # -- IMuxedConn --------------------------------------------------------
 
