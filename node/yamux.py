@@ -1,10 +1,10 @@
 """pnode's yamux: the stream muxer under every libp2p connection of a node.
 
-Owns `YamuxConnection` and `YamuxStream`, a `/yamux/1.0.0` muxer with the
-wire format of hashicorp's yamux spec (so it talks to any yamux peer,
-py-libp2p's own included: tests/node/test_yamux.py runs both against each
-other), and `install`, which makes a py-libp2p host negotiate it
-(specs/network.md section 1a).
+Owns `YamuxConnection`, a `/yamux/1.0.0` muxer with the wire format of
+hashicorp's yamux spec (so it talks to any yamux peer, py-libp2p's own
+included: tests/node/test_yamux.py runs both against each other), and
+`install`, which makes a py-libp2p host negotiate it (specs/network.md
+section 1a). Its streams and the frame format are `node.yamux_stream`'s.
 
 Why not py-libp2p's `Yamux`: it sends a window update on every read before
 the read returns, takes several locks and formats debug strings per frame,
@@ -17,196 +17,51 @@ half the window has been read (as go-yamux).
 
 Limits a hostile peer meets (any breach ends the connection with a GoAway
 "protocol error"): a data frame larger than its stream's remaining receive
-window, an unknown version or frame type, a SYN for a stream id that is in
-use or of the wrong parity, a stream frame with id 0. A SYN beyond
+window, more than `MAX_BUFFERED` bytes received and unread on all streams,
+an unknown version or frame type, a SYN for a stream id that is in use or
+of the wrong parity, a stream frame with id 0, more than `MAX_REPLIES`
+frames owed and unsent (a peer that does not read). A SYN beyond
 `MAX_STREAMS` open streams, or while `ACCEPT_BACKLOG` streams wait to be
-accepted, is answered with RST. Each stream buffers at most its window.
-Replies the reader owes (ACKs, pongs, RSTs) go out from a task of their
-own, so that the reader never waits on a write; more than `MAX_REPLIES` of
-them unsent (a peer that does not read) also ends the connection.
+accepted, is answered with RST; a stream closed here that the peer has not
+closed within `CLOSE_TIMEOUT` is reset (as go-yamux).
 
-Writes are shielded from cancellation (for at most `SEND_TIMEOUT` s): a frame
-cut in half, or a Noise message encrypted and not sent, would corrupt every
-stream of the connection.
+Frames that must not wait (ACKs, pongs, RSTs, window updates) are queued
+and go out before the next frame written, from a task of their own if none
+is: the reader never waits on a write. Writes are shielded from
+cancellation (for at most `SEND_TIMEOUT` s): a frame cut in half, or a
+Noise message encrypted and not sent, would corrupt every stream of the
+connection. When the connection ends, a stream the peer had finished (FIN)
+keeps its data until read; the others are reset.
 """
 
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
-from libp2p.abc import IMuxedConn, IMuxedStream, ISecureConn
+from libp2p.abc import IMuxedConn, ISecureConn
 from libp2p.peer.id import ID
-from libp2p.stream_muxer.exceptions import (MuxedConnUnavailable, MuxedStreamClosed,
-                                            MuxedStreamEOF, MuxedStreamError, MuxedStreamReset)
+from libp2p.stream_muxer.exceptions import (MuxedConnUnavailable, MuxedStreamError,
+                                            MuxedStreamReset)
 from libp2p.stream_muxer.muxer_multistream import MuxerMultistream
+
+from node.yamux_stream import (ACK, DATA, FIN, GO_AWAY, GO_AWAY_NORMAL,  # noqa: F401 (re-exported)
+                               GO_AWAY_PROTOCOL_ERROR, HEADER, INITIAL_WINDOW, MAX_CHUNK, PING,
+                               PROTOCOL_ID, RST, SYN, VERSION, WINDOW_UPDATE, YamuxProtocolError,
+                               YamuxStream, take)
 
 __all__ = ["INITIAL_WINDOW", "PROTOCOL_ID", "YamuxConnection", "YamuxStream", "install"]
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/yamux/1.0.0"
-HEADER = struct.Struct(">BBHII")  # version, type, flags, stream id, length
-VERSION = 0
-DATA, WINDOW_UPDATE, PING, GO_AWAY = 0, 1, 2, 3
-SYN, ACK, FIN, RST = 1, 2, 4, 8
-GO_AWAY_NORMAL, GO_AWAY_PROTOCOL_ERROR = 0, 1
-INITIAL_WINDOW = 256 * 1024  # the spec's initial (and here also maximum) stream window
-MAX_CHUNK = 65_535 - 16 - HEADER.size  # one data frame fits one Noise message
 MAX_STREAMS = 1024  # open streams per connection, both directions
 ACCEPT_BACKLOG = 256  # inbound streams not yet taken by accept_stream
 MAX_REPLIES = 4096  # ACKs, pongs and RSTs owed to a peer that does not read them
+MAX_BUFFERED = 64 << 20  # bytes received and not yet read, all streams of a connection
+CLOSE_TIMEOUT = 300.0  # s a stream closed here waits for the peer's FIN before a reset
 SEND_TIMEOUT = 10.0  # seconds a shielded write may take before the connection is dropped
-
-
-class YamuxProtocolError(MuxedStreamError):
-    """A frame that breaks the yamux protocol; the connection ends."""
-
-
-class YamuxStream(IMuxedStream):
-    """One yamux stream: a byte stream each way, half-closable, resettable."""
-
-    def __init__(self, stream_id: int, conn: YamuxConnection):
-        self.stream_id, self.muxed_conn = stream_id, conn
-        self._buffer = bytearray()
-        self._recv_credit = INITIAL_WINDOW  # bytes the peer may still send us
-        self._consumed = 0  # bytes read and not yet granted back to the peer
-        self._send_window = INITIAL_WINDOW  # bytes we may still send
-        self.local_closed = self.remote_closed = self.was_reset = False
-        self._readable = trio.lowlevel.ParkingLot()
-        self._writable = trio.lowlevel.ParkingLot()
-        self._writing = trio.Lock()  # one write() at a time: its chunks stay in order
-
-    @property
-    def is_closed(self) -> bool:
-        """True once the stream is done both ways (closed both ways, or reset)."""
-        return self.was_reset or (self.local_closed and self.remote_closed)
-
-    async def read(self, n: int | None = None) -> bytes:
-        """Up to ``n`` bytes of what has arrived (all of it for None or -1).
-
-        Raises:
-            MuxedStreamReset: the stream or its connection was reset.
-            MuxedStreamEOF: the peer closed its side and everything was read.
-        """
-        if n == 0:
-            return b""
-        while not self._buffer or self.was_reset:
-            if self.was_reset:
-                raise MuxedStreamReset(f"stream {self.stream_id} was reset")
-            if self.remote_closed:
-                raise MuxedStreamEOF(f"stream {self.stream_id} ended")
-            await self._readable.park()
-        if n is None or n < 0 or n >= len(self._buffer):
-            data = bytes(self._buffer)
-            self._buffer.clear()
-        else:
-            data = bytes(self._buffer[:n])
-            del self._buffer[:n]
-        await self._grant(len(data))
-        return data
-
-    async def _grant(self, read: int) -> None:
-        """Give the peer back the window of bytes read, once half a window is due."""
-        self._consumed += read
-        if self._consumed < INITIAL_WINDOW // 2 or self.remote_closed or self.was_reset:
-            return
-        delta, self._consumed = self._consumed, 0
-        self._recv_credit += delta
-        try:
-            await self.muxed_conn.send_frame(WINDOW_UPDATE, 0, self.stream_id, delta)
-        except MuxedStreamError:
-            pass  # the connection is gone: the data read is still the caller's
-
-    async def write(self, data: bytes) -> None:
-        """Send ``data``, waiting for window as the peer grants it.
-
-        Raises:
-            MuxedStreamClosed: this side was closed.
-            MuxedStreamReset: the stream or its connection was reset.
-        """
-        view = memoryview(bytes(data))
-        await _take(self._writing)
-        try:
-            while view:
-                self._check_writable()
-                while self._send_window == 0:
-                    await self._writable.park()
-                    self._check_writable()
-                size = min(len(view), self._send_window, MAX_CHUNK)
-                self._send_window -= size
-                await self.muxed_conn.send_frame(DATA, 0, self.stream_id, size, view[:size])
-                view = view[size:]
-        finally:
-            self._writing.release()
-
-    def _check_writable(self) -> None:
-        if self.was_reset:
-            raise MuxedStreamReset(f"stream {self.stream_id} was reset")
-        if self.local_closed:
-            raise MuxedStreamClosed(f"stream {self.stream_id} is closed for writing")
-
-    async def close(self) -> None:
-        """Close this side (FIN); reading goes on until the peer closes too."""
-        if self.local_closed or self.was_reset:
-            return
-        self.local_closed = True
-        self._writable.unpark_all()
-        try:
-            await self.muxed_conn.send_frame(WINDOW_UPDATE, FIN, self.stream_id, 0)
-        except MuxedStreamError:
-            pass  # the connection is gone, and the stream with it
-        self.muxed_conn.forget_if_done(self)
-
-    async def reset(self) -> None:
-        """Abort both ways (RST); buffered data is dropped."""
-        if self.is_closed:
-            return
-        self.on_reset()
-        try:
-            await self.muxed_conn.send_frame(WINDOW_UPDATE, RST, self.stream_id, 0)
-        except MuxedStreamError:
-            pass
-
-    def on_reset(self) -> None:
-        """Mark the stream reset (by either side, or by the connection's end)."""
-        self.was_reset = True
-        self._buffer.clear()
-        self._readable.unpark_all()
-        self._writable.unpark_all()
-        self.muxed_conn.forget_if_done(self)
-
-    def on_data(self, body: bytes) -> None:
-        if len(body) > self._recv_credit:
-            raise YamuxProtocolError(f"stream {self.stream_id}: {len(body)} bytes of data "
-                                     f"with {self._recv_credit} bytes of window left")
-        self._recv_credit -= len(body)
-        if not self.was_reset and not self.remote_closed:
-            self._buffer += body
-            self._readable.unpark_all()
-
-    def on_window(self, delta: int) -> None:
-        self._send_window += delta
-        if delta:
-            self._writable.unpark_all()
-
-    def on_fin(self) -> None:
-        self.remote_closed = True
-        self._readable.unpark_all()
-        self.muxed_conn.forget_if_done(self)
-
-    def set_deadline(self, ttl: int) -> None:
-        """Yamux has no deadlines (as py-libp2p's); use trio's cancel scopes."""
-        raise NotImplementedError("yamux streams have no deadlines; use a trio cancel scope")
-
-    def get_remote_address(self) -> tuple[str, int] | None:
-        return self.muxed_conn.get_remote_address()
-
-    async def __aenter__(self) -> YamuxStream:
-        return self
 
 
 class YamuxConnection(IMuxedConn):
@@ -228,6 +83,7 @@ class YamuxConnection(IMuxedConn):
         self._replies: list[bytes] = []  # frames the reader owes the peer (ACKs, pongs, RSTs)
         self._reply_due = trio.lowlevel.ParkingLot()
         self.remote_gone_away = self._closing = False
+        self.buffered = 0  # bytes received on all streams and not yet read
         self.event_started, self.event_closed = trio.Event(), trio.Event()
 
     # -- IMuxedConn --------------------------------------------------------
@@ -238,7 +94,7 @@ class YamuxConnection(IMuxedConn):
 
     @property
     def is_established(self) -> bool:
-        return self.event_started.is_set() and not self._closing
+        return self.event_started.is_set() and not (self._closing or self.remote_gone_away)
 
     @property
     def is_closed(self) -> bool:
@@ -261,6 +117,7 @@ class YamuxConnection(IMuxedConn):
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._send_replies)
+                nursery.start_soon(self._reset_abandoned)
                 self.event_started.set()
                 code = await self._read_frames()
                 nursery.cancel_scope.cancel()
@@ -273,22 +130,23 @@ class YamuxConnection(IMuxedConn):
         if self._closing:
             return
         self._closing = True
-        with trio.move_on_after(1.0, shield=True):
+        with trio.move_on_after(1.0, shield=True):  # bounds the wait for the send lock
             try:
                 await self._send(HEADER.pack(VERSION, GO_AWAY, 0, 0, error_code))
             except MuxedStreamError:
                 pass
-            await self._abort()
+        await self._abort()
         for stream in list(self.streams.values()):
-            stream.on_reset()
+            stream.on_connection_end()
         self._to_accept.close()
         self._reply_due.unpark_all()
         self.event_closed.set()
         if self.on_close is not None:
-            try:
-                await self.on_close()
-            except Exception:  # the swarm's own cleanup: log it, the muxer is closed
-                log.exception("yamux: on_close for %s failed", self.peer_id)
+            with trio.move_on_after(5.0):  # the swarm's cleanup, which must not hang us
+                try:
+                    await self.on_close()
+                except Exception:  # the swarm's own cleanup: log it, the muxer is closed
+                    log.exception("yamux: on_close for %s failed", self.peer_id)
 
     async def _abort(self) -> None:
         """Close the secured connection under us; the reader then sees its end."""
@@ -314,7 +172,7 @@ class YamuxConnection(IMuxedConn):
         try:
             await self.send_frame(WINDOW_UPDATE, SYN, stream.stream_id, 0)
         except BaseException:
-            del self.streams[stream.stream_id]
+            self.streams.pop(stream.stream_id, None)
             raise
         return stream
 
@@ -342,15 +200,21 @@ class YamuxConnection(IMuxedConn):
             raise MuxedStreamReset(f"connection to {self.peer_id} is closed")
         await self._send(HEADER.pack(VERSION, kind, flags, stream_id, length) + body)
 
-    async def _send(self, frame: bytes) -> None:
-        """Write whole frames, one writer at a time, shielded (module docstring).
+    async def _send(self, frame: bytes = b"") -> None:
+        """Write the queued frames, then ``frame``: whole, one writer at a time, shielded.
 
-        A write that fails or times out leaves the connection unusable: it is
-        aborted, and the reader's end closes it.
+        Queued frames (`queue`) go first, so that a stream's ACK or RST is
+        never overtaken by a frame sent directly after it. A write that fails
+        or times out leaves the connection unusable: it is aborted, and the
+        reader's end closes it.
         """
         failure = None
-        await _take(self._send_lock)
+        await take(self._send_lock)
         try:
+            if self._replies:
+                frame, self._replies = b"".join(self._replies) + frame, []
+            if not frame:
+                return
             with trio.CancelScope(shield=True) as scope:
                 scope.deadline = trio.current_time() + SEND_TIMEOUT
                 try:
@@ -365,15 +229,30 @@ class YamuxConnection(IMuxedConn):
             await self._abort()
             raise MuxedStreamReset(f"connection to {self.peer_id} broke: {failure}")
 
+    def queue(self, kind: int, flags: int, stream_id: int, length: int) -> None:
+        """Have a body-less frame sent soon, without waiting (nothing once closing)."""
+        if not self._closing:
+            self._replies.append(HEADER.pack(VERSION, kind, flags, stream_id, length))
+            self._reply_due.unpark_all()
+
+    async def _reset_abandoned(self) -> None:
+        """Reset streams closed here whose peer never closed its side (as go-yamux)."""
+        while True:
+            await trio.sleep(CLOSE_TIMEOUT / 4)
+            expired = trio.current_time() - CLOSE_TIMEOUT
+            for stream in list(self.streams.values()):
+                if stream.local_closed and not stream.remote_closed \
+                        and stream.closed_at < expired:
+                    await stream.reset()
+
     async def _send_replies(self) -> None:
         """Send what the reader owes the peer, so that the reader never waits on a write."""
         while not self._closing:
             if not self._replies:
                 await self._reply_due.park()
                 continue
-            replies, self._replies = b"".join(self._replies), []
             try:
-                await self._send(replies)
+                await self._send()
             except MuxedStreamError:
                 return
 
@@ -417,6 +296,8 @@ class YamuxConnection(IMuxedConn):
                 start = body_end
             del buffer[:start]
             start = 0
+            if self.buffered > MAX_BUFFERED:
+                raise YamuxProtocolError(f"{self.buffered} bytes received and unread")
             if self._replies:
                 if len(self._replies) > MAX_REPLIES:
                     raise YamuxProtocolError(f"{len(self._replies)} replies unsent: "
@@ -471,13 +352,6 @@ class YamuxConnection(IMuxedConn):
         if stream.is_closed and self.streams.get(stream.stream_id) is stream:
             del self.streams[stream.stream_id]
 
-
-async def _take(lock: trio.Lock) -> None:
-    """Acquire ``lock``; a free one (the usual case) costs no trip through trio."""
-    try:
-        lock.acquire_nowait()
-    except trio.WouldBlock:
-        await lock.acquire()
 
 
 class _Negotiator(MuxerMultistream):

@@ -25,6 +25,7 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from node.framing import read_frame, write_frame
 from node.host import Host, open_host
+from node import yamux
 from node.yamux import (ACCEPT_BACKLOG, ACK, DATA, FIN, GO_AWAY, GO_AWAY_PROTOCOL_ERROR,
                         HEADER, INITIAL_WINDOW, PING, PROTOCOL_ID, RST, SYN, WINDOW_UPDATE,
                         YamuxConnection)
@@ -265,6 +266,59 @@ def test_a_cancelled_write_leaves_the_connection_whole():
     run(main)
 
 
+async def hold(lock: trio.Lock, release: trio.Event, task_status=trio.TASK_STATUS_IGNORED):
+    """Hold the connection's send lock, as another stream's slow write does."""
+    async with lock:
+        task_status.started()
+        await release.wait()
+
+
+def test_calls_cancelled_while_another_write_holds_the_connection_change_nothing():
+    async def main():
+        async with yamux_pair() as (a, b):
+            s = await a.open_stream()
+            t = await b.accept_stream()
+            released = trio.Event()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(hold, a._send_lock, released)
+                with trio.move_on_after(0.2) as write:
+                    await s.write(b"z" * 100_000)
+                with trio.move_on_after(0.2) as close:
+                    await s.close()
+                assert write.cancelled_caught and close.cancelled_caught
+                assert s._send_window == INITIAL_WINDOW and not s.local_closed
+                released.set()
+            await s.write(b"after")
+            await s.close()  # this time the FIN goes out
+            assert await read_all(t) == b"after"
+
+            s2 = await a.open_stream()
+            t2 = await b.accept_stream()
+            released = trio.Event()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(hold, a._send_lock, released)
+                with trio.fail_after(1):
+                    await s2.reset()  # queued: does not wait for the lock
+                released.set()
+            with pytest.raises(MuxedStreamReset):
+                await t2.read()
+    run(main)
+
+
+def test_a_stream_the_peer_finished_keeps_its_data_past_the_connection_end():
+    async def main():
+        async with yamux_pair() as (a, b):
+            s = await a.open_stream()
+            await s.write(b"the whole answer")
+            await s.close()
+            t = await b.accept_stream()
+            await a.close()
+            with trio.fail_after(5):
+                await b.event_closed.wait()
+            assert await read_all(t) == b"the whole answer"
+    run(main)
+
+
 def test_the_connection_ending_resets_streams_and_ends_accept():
     async def main():
         async with yamux_pair() as (a, b):
@@ -324,6 +378,38 @@ def test_a_protocol_breach_ends_the_connection_with_go_away(frames):
             assert got[3] == GO_AWAY_PROTOCOL_ERROR
             with trio.fail_after(5):
                 await conn.event_closed.wait()
+    run(main)
+
+
+def test_unread_data_beyond_the_connection_budget_ends_it(monkeypatch):
+    monkeypatch.setattr(yamux, "MAX_BUFFERED", 600_000)
+
+    async def main():
+        async with hostile_pair() as (tap, conn):
+            for sid in (1, 3, 5):  # each within its own window: 600,000 bytes in all
+                await tap.session.write(frame(DATA, SYN, sid, 50_000, bytes(50_000)))
+                for _ in range(3):
+                    await tap.session.write(frame(DATA, 0, sid, 50_000, bytes(50_000)))
+            await tap.session.write(frame(DATA, SYN, 7, 1, b"!"))  # one byte over
+            while (got := await tap.next_frame())[0] != GO_AWAY:
+                assert got[:2] == (WINDOW_UPDATE, ACK)
+            assert got[3] == GO_AWAY_PROTOCOL_ERROR
+    run(main)
+
+
+def test_a_stream_the_peer_never_closes_is_reset_after_the_close_timeout(monkeypatch):
+    monkeypatch.setattr(yamux, "CLOSE_TIMEOUT", 0.4)
+
+    async def main():
+        async with hostile_pair() as (tap, conn):
+            await tap.session.write(frame(WINDOW_UPDATE, SYN, 1, 0))
+            stream = await conn.accept_stream()
+            await stream.close()
+            assert await tap.next_frame() == (WINDOW_UPDATE, ACK, 1, 0, b"")
+            assert await tap.next_frame() == (WINDOW_UPDATE, FIN, 1, 0, b"")
+            with trio.fail_after(3):
+                assert await tap.next_frame() == (WINDOW_UPDATE, RST, 1, 0, b"")
+            assert conn.streams == {}
     run(main)
 
 
