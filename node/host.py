@@ -3,11 +3,11 @@
 Owns all use of py-libp2p 0.8.1 (DESIGN.md section 7; its traps are listed in
 specs/network.md) but the identity (`node.identity.PeerIdentity`, re-exported
 here): `open_host`, a `Host` with TCP, Noise the *only* security protocol,
-pnode's yamux (`node.yamux`), pubsub + gossipsub started before any connection; one-frame
-request/response streams (`node.framing`) where an error closes only
-that stream and scores its peer (`Host.penalize`); gossip with a size limit
-checked at publish, the rate limit raised, and per-topic validators that run
-before gossipsub relays a message (`Host.set_validator`). A peer whose score
+pnode's yamux (`node.yamux`), pubsub + gossipsub started before any
+connection; one-frame request/response streams (`node.framing`) where an
+error closes only that stream and scores its peer (`Host.penalize`); gossip
+with a size limit checked at publish, the rate limit raised, and per-topic
+validators that run before gossipsub relays a message (`Host.set_validator`). A peer whose score
 reaches ``HostConfig.ban_threshold`` is disconnected and refused (inbound and
 outbound, streams and gossip) for ``ban_seconds``.
 """

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 MAX_STREAMS = 1024  # open streams per connection, both directions
 ACCEPT_BACKLOG = 256  # inbound streams not yet taken by accept_stream
-MAX_REPLIES = 4096  # ACKs, pongs and RSTs owed to a peer that does not read them
+MAX_REPLIES = 4096  # queued frames (`queue`) owed to a peer that does not read them
 MAX_BUFFERED = 64 << 20  # bytes received and not yet read, all streams of a connection
 CLOSE_TIMEOUT = 300.0  # s a stream closed here waits for the peer's FIN before a reset
 SEND_TIMEOUT = 10.0  # seconds a shielded write may take before the connection is dropped
@@ -80,7 +80,7 @@ class YamuxConnection(IMuxedConn):
         self.streams: dict[int, YamuxStream] = {}
         self._to_accept, self._accepted = trio.open_memory_channel[YamuxStream](ACCEPT_BACKLOG)
         self._send_lock = trio.Lock()
-        self._replies: list[bytes] = []  # frames the reader owes the peer (ACKs, pongs, RSTs)
+        self._replies: list[bytes] = []  # queued: ACKs, pongs, RSTs, window updates
         self._reply_due = trio.lowlevel.ParkingLot()
         self.remote_gone_away = self._closing = False
         self.buffered = 0  # bytes received on all streams and not yet read
@@ -298,18 +298,16 @@ class YamuxConnection(IMuxedConn):
             start = 0
             if self.buffered > MAX_BUFFERED:
                 raise YamuxProtocolError(f"{self.buffered} bytes received and unread")
-            if self._replies:
-                if len(self._replies) > MAX_REPLIES:
-                    raise YamuxProtocolError(f"{len(self._replies)} replies unsent: "
-                                             f"the peer does not read")
-                self._reply_due.unpark_all()
+            if len(self._replies) > MAX_REPLIES:
+                raise YamuxProtocolError(f"{len(self._replies)} frames unsent: "
+                                         f"the peer does not read")
 
     def _dispatch(self, kind: int, flags: int, stream_id: int, length: int,
                   body: bytes) -> None:
-        """Apply one frame; never awaits (replies are queued in `_replies`)."""
+        """Apply one frame; never awaits (replies are queued)."""
         if kind == PING:
             if flags & SYN:
-                self._replies.append(HEADER.pack(VERSION, PING, ACK, 0, length))
+                self.queue(PING, ACK, 0, length)
             return
         if kind == GO_AWAY:
             self.remote_gone_away = True
@@ -338,20 +336,19 @@ class YamuxConnection(IMuxedConn):
                 raise trio.WouldBlock
             self._to_accept.send_nowait(stream)
         except (trio.WouldBlock, trio.ClosedResourceError):
-            self._replies.append(HEADER.pack(VERSION, WINDOW_UPDATE, RST, stream_id, 0))
+            self.queue(WINDOW_UPDATE, RST, stream_id, 0)
             return None
         self.streams[stream_id] = stream
         # ACK now, as py-libp2p and go-yamux do, not with the first frame
         # back: a stream that only reads would leave its opener counting it
         # as never accepted.
-        self._replies.append(HEADER.pack(VERSION, WINDOW_UPDATE, ACK, stream_id, 0))
+        self.queue(WINDOW_UPDATE, ACK, stream_id, 0)
         return stream
 
     def forget_if_done(self, stream: YamuxStream) -> None:
         """Drop a stream that is closed both ways or reset from the table."""
         if stream.is_closed and self.streams.get(stream.stream_id) is stream:
             del self.streams[stream.stream_id]
-
 
 
 class _Negotiator(MuxerMultistream):
