@@ -260,7 +260,7 @@ def parse_peer_addr(text: str) -> str:
     return parse_multiaddr(text, peer=True)
 
 
-SPIN_COUNT = "10000"  # a server's libgomp spin: about 0.1 ms at ~1e5 spins/ms
+SPIN_COUNT = "50000"  # a server's libgomp spin: about 1.5 ms here (PAUSE is ~140 cycles)
 CLIENT_SPIN_COUNT = "0"  # a swarm client's: its threads sleep as soon as they are idle
 
 
@@ -268,14 +268,18 @@ def share_cpus_politely(spin_count: str = SPIN_COUNT) -> None:
     """Let idle OpenMP threads spin only briefly, then sleep (before torch loads).
 
     A swarm hop is a pipeline: while one process computes, the others wait
-    for it. libgomp's default spins about 3 ms after each parallel region, and
+    for it. libgomp's default spins about 5 ms after each parallel region, and
     on a machine with few cores those spinning threads steal the cores the
     next hop needs; never spinning (``OMP_WAIT_POLICY=PASSIVE``) makes every
     parallel region of a step pay a futex wake-up instead. A server spins
-    about 0.1 ms (`SPIN_COUNT`): that bridges the microsecond gaps between
-    the regions of one forward call and yields the core soon after it ends
-    (three servers and a client on 2 cores, 3-hop decode: 0.57x of local with
-    the default, 0.68x PASSIVE, 0.79-0.85x with this; BENCHMARKS.md "Swarm").
+    50,000 times (`SPIN_COUNT`, about 1.5 ms on a recent Xeon): that bridges
+    the gaps between the regions of one forward call, where a layer's
+    single-threaded ops (norms, attention on a short cache) keep the other
+    thread waiting for 0.3 ms and more, and yields the core about when the
+    next hop's forward starts. On 2 cores with three servers and a client,
+    3-hop decode ran 1.09x faster than with 10,000 spins (17 of 20 paired
+    generations; 100,000: 1.07x; 300,000: 0.88x of 100,000; BENCHMARKS.md,
+    session 10).
     A swarm client does not spin at all (`CLIENT_SPIN_COUNT`): its one
     parallel product a token (the LM head) is followed by the first hop's
     forward, which its spinning thread would slow by a fifth (BENCHMARKS.md,

@@ -31,6 +31,7 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE, Transport as NoiseTransport
+from libp2p.stream_muxer.exceptions import MuxedStreamError
 from libp2p.tools.anyio_service import background_trio_service
 
 from node.framing import DEFAULT_MAX_FRAME_SIZE as MAX_FRAME
@@ -198,6 +199,24 @@ class Host:
     def connected_peers(self) -> list[ID]:
         """Peers with an open connection (a banned peer's is on its way out)."""
         return [p for p in self._host.get_connected_peers() if not self.is_banned(p)]
+
+    async def ping(self, peer: ID, timeout: float) -> float | None:
+        """Seconds a yamux ping to ``peer`` took to come back; None past ``timeout``.
+
+        A liveness probe that costs a 12-byte frame each way: a stalled peer
+        keeps its connection open but does not answer.
+
+        Raises:
+            HostError: no open connection to ``peer``, or it broke meanwhile.
+        """
+        for conn in self._host.get_network().connections.get(peer, ()):
+            muxed = conn.muxed_conn
+            if isinstance(muxed, yamux.YamuxConnection) and muxed.is_established:
+                try:
+                    return await muxed.ping(timeout)
+                except MuxedStreamError as exc:
+                    raise HostError(f"ping to {peer}: {exc}") from None
+        raise HostError(f"no open connection to {peer} to ping")
 
     # -- misbehaviour ---------------------------------------------------------------------
 

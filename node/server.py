@@ -32,10 +32,11 @@ import torch
 import trio
 
 from compute.gguf import config_from_gguf, load_gguf, model_id, open_gguf
+from ledger.errors import DecodeError
 from node.balance import choose_span, should_move
-from node.host import Host, PeerIdentity
+from node.host import Host, PeerIdentity, RequestError
 from node.inference import InferenceServer, ServerConfig, measure_throughput
-from node.serve_protocol import SWARM_PROTOCOL, Announce, SwarmRequest, SwarmResponse, sign_announce
+from node.serve_protocol import Announce, sign_announce
 from node.swarm import Announcer, announce_peer
 
 log = logging.getLogger(__name__)
@@ -151,11 +152,8 @@ class LayerServer:
         with trio.move_on_after(self.config.discover_s):
             for peer in self.host.connected_peers():
                 try:
-                    data = await self.host.request(peer, SWARM_PROTOCOL,
-                                                   _encode(SwarmRequest()), timeout=2.0)
-                    for a in _decode_swarm(data):
-                        self.announcer.take(a)
-                except Exception as exc:  # a peer without the protocol, or gone
+                    await self.announcer.pull(peer, timeout=2.0)
+                except (RequestError, DecodeError) as exc:  # a peer without the protocol, or gone
                     log.debug("no swarm view from %s: %s", peer, exc)
             await trio.sleep(self.config.discover_s)
 
@@ -231,12 +229,3 @@ def _return_freed_memory() -> None:
     except (OSError, AttributeError):  # not glibc: the memory is reused, just not returned
         pass
 
-
-def _encode(msg) -> bytes:
-    from ledger.codec import encode
-    return encode(msg)
-
-
-def _decode_swarm(data: bytes) -> tuple[Announce, ...]:
-    from ledger.codec import decode
-    return decode(data, SwarmResponse).announces

@@ -3,13 +3,16 @@
 Owns `SwarmView` (the fresh, verified `Announce` of every known server) and
 `Announcer`, the node component that keeps it (specs/network.md section 9.2):
 
-- it gossips this node's own announcement every ``interval`` seconds on
-  ``pnode/announce/1`` (when the node serves layers);
+- it gossips this node's own announcement on ``pnode/announce/1`` (when the
+  node serves layers) as soon as what it says changes, and otherwise every
+  ``refresh`` seconds;
 - it adds every announcement it hears that verifies, is newer than the one
-  held for that peer and is not from too far in the past;
+  held for that peer and is not from too far in the past, and asks each new
+  neighbour on the topic for its view;
 - an entry expires ``ttl`` seconds after it was last refreshed, and at once
   when a peer that was connected to this node disconnects (a killed server
-  drops out of the view within a second, not after its TTL);
+  drops out of the view within a second, not after its TTL) or stops
+  answering pings (a stalled one, within ``interval + ping_timeout``);
 - it answers ``/pnode/swarm/1.0.0`` with the view (clients route from it).
 
 Attack notes: announcements are signed by the announcing peer's key, so a
@@ -30,7 +33,7 @@ from libp2p.peer.id import ID
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError
 from node.datadir import libp2p_peer_id
-from node.host import GossipError, Host
+from node.host import GossipError, Host, HostError, RequestError
 from node.serve_protocol import (
     ANNOUNCE_TOPIC, MAX_ANNOUNCES, MAX_SWARM_FRAME, SWARM_PROTOCOL, Announce, SwarmRequest,
     SwarmResponse,
@@ -103,24 +106,41 @@ class SwarmView:
 class Announcer:
     """Keeps a `SwarmView` from gossip and serves it; announces this node.
 
+    Gossip carries state, pings carry liveness (specs/network.md section
+    9.2): this node's announcement is gossiped when what it says changes
+    (span, addresses, price, throughput, or whether it is full) and
+    otherwise every ``refresh`` seconds, so an idle swarm is quiet; a
+    neighbour's entry is dropped when it disconnects, or stops answering
+    pings for ``ping_timeout`` seconds (a stalled process keeps its
+    connections open). A neighbour newly on the announce topic is asked for
+    its view at once, so a node that joins, or is joined, knows the swarm
+    without waiting for a refresh.
+
     Args:
         host: the running host.
         clock: wall-clock milliseconds (announcement times).
         make_announce: this node's signed announcement now, or None when it
             serves nothing (called every ``interval``).
-        view: the view to keep (a new one by default).
-        interval: seconds between own announcements.
+        view: the view to keep (a new one, with a TTL of 2.5 refreshes, by default).
+        interval: seconds between checks (own changes, neighbours joined, gone, pinged).
+        refresh: seconds between gossips of an unchanged announcement.
+        ping_timeout: seconds a neighbour has to answer a ping.
         allowed: when given, only announcements of these peers are held.
     """
 
     def __init__(self, host: Host, clock: Clock,
                  make_announce: Callable[[], Announce | None] = lambda: None, *,
-                 view: SwarmView | None = None, interval: float = 1.0,
-                 allowed: Collection[ID] | None = None):
+                 view: SwarmView | None = None, interval: float = 1.0, refresh: float = 10.0,
+                 ping_timeout: float = 3.0, allowed: Collection[ID] | None = None):
         self.host, self.clock, self.make_announce = host, clock, make_announce
-        self.view = view or SwarmView()
-        self.interval = interval
+        self.view = view or SwarmView(ttl=2.5 * refresh)
+        self.interval, self.refresh, self.ping_timeout = interval, refresh, ping_timeout
         self.allowed = None if allowed is None else set(allowed)
+        self._said: tuple | None = None  # the gist of the last announcement gossiped
+        self._said_at = float("-inf")
+        self._connected: set[ID] = set()
+        self._pulled: set[ID] = set()  # connected peers on the topic whose views were asked
+        self._pinging: set[ID] = set()
 
     async def run(self, *, task_status: trio.TaskStatus[Announcer] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -131,7 +151,7 @@ class Announcer:
         gossip = self.host.subscribe(ANNOUNCE_TOPIC)
         await self.host.join(ANNOUNCE_TOPIC)
         async with gossip, trio.open_nursery() as nursery:
-            nursery.start_soon(self._announce_loop)
+            nursery.start_soon(self._tick_loop, nursery)
             task_status.started(self)
             async for origin, data in gossip:
                 self._on_gossip(origin, data)
@@ -149,26 +169,64 @@ class Announcer:
 
     async def announce_now(self) -> None:
         """Gossip (and hold) this node's announcement now, if it serves anything."""
-        if self.host.stopping:  # a stopped host has no addresses to announce
-            return
-        own = self.make_announce()
-        if own is None:
-            return
+        own = None if self.host.stopping else self.make_announce()
+        if own is not None:  # a stopped host has no addresses to announce
+            await self._gossip(own)
+
+    async def pull(self, peer: ID, timeout: float = 5.0) -> int:
+        """Ask ``peer`` for its view and take what verifies; how many were taken.
+
+        Raises:
+            RequestError: no answer (a peer without the protocol, or gone).
+            DecodeError: the answer is not a `SwarmResponse`.
+        """
+        announces = await fetch_view(self.host, peer, timeout)
+        return sum(self.take(a) for a in announces)
+
+    async def _gossip(self, own: Announce) -> None:
         self.take(own)
+        self._said, self._said_at = _gist(own), trio.current_time()
         try:
             await self.host.publish(ANNOUNCE_TOPIC, encode(own))
         except GossipError as exc:
             log.info("announcement not gossiped: %s", exc)
 
-    async def _announce_loop(self) -> None:
-        connected: set[ID] = set()
+    async def _tick_loop(self, nursery: trio.Nursery) -> None:
         while True:
-            await self.announce_now()
-            now_connected = set(self.host.connected_peers())
-            for gone in connected - now_connected:
+            own = None if self.host.stopping else self.make_announce()
+            if own is not None and (_gist(own) != self._said
+                                    or trio.current_time() - self._said_at >= self.refresh):
+                await self._gossip(own)
+            connected = set(self.host.connected_peers())
+            for gone in self._connected - connected:
                 self.view.drop(gone)  # disconnected: do not wait for the TTL
-            connected = now_connected
+            self._connected, self._pulled = connected, self._pulled & connected
+            for peer in (self.host.topic_peers(ANNOUNCE_TOPIC) & connected) - self._pulled:
+                self._pulled.add(peer)
+                nursery.start_soon(self._pull_quietly, peer)
+            held = {announce_peer(a) for a in self.fresh()}
+            for peer in (connected & held) - self._pinging:
+                self._pinging.add(peer)
+                nursery.start_soon(self._check_alive, peer)
             await trio.sleep(self.interval)
+
+    async def _pull_quietly(self, peer: ID) -> None:
+        try:
+            await self.pull(peer)
+        except (RequestError, DecodeError) as exc:
+            log.debug("no swarm view from %s: %s", peer, exc)
+
+    async def _check_alive(self, peer: ID) -> None:
+        """Ping a neighbour held in the view; drop it when no pong comes in time."""
+        try:
+            if await self.host.ping(peer, self.ping_timeout) is None:
+                log.info("peer %s did not answer a ping in %s s: dropped from the view",
+                         peer, self.ping_timeout)
+                self.view.drop(peer)
+        except HostError:
+            pass  # the connection went: the tick drops it
+        finally:
+            self._pinging.discard(peer)
 
     async def _validate(self, origin: ID, data: bytes, forwarder: ID) -> bool:
         """Gossip validator: relay and deliver only acceptable announcements.
@@ -199,6 +257,30 @@ class Announcer:
         decode(request, SwarmRequest)  # anything else: reset and scored by the host
         return encode_swarm_response(self.fresh(), set(self.host.connected_peers())
                                      | {self.host.peer_id})
+
+
+def _gist(announce: Announce) -> tuple:
+    """What an announcement says that is worth gossiping at once when it changes.
+
+    Not its time, nor its exact load: sessions opening and closing would
+    otherwise put a gossip round (a few ms of every node's CPU) into the
+    first second of each generation. Whether the server is full is kept.
+    """
+    return (announce.addrs, announce.model_id, announce.layer_start, announce.layer_end,
+            announce.throughput_milli, announce.load >= announce.max_sessions,
+            announce.max_sessions, announce.price)
+
+
+async def fetch_view(host: Host, peer: ID, timeout: float) -> tuple[Announce, ...]:
+    """``peer``'s view of the swarm (`SwarmRequest`), unverified.
+
+    Raises:
+        RequestError: no answer within ``timeout`` (a peer without the protocol, or gone).
+        DecodeError: the answer is not a `SwarmResponse`.
+    """
+    data = await host.request(peer, SWARM_PROTOCOL, encode(SwarmRequest()), timeout=timeout,
+                              max_response_size=MAX_SWARM_FRAME)
+    return decode(data, SwarmResponse).announces
 
 
 def encode_swarm_response(announces: list[Announce], preferred: set[ID]) -> bytes:

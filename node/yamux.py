@@ -84,6 +84,8 @@ class YamuxConnection(IMuxedConn):
         self._reply_due = trio.lowlevel.ParkingLot()
         self.remote_gone_away = self._closing = False
         self.buffered = 0  # bytes received on all streams and not yet read
+        self._pings: dict[int, trio.Event] = {}  # opaque value -> set when its pong comes
+        self._ping_count = 0
         self.event_started, self.event_closed = trio.Event(), trio.Event()
 
     # -- IMuxedConn --------------------------------------------------------
@@ -186,6 +188,25 @@ class YamuxConnection(IMuxedConn):
             return await self._accepted.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
             raise MuxedConnUnavailable(f"connection to {self.peer_id} ended") from None
+
+    async def ping(self, timeout: float) -> float | None:
+        """Seconds until the peer answered a ping, or None if it did not within ``timeout``.
+
+        Raises:
+            MuxedStreamReset: the connection is closed or broke.
+        """
+        self._ping_count += 1
+        opaque = self._ping_count & 0xFFFFFFFF
+        pong = self._pings[opaque] = trio.Event()
+        began = trio.current_time()
+        try:
+            await self.send_frame(PING, SYN, 0, opaque)
+            with trio.move_on_after(timeout):
+                await pong.wait()
+                return trio.current_time() - began
+            return None
+        finally:
+            self._pings.pop(opaque, None)
 
     # -- sending -----------------------------------------------------------
 
@@ -308,6 +329,8 @@ class YamuxConnection(IMuxedConn):
         if kind == PING:
             if flags & SYN:
                 self.queue(PING, ACK, 0, length)
+            elif flags & ACK and length in self._pings:
+                self._pings[length].set()  # an unasked pong is ignored
             return
         if kind == GO_AWAY:
             self.remote_gone_away = True

@@ -47,14 +47,11 @@ import trio
 from compute.generate import next_token
 from compute.model import Transformer
 from compute.tokenizer import Tokenizer
-from ledger.codec import decode, encode
 from ledger.errors import DecodeError
 from node.host import DialError, Host, PeerIdentity, RequestError, open_host
 from node.inference import tensor_work
-from node.serve_protocol import (
-    MAX_SWARM_FRAME, SWARM_PROTOCOL, Announce, SwarmRequest, SwarmResponse,
-)
-from node.swarm import SwarmView, announce_peer
+from node.serve_protocol import Announce
+from node.swarm import SwarmView, announce_peer, fetch_view
 from wallet.client import InferRequest, Token
 from wallet.errors import HopFailed, RemoteError, RouteError, ServerBusy  # noqa: F401
 from wallet.generation import ClientConfig, Generation, Served  # noqa: F401
@@ -110,14 +107,12 @@ class RemoteModel:
                 continue  # a stalled server would cost a timeout per failover
             began = time.perf_counter()
             try:
-                data = await self.host.request(peer, SWARM_PROTOCOL, encode(SwarmRequest()),
-                                               timeout=5.0, max_response_size=MAX_SWARM_FRAME)
-                response = decode(data, SwarmResponse)
+                announces = await fetch_view(self.host, peer, timeout=5.0)
             except (RequestError, DecodeError):
                 continue  # not a serving node, or gone: other peers may know
             self.rtt[str(peer)] = time.perf_counter() - began
             now, now_ms = trio.current_time(), time.time_ns() // 1_000_000
-            for announce in response.announces:
+            for announce in announces:
                 self.view.add(announce, now, now_ms)
 
     def servers(self) -> list[ServerInfo]:

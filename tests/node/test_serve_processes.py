@@ -130,7 +130,7 @@ def test_kill_9_then_a_stall_mid_generation_and_spare_servers_take_over(
        the server for 20..29 during the next generation: the hop before
        pushes into it (push routing, the default) and still answers, the
        client blames the silent one after the step timeout, and the fifth
-       server takes over.
+       server takes over; other clients stop routing to the silent one.
     """
     nodes = servers([(0, 10), (10, 20), (20, 30), (10, 20), (20, 30)])
     parts = client_parts(gguf_reader, smol_tokenizer)
@@ -161,6 +161,15 @@ def test_kill_9_then_a_stall_mid_generation_and_spare_servers_take_over(
                     await other.refresh()
             stalled = await other.generate(InferRequest(PROMPT, max_tokens=12),
                                            fault_at(other, "stall", 3, 20, signal.SIGSTOP))
+        # Nor to the stalled one (still stopped, its connections open): its
+        # neighbours drop it when it stops answering pings, long before its
+        # last announcement's TTL (25 s) runs out.
+        with trio.fail_after(8):
+            while True:
+                async with open_remote([nodes[0][1]], parts) as third:
+                    if faults[1][0] not in {s.peer_id for s in third.servers()}:
+                        break
+                await trio.sleep(0.5)
         return killed, stalled
 
     results = []

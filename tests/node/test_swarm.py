@@ -110,11 +110,17 @@ def test_announcements_spread_by_gossip_served_on_request_and_dropped_on_disconn
     async def main():
         async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
                 open_host(ident(3)) as h3, trio.open_nursery() as n:
-            a1 = await n.start(Announcer(h1, clock_ms, own(1, 0, 10), interval=0.2).run)
-            a2 = await n.start(Announcer(h2, clock_ms, own(2, 10, 30), interval=0.2).run)
+            # Refreshes an hour apart: what a node that joins learns, it learns by
+            # asking its new neighbours (the first gossip went out to nobody).
+            a1 = await n.start(Announcer(h1, clock_ms, own(1, 0, 10), interval=0.2,
+                                         refresh=3600).run)
+            a2 = await n.start(Announcer(h2, clock_ms, own(2, 10, 30), interval=0.2,
+                                         refresh=3600).run)
             a3 = await n.start(Announcer(h3, clock_ms, interval=0.2).run)  # serves nothing
+            await trio.sleep(4.0)  # past gossipsub's window (3 heartbeats) for re-sending it
             await h2.connect(h1.addrs[0])
-            await h3.connect(h1.addrs[0])
+            await eventually(lambda: len(a1.fresh()) == len(a2.fresh()) == 2, "nodes 1, 2 to meet")
+            await h3.connect(h1.addrs[0])  # node 3 meets node 2's announcement through node 1
 
             def spans(announcer):
                 return sorted((a.layer_start, a.layer_end) for a in announcer.fresh())
@@ -128,6 +134,64 @@ def test_announcements_spread_by_gossip_served_on_request_and_dropped_on_disconn
 
             h2.stop()  # node 2 goes away: node 1 drops it without waiting for the TTL
             await eventually(lambda: spans(a1) == [(0, 10)], "node 2 to be dropped", limit=3.0)
+            n.cancel_scope.cancel()
+    run(main)
+
+
+def test_an_announcement_is_gossiped_when_what_it_says_changes_not_on_every_tick():
+    from node.host import open_host
+    from node.serve_protocol import ANNOUNCE_TOPIC
+
+    state = {"end": 10, "load": 0}
+
+    def make():  # max_sessions is 8
+        return announce(1, end=state["end"], load=state["load"], time_ms=clock_ms())
+
+    async def main():
+        async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
+                trio.open_nursery() as n:
+            await h2.connect(h1.addrs[0])
+            heard = h2.subscribe(ANNOUNCE_TOPIC)
+            await h2.join(ANNOUNCE_TOPIC)
+            await eventually(lambda: h2.peer_id in h1.topic_peers(ANNOUNCE_TOPIC), "subscription")
+            await trio.sleep(1.5)  # a heartbeat or so: node 2 in node 1's mesh
+            await n.start(Announcer(h1, clock_ms, make, interval=0.05, refresh=3600).run)
+
+            async def next_one(limit: float) -> Announce | None:
+                with trio.move_on_after(limit):
+                    _, data = await heard.receive()
+                    return decode(data, Announce)
+                return None
+            assert (await next_one(5.0)).layer_end == 10  # at start
+            assert await next_one(1.0) is None  # unchanged: 20 ticks, no gossip
+            state["load"] = 3  # sessions come and go: not worth a gossip round
+            assert await next_one(1.0) is None
+            state["end"] = 20  # a new span: at once
+            assert (await next_one(5.0)).layer_end == 20
+            state["load"] = 8  # full: clients must hear it
+            assert (await next_one(5.0)).load == 8
+            n.cancel_scope.cancel()
+    run(main)
+
+
+def test_an_unchanged_announcement_is_gossiped_again_every_refresh():
+    from node.host import open_host
+    from node.serve_protocol import ANNOUNCE_TOPIC
+
+    async def main():
+        async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
+                trio.open_nursery() as n:
+            await h2.connect(h1.addrs[0])
+            heard = h2.subscribe(ANNOUNCE_TOPIC)
+            await h2.join(ANNOUNCE_TOPIC)
+            await eventually(lambda: h2.peer_id in h1.topic_peers(ANNOUNCE_TOPIC), "subscription")
+            await n.start(Announcer(h1, clock_ms, own(1, 0, 10), interval=0.05, refresh=0.5).run)
+            times = []
+            with trio.move_on_after(3.0):
+                async for _ in heard:
+                    times.append(trio.current_time())
+            gaps = [b - a for a, b in zip(times, times[1:])]
+            assert len(gaps) >= 3 and all(g > 0.3 for g in gaps), gaps  # not every tick
             n.cancel_scope.cancel()
     run(main)
 

@@ -24,7 +24,7 @@ from libp2p.stream_muxer.muxer_multistream import MuxerMultistream
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from node.framing import read_frame, write_frame
-from node.host import Host, open_host
+from node.host import Host, HostError, open_host
 from node import yamux
 from node.yamux import (ACCEPT_BACKLOG, ACK, DATA, FIN, GO_AWAY, GO_AWAY_PROTOCOL_ERROR,
                         HEADER, INITIAL_WINDOW, PING, PROTOCOL_ID, RST, SYN, WINDOW_UPDATE,
@@ -353,6 +353,34 @@ def test_ping_is_answered_with_its_opaque_value():
             await tap.session.write(frame(PING, SYN, 0, 0xC0FFEE))
             assert await tap.next_frame() == (PING, ACK, 0, 0xC0FFEE, b"")
             assert not conn.is_closed
+    run(main)
+
+
+def test_our_ping_comes_back_from_a_live_peer_and_times_out_on_a_silent_one():
+    async def main():
+        async with yamux_pair() as (a, b):
+            rtts = [await a.ping(5.0), await b.ping(5.0)]
+            assert all(r is not None and 0 <= r < 5.0 for r in rtts)
+        async with hostile_pair() as (tap, conn):  # a peer that reads and never answers
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(tap.next_frame)
+                assert await conn.ping(0.3) is None
+            # a pong nobody asked for, and the late one, are ignored
+            await tap.session.write(frame(PING, ACK, 0, 12345) + frame(PING, ACK, 0, 1))
+            await tap.session.write(frame(PING, SYN, 0, 7))
+            assert await tap.next_frame() == (PING, ACK, 0, 7, b"")
+            assert not conn.is_closed and conn._pings == {}
+    run(main)
+
+
+def test_ping_over_py_libp2p_yamux_comes_back():
+    async def main():
+        async with open_host(ident(1)) as ours, open_host(ident(2)) as theirs:
+            py_libp2p_yamux(theirs)
+            await ours.connect(theirs.addrs[0])
+            assert (await ours.ping(theirs.peer_id, 5.0)) is not None
+            with pytest.raises(HostError, match="no open connection"):
+                await theirs.ping(ident(3).peer_id, 1.0)
     run(main)
 
 
