@@ -138,9 +138,19 @@ def test_announcements_spread_by_gossip_served_on_request_and_dropped_on_disconn
     run(main)
 
 
+async def listening(listener, speaker):
+    """``listener`` connected to ``speaker`` and subscribed to its announcements."""
+    from node.serve_protocol import ANNOUNCE_TOPIC
+    await listener.connect(speaker.addrs[0])
+    heard = listener.subscribe(ANNOUNCE_TOPIC)
+    await listener.join(ANNOUNCE_TOPIC)
+    await eventually(lambda: listener.peer_id in speaker.topic_peers(ANNOUNCE_TOPIC),
+                     "subscription")
+    return heard
+
+
 def test_an_announcement_is_gossiped_when_what_it_says_changes_not_on_every_tick():
     from node.host import open_host
-    from node.serve_protocol import ANNOUNCE_TOPIC
 
     state = {"end": 10, "load": 0}
 
@@ -150,10 +160,7 @@ def test_an_announcement_is_gossiped_when_what_it_says_changes_not_on_every_tick
     async def main():
         async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
                 trio.open_nursery() as n:
-            await h2.connect(h1.addrs[0])
-            heard = h2.subscribe(ANNOUNCE_TOPIC)
-            await h2.join(ANNOUNCE_TOPIC)
-            await eventually(lambda: h2.peer_id in h1.topic_peers(ANNOUNCE_TOPIC), "subscription")
+            heard = await listening(h2, h1)
             await trio.sleep(1.5)  # a heartbeat or so: node 2 in node 1's mesh
             await n.start(Announcer(h1, clock_ms, make, interval=0.05, refresh=3600).run)
 
@@ -176,15 +183,11 @@ def test_an_announcement_is_gossiped_when_what_it_says_changes_not_on_every_tick
 
 def test_an_unchanged_announcement_is_gossiped_again_every_refresh():
     from node.host import open_host
-    from node.serve_protocol import ANNOUNCE_TOPIC
 
     async def main():
         async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
                 trio.open_nursery() as n:
-            await h2.connect(h1.addrs[0])
-            heard = h2.subscribe(ANNOUNCE_TOPIC)
-            await h2.join(ANNOUNCE_TOPIC)
-            await eventually(lambda: h2.peer_id in h1.topic_peers(ANNOUNCE_TOPIC), "subscription")
+            heard = await listening(h2, h1)
             await n.start(Announcer(h1, clock_ms, own(1, 0, 10), interval=0.05, refresh=0.5).run)
             times = []
             with trio.move_on_after(3.0):
