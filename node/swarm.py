@@ -62,7 +62,7 @@ class SwarmView:
         max_age_ms: refuse announcements signed longer ago than this.
     """
 
-    def __init__(self, *, ttl: float = 4.0, max_age_ms: int = 30_000,
+    def __init__(self, *, ttl: float = 25.0, max_age_ms: int = 30_000,
                  max_skew_ms: int = 30_000, max_entries: int = 4096):
         self.ttl, self.max_age_ms, self.max_skew_ms = ttl, max_age_ms, max_skew_ms
         self.max_entries = max_entries
