@@ -178,9 +178,13 @@ class Announcer:
 
         Raises:
             RequestError: no answer (a peer without the protocol, or gone).
-            DecodeError: the answer is not a `SwarmResponse`.
+            DecodeError: the answer is not a `SwarmResponse` (the peer scores a point).
         """
-        announces = await fetch_view(self.host, peer, timeout)
+        try:
+            announces = await fetch_view(self.host, peer, timeout)
+        except DecodeError as exc:
+            self.host.penalize(peer, 1, f"undecodable swarm view: {exc}")
+            raise
         return sum(self.take(a) for a in announces)
 
     async def _gossip(self, own: Announce) -> None:

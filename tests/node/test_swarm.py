@@ -199,6 +199,26 @@ def test_an_unchanged_announcement_is_gossiped_again_every_refresh():
     run(main)
 
 
+def test_a_neighbour_answering_garbage_for_its_view_scores_a_point():
+    from node.host import open_host
+    from node.serve_protocol import ANNOUNCE_TOPIC
+
+    async def garbage(peer, request: bytes) -> bytes:
+        return b"not a swarm response"
+
+    async def main():
+        async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
+                trio.open_nursery() as n:
+            a1 = await n.start(Announcer(h1, clock_ms, own(1, 0, 10), interval=0.05).run)
+            h2.set_request_handler(SWARM_PROTOCOL, garbage, max_request_size=64, public=True)
+            await h2.connect(h1.addrs[0])
+            await h2.join(ANNOUNCE_TOPIC)  # a new neighbour on the topic: its view is asked
+            await eventually(lambda: h1.misbehaving.get(h2.peer_id, 0) >= 1, "a point")
+            assert [announce_peer(a) for a in a1.fresh()] == [ident(1).peer_id]
+            n.cancel_scope.cancel()
+    run(main)
+
+
 def test_an_allow_list_keeps_only_trusted_announcements():
     from node.host import open_host
 
