@@ -75,10 +75,10 @@ def pnode(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 class Swarm:
-    """`pnode start` server processes in a temp dir; all stopped on exit."""
+    """`pnode start` server processes in a temp dir (on CUDA device ``gpu`` if given)."""
 
-    def __init__(self, root: Path, server_threads: int):
-        self.root, self.threads = root, server_threads
+    def __init__(self, root: Path, server_threads: int, gpu: int | None = None):
+        self.root, self.threads, self.gpu = root, server_threads, gpu
         self.procs: list[subprocess.Popen] = []
         self.addrs: list[str] = []
         self.count = 0
@@ -92,7 +92,8 @@ class Swarm:
         log = open(self.root / f"{d.name}.log", "w")
         proc = subprocess.Popen(
             [sys.executable, "-m", "node.cli", "start", "--data-dir", str(d), "--no-produce",
-             "--layers", f"{span[0]}:{span[1]}", "--threads", str(self.threads), *peers],
+             "--layers", f"{span[0]}:{span[1]}", "--threads", str(self.threads), *peers,
+             *(["--gpu", str(self.gpu)] if self.gpu is not None else [])],
             cwd=_ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         addr_file = d / "node.addr"

@@ -489,8 +489,11 @@ def _train_with_progress(job, decomposed: bool, *, quiet: bool, train_local):
 @click.option("--replicas", type=click.IntRange(1, 16), default=1, show_default=True,
               help="Data-parallel replicas of the job: every step's units once per replica, "
                    "each on its own shard of the batch.")
+@click.option("--gpu", type=click.IntRange(0, 64), default=None, metavar="N",
+              help="Every node mines on CUDA device N (an error if there is none) "
+                   "[default: CPU].")
 @json_option
-def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, as_json) -> None:
+def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, as_json) -> None:
     """Start a local devnet: N node processes on loopback mine the default job.
 
     A fresh genesis registers every node (node i < 2 holds one section of the
@@ -507,6 +510,7 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, as_json) 
       pnode devnet --nodes 3 --steps 20 --data-dir /tmp/dn --json
       pnode devnet --nodes 2 --duration 60
       pnode devnet --nodes 3 --replicas 2            # two shards of every step
+      pnode devnet --nodes 2 --gpu 0                 # both nodes mine on cuda:0
     """
     import tempfile
 
@@ -515,14 +519,18 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, as_json) 
 
     from node import devnet_run
 
+    if gpu is not None:
+        from compute.device import resolve_device  # a clear error when there is no such GPU
+        resolve_device(f"cuda:{gpu}")
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="pnode-devnet-"))
     secret = os.environ.get("PNODE_PASSPHRASE", "devnet")
     err = Console(stderr=True)
     dirs, job_file = devnet_run.create(root, n_nodes, steps, secret,
                                        job_overrides={"replicas": replicas})
     say = (lambda line: None) if as_json else (lambda line: err.print(line))
-    say(f"devnet in {root}: {n_nodes} nodes, job of {steps} steps")
-    with devnet_run.Devnet(dirs, job_file, log=say) as net:
+    say(f"devnet in {root}: {n_nodes} nodes, job of {steps} steps"
+        + (f", mining on cuda:{gpu}" if gpu is not None else ""))
+    with devnet_run.Devnet(dirs, job_file, log=say, gpu=gpu) as net:
         for i in range(n_nodes):  # nobody produces before all are up
             net.start(i, wait_peers=n_nodes - 1)
         columns = (TextColumn("training"), BarColumn(),

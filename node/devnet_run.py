@@ -75,8 +75,8 @@ class Devnet:
     """The node processes of a devnet; `stop` (or leaving the `with`) stops them all."""
 
     def __init__(self, dirs: list[Path], job_file: Path, *, block_interval_ms: int = 200,
-                 log: Callable[[str], None] = lambda line: None):
-        self.dirs, self.job_file = dirs, job_file
+                 log: Callable[[str], None] = lambda line: None, gpu: int | None = None):
+        self.dirs, self.job_file, self.gpu = dirs, job_file, gpu
         self.block_interval_ms, self.log = block_interval_ms, log
         self.procs: list[subprocess.Popen | None] = []
         self.addrs: list[str] = []
@@ -100,7 +100,8 @@ class Devnet:
         proc = subprocess.Popen(
             [sys.executable, "-m", "node.cli", "start", "--data-dir", str(d), "--no-serve",
              "--job", str(self.job_file), "--block-interval-ms", str(self.block_interval_ms),
-             "--average-every", "5", "--wait-peers", str(wait_peers), *peers],
+             "--average-every", "5", "--wait-peers", str(wait_peers), *peers,
+             *(["--gpu", str(self.gpu)] if self.gpu is not None else [])],
             cwd=_ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
         while len(self.procs) <= i:
             self.procs.append(None)

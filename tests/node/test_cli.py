@@ -199,3 +199,11 @@ def test_bad_job_file_and_a_used_devnet_dir_are_clear_errors(pnode, tmp_path):
 def test_mining_on_a_gpu_that_is_not_there_is_a_clear_error(pnode, tmp_path):
     r = pnode("start", "--data-dir", str(tmp_path / "x"), "--no-serve", "--gpu", "0")
     assert r.code == 2 and "no CUDA device" in r.err and "Traceback" not in r.err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error of a machine without CUDA")
+def test_a_devnet_on_a_gpu_that_is_not_there_is_a_clear_error_and_creates_nothing(pnode,
+                                                                                 tmp_path):
+    r = pnode("devnet", "--data-dir", str(tmp_path / "dn"), "--steps", "1", "--gpu", "0")
+    assert r.code == 2 and "no CUDA device" in r.err and "Traceback" not in r.err
+    assert not (tmp_path / "dn").exists()
