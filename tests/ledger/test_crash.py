@@ -30,7 +30,9 @@ def _run_and_kill(path: Path, rng: random.Random) -> list[tuple[int, str]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.ledger.crash_writer", str(path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ,  # the repo first, then wherever the caller's packages are
+             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                         os.environ.get("PYTHONPATH")]))},
     )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
