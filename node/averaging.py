@@ -38,6 +38,7 @@ from compute.averaging import mix
 from compute.quant import decode_tensor, encode_tensor
 from ledger.codec import U32, U64, MaxLen, decode, encode, wire
 from ledger.errors import DecodeError
+from node import torch_thread
 from node.errors import NodeError
 from node.framing import FramingError, read_frame, write_frame
 from node.host import Host, RequestError
@@ -158,7 +159,7 @@ class Averager:
         heard = {p: v for p, v in self._heard.items() if p in expected}
         mine = self._snapshot
         self._snapshot = None  # the round is closed: late offers are refused
-        averaged = await trio.to_thread.run_sync(mix, mine, self.degree, list(heard.values()))
+        averaged = await torch_thread.run_sync(mix, mine, self.degree, list(heard.values()))
         self.set_weights(averaged)
         return RoundResult(sorted(heard), sorted(expected - set(heard)))
 

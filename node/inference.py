@@ -45,6 +45,7 @@ from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node.errors import NodeError
 from node.framing import FrameEOF, FrameReader, FrameTimeout, write_frame
+from node import torch_thread
 from node.host import Host
 from node.serve_protocol import (
     CODECS, INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, PUSH_PROTOCOL, Busy, Link, Linked,
@@ -104,13 +105,14 @@ INLINE_ROWS = 16
 async def tensor_work(fn, *args, rows: int):
     """``fn(*args)`` in a worker thread, or inline when it is a few rows.
 
-    Torch work stays off the trio loop (DESIGN.md section 2), except the
-    encode, decode and embedding of a few rows: those take about 20 us, a
-    thread hop about 100 us, and a client's decode step makes eight of them.
+    Torch work stays off the trio loop (DESIGN.md section 2), on the
+    process's torch thread (`node.torch_thread`), except the encode, decode
+    and embedding of a few rows: those take about 20 us, a thread hop about
+    100 us, and a client's decode step makes eight of them.
     """
     if rows <= INLINE_ROWS:
         return fn(*args)
-    return await trio.to_thread.run_sync(fn, *args)
+    return await torch_thread.run_sync(fn, *args)
 
 
 def measure_throughput(model: Transformer, layers: range, device: torch.device | str = "cpu",
@@ -158,7 +160,6 @@ class InferenceServer:
         self.pushed_steps = 0  # steps that came from the previous hop, not the client
         self.refused_busy = 0
         self._ids = itertools.count(1)
-        self._compute = trio.CapacityLimiter(1)  # FIFO: sessions take turns fairly
 
     def start(self) -> None:
         """Register the stream handler on the host (the host runs the streams)."""
@@ -369,9 +370,9 @@ class InferenceServer:
     async def _forward(self, s: _Session, step: Step, hidden: torch.Tensor) -> bytes:
         """Run the session's layers on the step, one forward call per chunk.
 
-        The FIFO limiter is taken per chunk, so a long replay (many chunks)
-        takes turns with the other sessions' decode steps instead of holding
-        the server for its whole length.
+        Each chunk is its own job on the torch thread (first in, first out),
+        so a long replay (many chunks) takes turns with the other sessions'
+        decode steps instead of holding the server for its whole length.
 
         Raises:
             SessionRefused: the forward call failed (out of memory, a device error).
@@ -380,8 +381,7 @@ class InferenceServer:
         for n in step.chunks or (hidden.shape[1],):
             chunk = hidden[:, pos - step.pos: pos - step.pos + n]
             try:
-                outs.append(await trio.to_thread.run_sync(self._run, s, chunk, pos,
-                                                          limiter=self._compute))
+                outs.append(await torch_thread.run_sync(self._run, s, chunk, pos))
             except Exception as exc:  # the server's fault, not the client's: no score
                 log.warning("forward failed in a session of %s: %s: %s", s.peer,
                             type(exc).__name__, exc)

@@ -58,6 +58,7 @@ from ledger.errors import DecodeError, ValidationError
 from ledger.rules import candidates
 from ledger.state import JOB, NODE, UNIT, Overlay
 from ledger.types import ZERO_SIG, Receipt, sign, unit_id
+from node import torch_thread
 from node.averaging import Averager, NamedTensor
 from node.errors import BadPush, MinerError
 from node.framing import read_frame, write_frame
@@ -141,7 +142,6 @@ class Miner:
         # Phases run of units not yet signed, by (step, unit index): their results.
         self._phases: dict[tuple[int, int], dict[str, PhaseResult]] = {}
         self._view: _View | None = None
-        self._compute = trio.CapacityLimiter(1)
         # Set once this node could take a unit (set up for the job, or sure it has none).
         self.ready = trio.Event()
         self._said: str | None = None
@@ -251,7 +251,7 @@ class Miner:
             MinerError: the job's hashes or units are not this config's.
         """
         job = await self.service.call(lambda: self.service.chain.state.get(JOB + view.job_id).job)
-        built = await trio.to_thread.run_sync(self._build)
+        built = await torch_thread.run_sync(self._build)
         if (job.model_hash, job.data_hash, job.hyper_hash) != built["commitments"]:
             raise MinerError("the job on chain does not commit to this config's initial "
                              "weights and data")
@@ -305,8 +305,8 @@ class Miner:
             return  # not here yet and the chain moved on: look again (it may have reassigned)
         shard = batch(self.config, t, phase.replica, self.config.replicas, corpus=self.corpus)
         ids, targets = (x.to(self.device) for x in shard)
-        result = await trio.to_thread.run_sync(self.plan.run, phase, t, dict(zip(needs, got)),
-                                               ids, targets, limiter=self._compute)
+        result = await torch_thread.run_sync(self.plan.run, phase, t, dict(zip(needs, got)),
+                                             ids, targets)
         try:
             await self._push_all(view, result.pushes)
         except WireTensorError as exc:  # non-finite outputs (the run diverged): not work
@@ -363,7 +363,7 @@ class Miner:
             per_replica.append(grads)
             at += len(keys)
         grads = average_replicas(per_replica)
-        await trio.to_thread.run_sync(self._step_optimizers, grads, t + 1, limiter=self._compute)
+        await torch_thread.run_sync(self._step_optimizers, grads, t + 1)
         for key in [key for key in self._inbox if key[0] <= t]:
             del self._inbox[key]
         for key in [key for key in self._receipts if key[0] <= t]:
@@ -430,7 +430,7 @@ class Miner:
                     break
             if s not in got:
                 return False
-        await trio.to_thread.run_sync(self._restore_all, got, view.step, limiter=self._compute)
+        await torch_thread.run_sync(self._restore_all, got, view.step)
         self.version = view.step
         self._say(f"mining: caught up at step {view.step} with the holders' weights")
         return True
@@ -490,8 +490,7 @@ class Miner:
             req.section == CLIENT or req.section in self.held)
         if not held:
             return encode(StateReply(self.version, ()))
-        version, tensors = await trio.to_thread.run_sync(self._snapshot, req.section,
-                                                         limiter=self._compute)
+        version, tensors = await torch_thread.run_sync(self._snapshot, req.section)
         return encode(StateReply(version, tuple(
             NamedTensor(n, encode_tensor(t)) for n, t in sorted(tensors.items()))))
 

@@ -33,6 +33,7 @@ import trio
 
 from compute.gguf import config_from_gguf, load_gguf, model_id, open_gguf
 from ledger.errors import DecodeError
+from node import torch_thread
 from node.balance import choose_span, should_move
 from node.host import Host, PeerIdentity, RequestError
 from node.inference import InferenceServer, ServerConfig, measure_throughput
@@ -196,11 +197,11 @@ class LayerServer:
         if self._reader is None:  # dropped after the last load: its metadata is large
             self._reader = await trio.to_thread.run_sync(open_gguf, self.config.model_path)
         try:
-            model = await trio.to_thread.run_sync(self._load_part, layers)
+            model = await torch_thread.run_sync(self._load_part, layers)
         finally:
             self._reader = None
         await trio.to_thread.run_sync(_return_freed_memory)
-        self.throughput = await trio.to_thread.run_sync(
+        self.throughput = await torch_thread.run_sync(
             measure_throughput, model, layers, self.config.device)
         if self.inference is None:
             self.inference = InferenceServer(self.host, model, layers, self.model_id,

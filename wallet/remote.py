@@ -48,6 +48,7 @@ from compute.generate import next_token
 from compute.model import Transformer
 from compute.tokenizer import Tokenizer
 from ledger.errors import DecodeError
+from node import torch_thread
 from node.host import DialError, Host, PeerIdentity, RequestError, open_host
 from node.inference import tensor_work
 from node.serve_protocol import Announce
@@ -181,11 +182,11 @@ class RemoteModel:
             run = RouteRun(self, result, max_len, readers)
             try:
                 await run.open(0, cfg.n_layers)
-                x = await trio.to_thread.run_sync(self._embed, ids)
+                x = await torch_thread.run_sync(self._embed, ids)
                 pos = 0
                 for step in range(request.max_tokens):
                     h = await run.forward(x, pos)
-                    tok = await trio.to_thread.run_sync(self._pick, h, sampling, gen)
+                    tok = await torch_thread.run_sync(self._pick, h, sampling, gen)
                     result.token_ids.append(tok)
                     on_token(Token(tok, text.push(tok)))
                     if tok in self.tokenizer.stop_ids or step == request.max_tokens - 1:

@@ -1,0 +1,84 @@
+"""node.torch_thread: all torch work of a process on one thread, first in, first out."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+import trio
+
+from node import torch_thread
+
+
+def run(fn, *args):
+    return trio.run(fn, *args)
+
+
+def test_a_job_returns_its_value_or_raises_its_error_on_one_thread_across_runs():
+    async def main():
+        return await torch_thread.run_sync(lambda a, b: (a + b, threading.get_native_id()), 2, 3)
+
+    (value, first), (_, second) = run(main), run(main)
+    assert value == 5 and first == second == torch_thread.thread_id()
+    assert first != threading.get_native_id()  # never the event loop's thread
+
+    async def failing():
+        await torch_thread.run_sync(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        run(failing)
+
+
+def test_jobs_run_in_the_order_they_were_submitted():
+    done = []
+
+    async def main():
+        gate = threading.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(torch_thread.run_sync, gate.wait)  # holds the thread
+            await trio.sleep(0.05)
+            for i in range(20):
+                nursery.start_soon(torch_thread.run_sync, done.append, i)
+                await trio.sleep(0)  # each submits before the next starts
+            await trio.sleep(0.05)
+            assert done == []  # nothing overtakes the job in front
+            gate.set()
+    run(main)
+    assert done == list(range(20))
+
+
+def test_a_cancelled_caller_waits_for_its_job_then_sees_the_cancellation():
+    finished, got = [], []
+
+    async def main():
+        gate = threading.Event()
+        with trio.move_on_after(0.05) as scope:
+            threading.Timer(0.3, gate.set).start()  # the job outlives the deadline
+            got.append(await torch_thread.run_sync(lambda: (gate.wait(), finished.append(1))))
+            await trio.sleep(0)  # the next checkpoint delivers the cancellation
+            got.append("not reached")
+        return scope.cancelled_caught
+    assert run(main) and finished == [1] and got == [(True, None)]  # the job's effect is whole
+
+
+def test_concurrent_torch_jobs_all_run_on_the_one_thread_and_its_openmp_team():
+    """The point of the thread: whatever task submits it, a job meets the same OpenMP pool."""
+    x = torch.randn(1024, 1024)
+    ran_on = set()
+
+    def job():
+        ran_on.add(threading.get_native_id())
+        return torch.mm(x, x)  # a parallel region: on a new thread it would start a team
+
+    async def burst():
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(torch_thread.run_sync, job)
+
+    run(burst)
+    threads = len(os.listdir("/proc/self/task"))
+    for _ in range(3):
+        run(burst)
+    assert ran_on == {torch_thread.thread_id()}
+    assert len(os.listdir("/proc/self/task")) == threads
