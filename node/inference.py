@@ -43,9 +43,9 @@ from compute.kvcache import KVCache
 from compute.model import Transformer
 from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
+from node import torch_thread
 from node.errors import NodeError
 from node.framing import FrameEOF, FrameReader, FrameTimeout, write_frame
-from node import torch_thread
 from node.host import Host
 from node.serve_protocol import (
     CODECS, INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, PUSH_PROTOCOL, Busy, Link, Linked,
@@ -103,7 +103,7 @@ INLINE_ROWS = 16
 
 
 async def tensor_work(fn, *args, rows: int):
-    """``fn(*args)`` in a worker thread, or inline when it is a few rows.
+    """``fn(*args)`` on the process's torch thread, or inline when it is a few rows.
 
     Torch work stays off the trio loop (DESIGN.md section 2), on the
     process's torch thread (`node.torch_thread`), except the encode, decode
