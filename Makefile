@@ -27,7 +27,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 demo: $(STAMP)
-	$(BIN)/python -m node.demo --data-dir $(DEMO_DIR)
+	$(BIN)/python -m node.cli.demo --data-dir $(DEMO_DIR)
 
 bench: $(STAMP)
 	$(BIN)/python bench/ledger_bench.py

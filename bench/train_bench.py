@@ -43,7 +43,7 @@ from compute.train import train_local  # noqa: E402
 from ledger.codec import encode  # noqa: E402
 from ledger.types import Receipt  # noqa: E402
 from node.datadir import DataDir  # noqa: E402
-from node.devnet import devnet_job  # noqa: E402
+from node.mine.devnet import devnet_job  # noqa: E402
 from node.node import TRAIN_LOG  # noqa: E402
 
 

@@ -5,18 +5,18 @@ servers, client), each one message of about 2.3 KB (a raw float32 hidden
 state and its framing). This bench measures the round trip of such a
 message between two processes on loopback, echoed by a server process:
 
-  libp2p   a libp2p stream as pnode uses it (`node.host.Host`: TCP, Noise,
-           pnode's yamux `node.yamux`; frames by `node.framing`), the
+  libp2p   a libp2p stream as pnode uses it (`node.net.host.Host`: TCP, Noise,
+           pnode's yamux `node.net.yamux.conn`; frames by `node.net.framing`), the
            server echoing each frame;
   py-yamux the same with py-libp2p 0.8.1's own yamux on both hosts (what
-           pnode used before `node.yamux`);
+           pnode used before `node.net.yamux.conn`);
   lean     the floor of any encrypted, framed channel written in Python on
            trio: one ChaCha20-Poly1305 seal per frame (what Noise's
            transport phase does), a 12-byte header as yamux's and the 4-byte
            frame length, on a plain trio TCP stream; no handshake, a fixed
            key: a measuring stick, never a transport;
   noise    py-libp2p's Noise session alone (its handshake and transport
-           phase, as `node.host` configures it) on a trio TCP stream, frames
+           phase, as `node.net.host` configures it) on a trio TCP stream, frames
            written straight onto it: no yamux, so the gap between this row
            and the two above is what each muxer costs;
   raw tcp  the same bytes on a plain trio TCP stream (the baseline).
@@ -26,7 +26,7 @@ Each is timed back to back and with --gap-ms of sleep between round trips
 slept pays its wake-ups). The py-yamux row also reports the yamux window
 updates the echoing side sent per message read (each one is an extra
 encrypted frame and socket write on the reading side before the read
-returns; `node.yamux` sends one per half window, none here). Kinds
+returns; `node.net.yamux.conn` sends one per half window, none here). Kinds
 alternate within each repeat; figures are medians.
 
 Usage:  .venv/bin/python bench/transport_bench.py [--messages 300] [--repeats 3]
@@ -60,9 +60,9 @@ from libp2p.security.noise.transport import Transport as NoiseTransport  # noqa:
 from libp2p.stream_muxer.muxer_multistream import MuxerMultistream  # noqa: E402
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX, Yamux  # noqa: E402
 
-from node.framing import FrameReader, write_frame  # noqa: E402
-from node.host import Host  # noqa: E402
-from node.identity import PeerIdentity  # noqa: E402
+from node.net.framing import FrameReader, write_frame  # noqa: E402
+from node.net.host import Host  # noqa: E402
+from node.net.identity import PeerIdentity  # noqa: E402
 
 PROTOCOL = "/pnode/bench-echo/1.0.0"
 KINDS = ("libp2p", "py-yamux", "noise", "lean", "raw tcp")
@@ -124,7 +124,7 @@ class NoiseFrames:
 
 
 def with_py_libp2p_yamux(host: Host) -> Host:
-    """``host``, made to negotiate py-libp2p's own yamux instead of `node.yamux`."""
+    """``host``, made to negotiate py-libp2p's own yamux instead of `node.net.yamux.conn`."""
     upgrader = host._host.get_network().upgrader
     upgrader.muxer_multistream = MuxerMultistream({YAMUX: Yamux})
     return host
@@ -148,7 +148,7 @@ async def serve(info_path: str) -> None:
             pass
         muxed = stream.muxed_stream
         if not isinstance(muxed.muxed_conn, Yamux):
-            return  # node.yamux keeps no counters (and sends no update here)
+            return  # node.net.yamux.conn keeps no counters (and sends no update here)
         updates = sum(v for k, v in vars(muxed).items()
                       if k.startswith("_window_update_") and k != "_window_update_hysteresis_skips")
         print(json.dumps({"reads": reads, "window_updates": updates}), flush=True)

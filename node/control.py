@@ -10,7 +10,7 @@ are the client.
 - The socket is created mode 0600 (only the node's user may talk to it),
   replaces a stale socket file left by a killed node, and is removed when
   the server stops.
-- Framing is `node.framing`'s (4-byte big-endian length, then the payload);
+- Framing is `node.net.framing`'s (4-byte big-endian length, then the payload);
   each payload is one UTF-8 JSON object. A request is ``{"op": NAME,
   ...args}``; the answer ``{"ok": true, ...}`` or ``{"ok": false, "error":
   TEXT}``. A connection may carry several requests, one at a time.
@@ -36,7 +36,7 @@ import trio
 
 from ledger.errors import LedgerError
 from node.errors import DataDirError, NodeError
-from node.framing import FrameEOF, FrameTooLarge, FramingError, read_frame, write_frame
+from node.net.framing import FrameEOF, FrameTooLarge, FramingError, read_frame, write_frame
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ def control_call(data_dir: str | os.PathLike[str], op: str, /, **args: Any) -> d
 
 
 class _Conn:
-    """A trio stream as the ``read``/``write`` byte stream `node.framing` wants."""
+    """A trio stream as the ``read``/``write`` byte stream `node.net.framing` wants."""
 
     def __init__(self, stream: trio.abc.Stream):
         self._stream = stream

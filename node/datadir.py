@@ -4,7 +4,7 @@
     D/chain/           LevelDB store of the chain (ledger.chaindb)
     D/node.key         the node key (hex seed, mode 0600): signs blocks and receipts
     D/peer.key         the libp2p identity key (hex seed, mode 0600)
-    D/wallet.json      the default wallet key, encrypted (wallet.keystore)
+    D/wallet.json      the default wallet key, encrypted (node.keys)
     D/wallets/N.json   further wallet keys made by ``pwallet create --name N``
 
 The node key is hot (the node signs with it unattended) but cannot spend:

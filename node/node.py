@@ -44,14 +44,14 @@ from ledger.state import ACCOUNT, JAIL, NODE
 from ledger.types import TX_TYPES
 from node.control import BadRequest, ControlOp, ControlServer, socket_path
 from node.datadir import DataDir, write_private
-from node.host import DialError, PeerIdentity, open_host
-from node.producer import Producer
-from node.registrar import Registrar
-from node.server import LayerServer, ServeConfig
-from node.swarm import Announcer, announce_peer
-from node.sync import ChainService, Clock, SyncError, SyncResult
-from node.txgossip import TxGossip
-from wallet.keystore import read_public_key
+from node.net.host import DialError, PeerIdentity, open_host
+from node.chain.producer import Producer
+from node.chain.registrar import Registrar
+from node.serve.layer_server import LayerServer, ServeConfig
+from node.serve.swarm import Announcer, announce_peer
+from node.chain.sync import ChainService, Clock, SyncError, SyncResult
+from node.chain.txgossip import TxGossip
+from node.keys import read_public_key
 
 log = logging.getLogger(__name__)
 
@@ -340,8 +340,8 @@ class Node:
         await self.registrar.run()
 
     async def _mine_after(self, joined: trio.Event, key) -> None:
-        """Mine once the first syncs are over (see `node.miner.Miner`)."""
-        from node.miner import Miner, MinerError  # torch loads with it
+        """Mine once the first syncs are over (see `node.mine.miner.Miner`)."""
+        from node.mine.miner import Miner, MinerError  # torch loads with it
 
         with trio.move_on_after(self.catch_up_s):
             await joined.wait()

@@ -34,7 +34,7 @@ def run_cli(capsys, monkeypatch, main, prog: str, *args: str) -> Result:
 
 @pytest.fixture
 def pnode(capsys, monkeypatch):
-    from node.cli import main
+    from node.cli.pnode import main
     monkeypatch.setenv("PNODE_PASSPHRASE", "correct horse")
     return lambda *args: run_cli(capsys, monkeypatch, main, "pnode", *args)
 

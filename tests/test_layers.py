@@ -21,7 +21,7 @@ PURE_CORE = {
     "ledger/codec.py", "ledger/crypto.py", "ledger/merkle.py", "ledger/types.py",
     "ledger/state.py", "ledger/schedule.py", "ledger/rules.py", "ledger/transition.py",
     "ledger/errors.py", "ledger/proofs.py", "compute/partition.py", "proof_of_learning/certificate.py",
-    "wallet/route.py", "node/balance.py",
+    "wallet/route.py", "node/serve/placement.py",
 }
 PURE_FORBIDDEN = {
     "time", "datetime", "random", "secrets", "socket", "os", "pathlib", "io", "shutil",
@@ -30,7 +30,7 @@ PURE_FORBIDDEN = {
 }
 STORAGE = {"ledger/store.py", "ledger/chaindb.py", "ledger/schema.py"}
 NETWORK = {"trio", "libp2p", "socket", "click"}
-CLI_MODULES = {"node/cli.py", "node/cliutil.py", "wallet/cli.py"}
+CLI_MODULES = {"node/cli/pnode.py", "node/cli/common.py", "wallet/cli.py"}
 
 # Between packages (DESIGN.md section 2).
 PACKAGE_FORBIDDEN = {
@@ -103,7 +103,7 @@ def test_module_respects_the_layers(path):
     ("compute/model.py", "from ..ledger import types"),
     ("compute/model.py", "import trio"),
     ("proof_of_learning/verify.py", "from node import host"),
-    ("node/server.py", "import click"),
+    ("node/serve/layer_server.py", "import click"),
 ])
 def test_checker_catches_violations(relpath, source):
     assert violations(relpath, source), f"{source!r} in {relpath} should be refused"
@@ -111,5 +111,5 @@ def test_checker_catches_violations(relpath, source):
 
 def test_checker_allows_the_permitted():
     assert violations("ledger/state.py", "from ledger import merkle\nimport msgpack") == []
-    assert violations("node/cli.py", "import click\nfrom ledger import chaindb") == []
+    assert violations("node/cli/pnode.py", "import click\nfrom ledger import chaindb") == []
     assert violations("proof_of_learning/verify.py", "from compute import model") == []

@@ -20,14 +20,14 @@ from ledger.codec import encode, to_json
 from ledger.crypto import SigningKey
 from ledger.state import ACCOUNT, NODE
 from ledger.types import ZERO_SIG, InferencePayment, Register, Transfer, sign, tx_hash
-from node import cliutil
-from node.cliutil import (
+from node.cli import common as cliutil
+from node.cli.common import (
     data_dir_option, emit, format_coins, json_option, parse_address, parse_coins,
     parse_peer_addr, passphrase_option, read_peer_list,
 )
 from node.control import NodeNotRunning, control_call
 from node.datadir import DataDir
-from wallet.keystore import read_key_file, read_public_key, write_key_file
+from node.keys import read_key_file, read_public_key, write_key_file
 
 wallet_option = click.option("--wallet", "wallet_name", metavar="NAME",
                              help="Use wallets/NAME.json instead of the default wallet.")

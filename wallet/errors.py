@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from wallet.hops import HopSession
+    from wallet.session import HopSession
 
 
 class WalletError(Exception):

@@ -2,14 +2,14 @@
 
 Owns `ClientConfig` (the client's tunables), `Served` (one server's part in
 a generation) and `Generation` (the tokens, the route that served them and
-its failovers), shared by `wallet.remote` and `wallet.hops`.
+its failovers), shared by `wallet.remote` and `wallet.session`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from node.serve_protocol import CODECS
+from node.wire.serve import CODECS
 from wallet.errors import RemoteError
 
 

@@ -27,7 +27,7 @@ section 9.4), after Petals:
    goes on; greedy output does not change. A failure unlinks the route:
    the rest of the generation is driven by the client.
 
-The hops' sessions, push links and failover live in `wallet.hops`; the
+The hops' sessions, push links and failover live in `wallet.session`; the
 client's tunables and results in `wallet.generation` (re-exported here). Torch
 work (embedding, head, wire encoding) runs in worker threads, never on the
 trio loop.
@@ -49,14 +49,14 @@ from compute.model import Transformer
 from compute.tokenizer import Tokenizer
 from ledger.errors import DecodeError
 from node import torch_thread
-from node.host import DialError, Host, PeerIdentity, RequestError, open_host
-from node.inference import tensor_work
-from node.serve_protocol import Announce
-from node.swarm import SwarmView, announce_peer, fetch_view
+from node.net.host import DialError, Host, PeerIdentity, RequestError, open_host
+from node.serve.sessions import tensor_work
+from node.wire.serve import Announce
+from node.serve.swarm import SwarmView, announce_peer, fetch_view
 from wallet.client import InferRequest, Token
 from wallet.errors import HopFailed, RemoteError, RouteError, ServerBusy  # noqa: F401
 from wallet.generation import ClientConfig, Generation, Served  # noqa: F401
-from wallet.hops import RouteRun
+from wallet.session import RouteRun
 from wallet.route import Hop, ServerInfo, plan_route
 
 

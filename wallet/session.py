@@ -21,10 +21,10 @@ from libp2p.peer.id import ID
 from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError, EncodeError
-from node.framing import FrameReader, FramingError, read_frame, write_frame
-from node.host import DialError, RequestError
-from node.inference import tensor_work
-from node.serve_protocol import (
+from node.net.framing import FrameReader, FramingError, read_frame, write_frame
+from node.net.host import DialError, RequestError
+from node.serve.sessions import tensor_work
+from node.wire.serve import (
     INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, Busy, Link, Linked, OpenSession,
     SessionAccepted, SessionError, Step, StepResult,
 )

@@ -22,8 +22,8 @@ from ledger.crypto import SigningKey
 from ledger.errors import ValidationError
 from ledger.state import ACCOUNT, KEY_PARAMS, NODE
 from ledger.types import ZERO_SIG, Register, binding_signature, format_coins, sign
-from node.sync import ChainService
-from node.txgossip import TxGossip
+from node.chain.sync import ChainService
+from node.chain.txgossip import TxGossip
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Owns `ChainService`, the one component that touches the node's `ChainDB`
 while the node runs (specs/network.md, "Chain sync"):
 
 - it serves ``/pnode/sync/1.0.0`` from the chain: the tip, and main-chain
-  blocks by height (`node.protocols`);
+  blocks by height (`node.wire.sync`);
 - `ChainService.sync_from` pulls a peer's chain when the peer's tip wins the
   ledger's fork choice (`ledger.schedule.is_better_tip`: greater total weight,
   ties to the lower tip hash), walking back to the fork point when the blocks
@@ -42,8 +42,8 @@ from ledger.errors import DecodeError, ForkTooDeep, TimeInFuture, UnknownParent,
 from ledger.schedule import is_better_tip
 from ledger.types import Block, block_hash
 from node.errors import NodeError
-from node.host import GossipError, Host, RequestError
-from node.protocols import (
+from node.net.host import GossipError, Host, RequestError
+from node.wire.sync import (
     BLOCKS_TOPIC, MAX_BLOCKS_PER_REQUEST, MAX_BLOCKS_RESPONSE_BYTES, MAX_SYNC_REQUEST_FRAME,
     MAX_SYNC_RESPONSE_FRAME, SYNC_PROTOCOL, BlocksRequest, BlocksResponse, SyncRequest,
     TipRequest, TipResponse, encode_blocks_response,

@@ -12,7 +12,7 @@ training run of the default job, and the same job mined by a three-node
 devnet (`pnode devnet`), whose coins per node equal its accepted units. Each step runs the installed `pnode` /
 `pwallet` commands exactly as a user would.
 
-Usage:  python -m node.demo [--data-dir DIR]
+Usage:  python -m node.cli.demo [--data-dir DIR]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`pnode devnet`: N real node processes on loopback train the devnet's job.
 
 Owns the runner (specs/consensus.md section 6): it writes D/node<i> data
-dirs (keys, the shared genesis of `node.devnet`, a chain store) and
+dirs (keys, the shared genesis of `node.mine.devnet`, a chain store) and
 D/job.json, starts one `pnode start --no-serve --job D/job.json` process per
 node (each dials the ones before it), follows their status over the control
 sockets until every node has applied the job's last update (or the duration
@@ -28,11 +28,11 @@ from ledger.store import LevelDBStore
 from ledger.types import COIN, Receipt
 from node.control import ControlError, NodeNotRunning, control_call
 from node.datadir import DataDir, write_genesis_file, write_seed_file
-from node.devnet import DevnetKeys, devnet_genesis, devnet_job
+from node.mine.devnet import DevnetKeys, devnet_genesis, devnet_job
 from node.errors import NodeError
 from node.node import ADDR_FILE, TRAIN_LOG
-from node.work import config_json
-from wallet.keystore import read_public_key, write_key_file
+from node.mine.jobs import config_json
+from node.keys import read_public_key, write_key_file
 
 _ROOT = Path(__file__).resolve().parent.parent
 STOP_AGREE_S = 15.0  # the most `Devnet.stop` waits for the held nodes to share a tip

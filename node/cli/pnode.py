@@ -25,8 +25,8 @@ from ledger.store import LevelDBStore
 from ledger.types import (
     COIN, ZERO_SIG, Allocation, Genesis, Params, Register, binding_signature, block_hash, sign,
 )
-from node import cliutil
-from node.cliutil import (
+from node.cli import common as cliutil
+from node.cli.common import (
     EXIT_CHECK_FAILED, data_dir_option, emit, format_coins, json_option, parse_coins,
     parse_multiaddr, parse_peer_addr, passphrase_option, read_peer_list,
 )
@@ -34,7 +34,7 @@ from node.datadir import (
     DataDir, libp2p_peer_id, read_genesis_file, write_genesis_file, write_seed_file,
 )
 from node.errors import ChainCorruptError, DataDirError, ProofError
-from wallet.keystore import read_key_file, read_public_key, write_key_file
+from node.keys import read_key_file, read_public_key, write_key_file
 
 DEFAULT_PARAMS = dict(slot_ms=2000, max_future_ms=15_000, min_bond=10 * COIN, reward=COIN,
                       challenge_window=10, unit_timeout=20, max_block_txs=5000, slash_bps=5000,
@@ -159,7 +159,7 @@ def produce(data_dir, blocks, as_json) -> None:
     Example:
       pnode produce --data-dir /tmp/n1 --blocks 2
     """
-    from node.producer import earliest_slot_ms, seal_block
+    from node.chain.producer import earliest_slot_ms, seal_block
 
     dd = DataDir(data_dir)
     db, key = dd.open_chain(), dd.node_key()
@@ -358,7 +358,7 @@ def _job_config(job_file: str | None):
     """The job config to mine: the file's, or the default job."""
     from compute.data import JobConfig
     from compute.errors import ComputeError
-    from node.work import config_from_json
+    from node.mine.jobs import config_from_json
 
     if job_file is None:
         return JobConfig()
@@ -391,8 +391,8 @@ def _serve_config(layers, auto, num_layers, no_serve, device, threads, max_sessi
         return None
     if layers and (auto or num_layers):
         raise click.UsageError("--layers fixes the span: drop --auto/--num-layers")
-    from node.inference import ServerConfig
-    from node.server import ServeConfig
+    from node.serve.sessions import ServerConfig
+    from node.serve.layer_server import ServeConfig
 
     return ServeConfig(layers=_layers(layers) if layers else None, span_len=num_layers,
                        model_path=model_file, device=device,
@@ -517,7 +517,7 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, as_j
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from node import devnet_run
+    from node.cli import devnet_run
 
     if gpu is not None:
         from compute.device import resolve_device  # a clear error when there is no such GPU
@@ -541,7 +541,7 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, as_j
             done = devnet_run.follow(net, steps, duration, lambda step, height: bar.update(
                 task, completed=step, height=height))
         if done:  # let every reward's challenge window close, on one tip
-            from node.devnet import DEVNET_PARAMS
+            from node.mine.devnet import DEVNET_PARAMS
             devnet_run.settle(net, DEVNET_PARAMS["challenge_window"] + 2)
         if keep_running:
             say("nodes running; Ctrl-C stops them")

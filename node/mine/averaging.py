@@ -40,8 +40,8 @@ from ledger.codec import U32, U64, MaxLen, decode, encode, wire
 from ledger.errors import DecodeError
 from node import torch_thread
 from node.errors import NodeError
-from node.framing import FramingError, read_frame, write_frame
-from node.host import Host, RequestError
+from node.net.framing import FramingError, read_frame, write_frame
+from node.net.host import Host, RequestError
 
 log = logging.getLogger(__name__)
 

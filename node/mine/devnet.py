@@ -4,7 +4,7 @@ Owns what `pnode devnet` builds before it starts any process
 (specs/consensus.md section 6): the nodes' keys, which layers each registers
 (`devnet_spans`), and the genesis (allocations that fund the bonds, the
 registrations, the job). The runner that starts the processes and sums up
-lives in `node.devnet_run`.
+lives in `node.cli.devnet_run`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ledger.types import (
     COIN, ZERO_SIG, Allocation, Genesis, Params, Register, binding_signature, sign,
 )
 from node.datadir import libp2p_peer_id
-from node.work import job_tx
+from node.mine.jobs import job_tx
 
 #: Devnet chain constants: fast slots, short windows, so a short run pays out.
 DEVNET_PARAMS = dict(slot_ms=300, max_future_ms=15_000, min_bond=10 * COIN, reward=COIN,

@@ -9,10 +9,10 @@ runs each unit of it (the longest-wait rule, `ledger.rules`). The miner:
    registered span covers, plus the client part (embedding, final norm,
    head), which every miner holds;
 2. for each unit of the open step assigned to it, phase by phase
-   (`node.phases`: a unit of whole layers is one phase, a piece of a split
+   (`node.mine.step_plan`: a unit of whole layers is one phase, a piece of a split
    layer runs half by half): waits for the phase's inputs, runs it
    (`compute.blocks`), pushes its outputs to every node that could need
-   them (`node.train_protocol`: to every holder of the consuming sections,
+   them (`node.wire.train`: to every holder of the consuming sections,
    so a unit reassigned after a timeout finds its inputs at its new node
    too); after a unit's last phase, signs a `Receipt` (input, output and
    weight-gradient hashes) and submits it;
@@ -20,7 +20,7 @@ runs each unit of it (the longest-wait rule, `ledger.rules`). The miner:
    holder of a section receives the section's weight gradients and steps
    the same AdamW, so replicas stay equal (up to float rounding); every
    ``average_every`` updates the replicas of each section also average
-   their weights (`node.averaging`, eq. 7-8), which removes that rounding
+   their weights (`node.mine.averaging`, eq. 7-8), which removes that rounding
    drift.
 
 A forward unit of section s takes the states entering s (section 0: the
@@ -59,18 +59,18 @@ from ledger.rules import candidates
 from ledger.state import JOB, NODE, UNIT, Overlay
 from ledger.types import ZERO_SIG, Receipt, sign, unit_id
 from node import torch_thread
-from node.averaging import Averager, NamedTensor
+from node.mine.averaging import Averager, NamedTensor
 from node.errors import BadPush, MinerError
-from node.framing import read_frame, write_frame
-from node.host import RequestError
-from node.sync import ChainService
-from node.phases import Key, Phase, PhaseResult, StepPlan
-from node.train_protocol import (
+from node.net.framing import read_frame, write_frame
+from node.net.host import RequestError
+from node.chain.sync import ChainService
+from node.mine.step_plan import Key, Phase, PhaseResult, StepPlan
+from node.wire.train import (
     CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, TRAIN_PROTOCOL, WHATS, StateReply, StateRequest,
     StepTensors,
 )
-from node.txgossip import TxGossip
-from node.work import commitments, job_units, matches
+from node.chain.txgossip import TxGossip
+from node.mine.jobs import commitments, job_units, matches
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """The node's libp2p host: identity, transport security, streams and gossip.
 
 Owns all use of py-libp2p 0.8.1 (DESIGN.md section 7; its traps are listed in
-specs/network.md) but the identity (`node.identity.PeerIdentity`, re-exported
+specs/network.md) but the identity (`node.net.identity.PeerIdentity`, re-exported
 here): `open_host`, a `Host` with TCP, Noise the *only* security protocol,
-pnode's yamux (`node.yamux`), pubsub + gossipsub started before any
-connection; one-frame request/response streams (`node.framing`) where an
+pnode's yamux (`node.net.yamux.conn`), pubsub + gossipsub started before any
+connection; one-frame request/response streams (`node.net.framing`) where an
 error closes only that stream and scores its peer (`Host.penalize`); gossip
 with a size limit checked at publish, the rate limit raised, and per-topic
 validators that run before gossipsub relays a message (`Host.set_validator`). A peer whose score
@@ -34,10 +34,10 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE, Transport as N
 from libp2p.stream_muxer.exceptions import MuxedStreamError
 from libp2p.tools.anyio_service import background_trio_service
 
-from node.framing import DEFAULT_MAX_FRAME_SIZE as MAX_FRAME
-from node.framing import FrameStreamError, FramingError, read_frame, write_frame
-from node import yamux
-from node.identity import HostError, PeerIdentity
+from node.net.framing import DEFAULT_MAX_FRAME_SIZE as MAX_FRAME
+from node.net.framing import FrameStreamError, FramingError, read_frame, write_frame
+from node.net.yamux import conn as yamux
+from node.net.identity import HostError, PeerIdentity
 
 __all__ = ["DialError", "GossipError", "Host", "HostConfig", "HostError", "PeerIdentity",
            "RequestError", "RequestTimeout", "open_host"]
@@ -104,7 +104,7 @@ class Host:
         kp = identity.key_pair
         noise = NoiseTransport(kp, noise_privkey=create_noise_key_pair().private_key)
         # Only Noise (new_host's default adds TLS, SECIO and /plaintext/2.0.0); only
-        # yamux, pnode's own (`node.yamux`: py-libp2p's costs ~1 ms per message).
+        # yamux, pnode's own (`node.net.yamux.conn`: py-libp2p's costs ~1 ms per message).
         self._host = new_host(key_pair=kp, sec_opt={NOISE: noise},
                               muxer_opt={yamux.PROTOCOL_ID: yamux.YamuxConnection})
         yamux.install(self._host)

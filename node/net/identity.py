@@ -2,7 +2,7 @@
 
 Owns `PeerIdentity`: the Ed25519 key pair of the data dir's ``peer.key``,
 whose peer id is `node.datadir.libp2p_peer_id` of its public key (what the
-ledger records). `node.host` re-exports both names.
+ledger records). `node.net.host` re-exports both names.
 """
 
 from __future__ import annotations

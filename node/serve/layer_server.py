@@ -5,15 +5,15 @@ layers (specs/network.md section 9.1):
 
 1. it reads the GGUF file's metadata and model id;
 2. it takes its span: the one given (``--layers A:B``), or with ``auto`` the
-   window of ``span_len`` layers the swarm serves least (`node.balance`),
+   window of ``span_len`` layers the swarm serves least (`node.serve.placement`),
    after asking its peers for their views of the swarm;
 3. it loads only those layers (`compute.model.ModelPart`) in a worker
    thread, on the chosen device, measures its decode throughput, and serves
-   sessions (`node.inference.InferenceServer`);
+   sessions (`node.serve.sessions.InferenceServer`);
 4. its announcement (span, throughput, load, price, addresses), signed with
    the node's peer key, goes out through the node's `Announcer`;
 5. with ``auto`` it looks again every ``rebalance_s`` seconds and moves only
-   when `node.balance.should_move` says the swarm's bottleneck would clearly
+   when `node.serve.placement.should_move` says the swarm's bottleneck would clearly
    rise: new sessions get the new span; open ones finish on the old span's
    weights (their handlers hold them; freed when the last one ends).
 """
@@ -34,18 +34,18 @@ import trio
 from compute.gguf import config_from_gguf, load_gguf, model_id, open_gguf
 from ledger.errors import DecodeError
 from node import torch_thread
-from node.balance import choose_span, should_move
-from node.host import Host, PeerIdentity, RequestError
-from node.inference import InferenceServer, ServerConfig, measure_throughput
-from node.serve_protocol import Announce, sign_announce
-from node.swarm import Announcer, announce_peer
+from node.serve.placement import choose_span, should_move
+from node.net.host import Host, PeerIdentity, RequestError
+from node.serve.sessions import InferenceServer, ServerConfig, measure_throughput
+from node.wire.serve import Announce, sign_announce
+from node.serve.swarm import Announcer, announce_peer
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class _Span:
-    """An announced server as `node.balance` reads it."""
+    """An announced server as `node.serve.placement` reads it."""
 
     peer_id: str
     start: int

@@ -45,9 +45,9 @@ from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node import torch_thread
 from node.errors import NodeError
-from node.framing import FrameEOF, FrameReader, FrameTimeout, write_frame
-from node.host import Host
-from node.serve_protocol import (
+from node.net.framing import FrameEOF, FrameReader, FrameTimeout, write_frame
+from node.net.host import Host
+from node.wire.serve import (
     CODECS, INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, PUSH_PROTOCOL, Busy, Link, Linked,
     OpenSession, PushOpen, SessionAccepted, SessionError, Step, StepResult,
 )

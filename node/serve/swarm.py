@@ -33,8 +33,8 @@ from libp2p.peer.id import ID
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError
 from node.datadir import libp2p_peer_id
-from node.host import GossipError, Host, HostError, RequestError
-from node.serve_protocol import (
+from node.net.host import GossipError, Host, HostError, RequestError
+from node.wire.serve import (
     ANNOUNCE_TOPIC, MAX_ANNOUNCES, MAX_SWARM_FRAME, SWARM_PROTOCOL, Announce, SwarmRequest,
     SwarmResponse,
 )

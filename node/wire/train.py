@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ledger.codec import U8, U32, U64, Hash32, wire
-from node.averaging import Named
+from node.mine.averaging import Named
 
 TRAIN_PROTOCOL = "/pnode/train/1.0.0"
 #: One frame: a section's weight gradients of a small job fit with room.
@@ -21,7 +21,7 @@ MAX_TRAIN_FRAME = 64 * 1024 * 1024
 #: ``section`` (named "h"), dL/d(states leaving that stage) (named "g"), the
 #: weight gradients of ``section``'s backward unit, and the client part's
 #: gradients from the head (loss) and from the embedding (``section`` is
-#: `CLIENT` for those two). For a layer split into pieces (node/phases.py):
+#: `CLIENT` for those two). For a layer split into pieces (node/mine/step_plan.py):
 #: a piece's attention and MLP partials ("h"), and its shares of dL/dh_mid
 #: (MLP half) and of dL/dh (attention half) ("g") with its half's weight
 #: gradients (full-shaped, by parameter name).

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import trio
 
-from node.host import PeerIdentity, open_host
+from node.net.host import PeerIdentity, open_host
 
 
 def run(main, deadline: float = 20.0) -> None:
@@ -38,10 +38,10 @@ async def chain_node(n: int, chain, clock, *, txs: bool = True, producer_key=Non
     """A host on loopback running a ChainService over ``chain``, with TxGossip
     and a Producer for ``producer_key`` if asked. Yields a namespace:
     ``host``, ``service``, ``txs``, ``producer``."""
-    from node.producer import Producer
-    from node.protocols import BLOCKS_TOPIC, TXS_TOPIC
-    from node.sync import ChainService
-    from node.txgossip import TxGossip
+    from node.chain.producer import Producer
+    from node.wire.sync import BLOCKS_TOPIC, TXS_TOPIC
+    from node.chain.sync import ChainService
+    from node.chain.txgossip import TxGossip
 
     async with open_host(ident(n), gossip_topics=[BLOCKS_TOPIC, TXS_TOPIC]) as host:
         async with trio.open_nursery() as nursery:

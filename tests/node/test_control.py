@@ -23,11 +23,11 @@ from node.control import (
     MAX_REQUEST, ControlError, ControlServer, NodeNotRunning, control_call, control_request,
 )
 from node.errors import DataDirError
-from node.framing import read_frame, write_frame
+from node.net.framing import read_frame, write_frame
 from node.node import Node
 from tests.node.netkit import run
 from tests.node.prockit import ROOT
-from wallet.keystore import read_key_file
+from node.keys import read_key_file
 
 
 def now_ms() -> int:
@@ -206,7 +206,7 @@ def test_socket_mode_stale_socket_long_path_and_no_node(tmp_path):
 
 def test_the_cli_side_of_the_channel_does_not_load_libp2p():
     """`pnode status` / `pwallet balance` stay quick: no libp2p import on their path."""
-    code = ("import sys, node.control, node.producer, node.cli, wallet.cli; "
+    code = ("import sys, node.control, node.chain.producer, node.cli, wallet.cli; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'libp2p', 'torch'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)

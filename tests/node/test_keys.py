@@ -1,4 +1,4 @@
-"""Tests for wallet.keystore: round trips, tampering, malformed input, files.
+"""Tests for node.keys: round trips, tampering, malformed input, files.
 
 Which error tampering gives: a field that still parses (same-length hex,
 valid cost) but was changed — ciphertext, nonce, salt, n, public_key — fails
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from wallet.errors import KeyFileError, WrongPassphraseError
-from wallet.keystore import (
+from node.keys import (
     decrypt_seed,
     encrypt_seed,
     read_key_file,

@@ -2,7 +2,7 @@
 
 Servers run in this process (each holds only its layers); the reference is
 the whole model run locally. Process-level runs (kill -9) are in
-tests/node/test_serve_processes.py.
+tests/node/serve/test_serve_processes.py.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import trio
 
 from compute.generate import generate
 from compute.gguf import model_id
-from node.host import open_host
-from node.inference import ServerConfig
-from node.server import LayerServer, ServeConfig
-from node.swarm import Announcer
+from node.net.host import open_host
+from node.serve.sessions import ServerConfig
+from node.serve.layer_server import LayerServer, ServeConfig
+from node.serve.swarm import Announcer
 from tests.node.netkit import ident, run
 from wallet.client import InferRequest
 from wallet.errors import NoRoute

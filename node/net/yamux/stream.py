@@ -1,7 +1,7 @@
 """One yamux stream, and the yamux wire format (specs/network.md section 1a).
 
 Owns `YamuxStream` (a byte stream each way, half-closable, resettable, with
-yamux's flow control) and the frame header's constants; `node.yamux` owns
+yamux's flow control) and the frame header's constants; `node.net.yamux.conn` owns
 the connection that reads frames and hands them to its streams (`on_data`,
 `on_window`, `on_fin`, `on_reset`), and re-exports all of this module.
 
@@ -23,7 +23,7 @@ from libp2p.stream_muxer.exceptions import (MuxedStreamClosed, MuxedStreamEOF,
                                             MuxedStreamError, MuxedStreamReset)
 
 if TYPE_CHECKING:
-    from node.yamux import YamuxConnection
+    from node.net.yamux.conn import YamuxConnection
 
 PROTOCOL_ID = "/yamux/1.0.0"
 HEADER = struct.Struct(">BBHII")  # version, type, flags, stream id, length

@@ -1,4 +1,4 @@
-"""node.producer: blocks made inside running nodes (real hosts, real chains, real clock).
+"""node.chain.producer: blocks made inside running nodes (real hosts, real chains, real clock).
 
 No assertion is about time itself: only about which blocks were made, by
 whom, and on which chain they ended up.
@@ -14,8 +14,8 @@ import trio
 from ledger.crypto import SigningKey
 from ledger.state import ACCOUNT
 from ledger.types import COIN
-from node.producer import Producer, earliest_slot_ms, seal_block
-from node.protocols import BLOCKS_TOPIC
+from node.chain.producer import Producer, earliest_slot_ms, seal_block
+from node.wire.sync import BLOCKS_TOPIC
 from tests.ledger.chainkit import make_net, new_db
 from tests.node.netkit import chain_node, eventually, meshed, run
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from node.datadir import DataDir
 from tests.node.prockit import live_status, node_addr, read, stop, wait_for
-from wallet.keystore import read_public_key
+from node.keys import read_public_key
 
 
 def test_a_serving_node_registers_itself_once_funded(tmp_path, pnode, pwallet, spawn):

@@ -1,7 +1,7 @@
-"""node.sync with real hosts on 127.0.0.1 and real ChainDBs built by chainkit.
+"""node.chain.sync with real hosts on 127.0.0.1 and real ChainDBs built by chainkit.
 
 Each test runs its own trio loop under a hard ``fail_after`` deadline (see
-tests/node/test_host.py). Chains are real: real keys, signatures and rules.
+tests/node/net/test_host.py). Chains are real: real keys, signatures and rules.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from ledger.schedule import is_better_tip
 from ledger.state import state_root
 from ledger.store import LevelDBStore
 from ledger.types import COIN, Block, sign
-from node.host import RequestError, open_host
-from node.protocols import (
+from node.net.host import RequestError, open_host
+from node.wire.sync import (
     BLOCKS_TOPIC, SYNC_PROTOCOL, BlocksRequest, BlocksResponse, SyncRequest, TipRequest,
     TipResponse,
 )
-from node.sync import ChainService, PeerMisbehaved, SyncFailed
+from node.chain.sync import ChainService, PeerMisbehaved, SyncFailed
 from tests.ledger.chainkit import copy_chain, make_net, new_db, next_block
 from tests.node.netkit import eventually, ident, run
 

@@ -1,4 +1,4 @@
-"""node.txgossip with real hosts on 127.0.0.1 and real ChainDBs from chainkit.
+"""node.chain.txgossip with real hosts on 127.0.0.1 and real ChainDBs from chainkit.
 
 Nodes in a line A - B - C: what A submits reaches C through B; what B
 refuses never reaches C.
@@ -14,8 +14,8 @@ from ledger import schema
 from ledger.codec import encode
 from ledger.errors import BadNonce
 from ledger.types import COIN, tx_hash
-from node.host import open_host
-from node.protocols import TXS_TOPIC
+from node.net.host import open_host
+from node.wire.sync import TXS_TOPIC
 from tests.ledger.chainkit import make_net, new_db
 from tests.node.netkit import chain_node, eventually, ident, meshed, run
 

@@ -1,4 +1,4 @@
-"""node.cliutil: the OpenMP spin default that swarm processes set before torch loads, and
+"""node.cli.common: the OpenMP spin default that swarm processes set before torch loads, and
 the one-line errors of both CLIs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import click
 import pytest
 
-from node import cliutil
+from node.cli import common as cliutil
 from wallet.errors import WalletError
 
 

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from compute.train import train_local
-from node import devnet_run
-from node.devnet import devnet_job
+from node.cli import devnet_run
+from node.mine.devnet import devnet_job
 from tests.node.prockit import ROOT
 
 

@@ -168,7 +168,7 @@ def test_every_command_has_help_with_examples(pnode, command):
 
 
 def test_status_text_lists_peers_and_the_swarm_a_line_each():
-    from node.cli import _status_text
+    from node.cli.pnode import _status_text
 
     info = {"height": 7, "balance": 2_500_000, "peers": ["12D3KooWA", "12D3KooWB"],
             "serving": [0, 10],

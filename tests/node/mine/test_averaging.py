@@ -1,4 +1,4 @@
-"""node.averaging: averaging rounds between real hosts on 127.0.0.1."""
+"""node.mine.averaging: averaging rounds between real hosts on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 import trio
 
 from compute.averaging import average_round, spread
-from node.averaging import Averager
-from node.host import open_host
+from node.mine.averaging import Averager
+from node.net.host import open_host
 from tests.node.netkit import ident, run
 
 

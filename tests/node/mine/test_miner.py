@@ -1,4 +1,4 @@
-"""node.miner: a job's units run by the nodes the chain assigns (real hosts, real chains).
+"""node.mine.miner: a job's units run by the nodes the chain assigns (real hosts, real chains).
 
 Three nodes on 127.0.0.1, each a chain, a producer, transaction gossip and a
 miner; the genesis carries a small job of two sections, node 0 holding
@@ -21,14 +21,14 @@ from ledger.store import MemoryStore
 from ledger.chaindb import ChainDB
 from ledger.crypto import SigningKey
 from ledger.types import Receipt
-from node.devnet import DevnetKeys, devnet_genesis, devnet_job
+from node.mine.devnet import DevnetKeys, devnet_genesis, devnet_job
 from compute.quant import encode_tensor
 from ledger.codec import encode
-from node.averaging import NamedTensor
-from node.framing import write_frame
-from node.miner import Miner
-from node.train_protocol import ACTIVATION, TRAIN_PROTOCOL, StepTensors
-from node.protocols import BLOCKS_TOPIC
+from node.mine.averaging import NamedTensor
+from node.net.framing import write_frame
+from node.mine.miner import Miner
+from node.wire.train import ACTIVATION, TRAIN_PROTOCOL, StepTensors
+from node.wire.sync import BLOCKS_TOPIC
 from tests.node.netkit import chain_node, eventually, ident, meshed, run
 
 

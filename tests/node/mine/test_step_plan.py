@@ -1,4 +1,4 @@
-"""node.phases: a step's units run phase by phase equal the local decomposed step.
+"""node.mine.step_plan: a step's units run phase by phase equal the local decomposed step.
 
 No network here: one process plays every node, running all phases of a step
 in `Phase.order` and delivering each push to an inbox, which checks the
@@ -15,10 +15,10 @@ import torch
 from compute.blocks import add_grads
 from compute.data import batch, load_corpus, make_model
 from compute.train import average_replicas, make_sections, train_step_replicas
-from node.devnet import devnet_job
+from node.mine.devnet import devnet_job
 from node.errors import BadPush
-from node.phases import StepPlan
-from node.train_protocol import ACTIVATION, ATTN_SHARE, CLIENT, GRADIENT, MLP_PARTIAL
+from node.mine.step_plan import StepPlan
+from node.wire.train import ACTIVATION, ATTN_SHARE, CLIENT, GRADIENT, MLP_PARTIAL
 
 
 def plan_for(k: int, device: str = "cpu", replicas: int = 1):

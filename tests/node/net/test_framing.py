@@ -1,4 +1,4 @@
-"""node.framing over an in-memory stream that hands bytes out in small pieces.
+"""node.net.framing over an in-memory stream that hands bytes out in small pieces.
 
 The fake stream stands in for the transport only to force partial reads and
 exact EOF positions; framing over a real libp2p stream is in test_host.py.
@@ -15,7 +15,7 @@ import trio
 from libp2p.network.stream.exceptions import StreamEOF, StreamReset
 
 from node.errors import NodeError
-from node.framing import (
+from node.net.framing import (
     FrameEOF,
     FrameStreamError,
     FrameTimeout,
@@ -235,7 +235,7 @@ def framed(*payloads: bytes) -> bytes:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.binary(max_size=300), max_size=8), st.integers(1, 64))
 def test_frame_reader_returns_what_read_frame_returns(payloads, piece):
-    from node.framing import FrameReader
+    from node.net.framing import FrameReader
 
     async def both():
         reader = FrameReader(FakeStream(framed(*payloads), piece=piece))
@@ -247,7 +247,7 @@ def test_frame_reader_returns_what_read_frame_returns(payloads, piece):
 
 
 def test_frame_reader_reads_a_whole_frame_in_one_read_when_it_has_arrived():
-    from node.framing import FrameReader
+    from node.net.framing import FrameReader
 
     stream = FakeStream(framed(b"a" * 100, b"b" * 50), piece=10_000)
 
@@ -264,7 +264,7 @@ def test_frame_reader_reads_a_whole_frame_in_one_read_when_it_has_arrived():
     (struct.pack(">I", 2**31), FrameTooLarge),
 ])
 def test_frame_reader_refuses_what_read_frame_refuses(data, error):
-    from node.framing import FrameReader
+    from node.net.framing import FrameReader
 
     async def go():
         return await FrameReader(FakeStream(data)).read_frame(1024)

@@ -1,4 +1,4 @@
-"""node.host with real py-libp2p hosts on 127.0.0.1 (ephemeral ports).
+"""node.net.host with real py-libp2p hosts on 127.0.0.1 (ephemeral ports).
 
 Every test runs its own trio loop under a hard ``fail_after`` deadline, so a
 hang in py-libp2p fails the test instead of stalling CI.
@@ -21,8 +21,8 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from ledger.crypto import SigningKey
 from node.datadir import libp2p_peer_id, write_seed_file
 from node.errors import DataDirError, NodeError
-from node.framing import FrameEOF, FramingError, iter_frames, read_frame, write_frame
-from node.host import (
+from node.net.framing import FrameEOF, FramingError, iter_frames, read_frame, write_frame
+from node.net.host import (
     DialError,
     GossipError,
     HostConfig,

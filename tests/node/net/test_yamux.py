@@ -1,4 +1,4 @@
-"""node.yamux against py-libp2p's yamux, against itself, and against a hostile peer.
+"""node.net.yamux.conn against py-libp2p's yamux, against itself, and against a hostile peer.
 
 Every connection here is real: TCP on 127.0.0.1 and a Noise handshake
 (py-libp2p's). The hostile peer writes yamux frames by hand onto its side
@@ -23,10 +23,10 @@ from libp2p.stream_muxer.exceptions import (MuxedConnUnavailable, MuxedStreamClo
 from libp2p.stream_muxer.muxer_multistream import MuxerMultistream
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
-from node.framing import read_frame, write_frame
-from node.host import Host, HostError, open_host
-from node import yamux
-from node.yamux import (ACCEPT_BACKLOG, ACK, DATA, FIN, GO_AWAY, GO_AWAY_PROTOCOL_ERROR,
+from node.net.framing import read_frame, write_frame
+from node.net.host import Host, HostError, open_host
+from node.net.yamux import conn as yamux
+from node.net.yamux.conn import (ACCEPT_BACKLOG, ACK, DATA, FIN, GO_AWAY, GO_AWAY_PROTOCOL_ERROR,
                         HEADER, INITIAL_WINDOW, PING, PROTOCOL_ID, RST, SYN, WINDOW_UPDATE,
                         YamuxConnection)
 from tests.node.netkit import ident, run
@@ -117,13 +117,13 @@ async def hostile_pair():
 
 
 def py_libp2p_yamux(host):
-    """``host`` made to negotiate py-libp2p 0.8.1's own yamux instead of node.yamux."""
+    """``host`` made to negotiate py-libp2p 0.8.1's own yamux instead of node.net.yamux.conn."""
     host._host.get_network().upgrader.muxer_multistream = MuxerMultistream({PROTOCOL_ID: Yamux})
     return host
 
 
 async def echo_all(stream) -> None:
-    """Echo one frame back (both ends: node.framing over whichever muxer)."""
+    """Echo one frame back (both ends: node.net.framing over whichever muxer)."""
     await write_frame(stream, await read_frame(stream, 4 << 20))
     await stream.close()
 
@@ -159,7 +159,7 @@ def test_interop_with_py_libp2p_yamux(pnode_dials):
     run(main, 60)
 
 
-# -- node.yamux with itself ------------------------------------------------------------------
+# -- node.net.yamux.conn with itself ------------------------------------------------------------------
 
 
 def test_bulk_both_ways_on_many_streams_at_once():

@@ -1,4 +1,4 @@
-"""node.server: automatic placement and rebalancing of served layers (real hosts, SmolLM2)."""
+"""node.serve.layer_server: automatic placement and rebalancing of served layers (real hosts, SmolLM2)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from contextlib import AsyncExitStack
 
 import trio
 
-from node.host import open_host
-from node.server import LayerServer, ServeConfig
-from node.swarm import Announcer
+from node.net.host import open_host
+from node.serve.layer_server import LayerServer, ServeConfig
+from node.serve.swarm import Announcer
 from tests.node.netkit import eventually, ident, run
 
 

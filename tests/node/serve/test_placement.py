@@ -1,4 +1,4 @@
-"""node.balance: per-layer capacity, the span a server takes, and when it moves."""
+"""node.serve.placement: per-layer capacity, the span a server takes, and when it moves."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.balance import choose_span, layer_throughput, should_move
+from node.serve.placement import choose_span, layer_throughput, should_move
 from node.errors import BalanceError, NodeError
 
 

@@ -1,4 +1,4 @@
-"""node.inference: sessions over real libp2p streams on 127.0.0.1, a tiny random model.
+"""node.serve.sessions: sessions over real libp2p streams on 127.0.0.1, a tiny random model.
 
 The server's outputs are compared with the same model run in this process
 (the reference): a session must compute exactly what `run_layers` computes.
@@ -15,9 +15,9 @@ import trio
 from compute.kvcache import KVCache
 from compute.quant import decode_tensor, encode_tensor
 from ledger.codec import decode, encode
-from node.framing import FrameEOF, FramingError, read_frame, write_frame
-from node.inference import InferenceServer, ServerConfig
-from node.serve_protocol import (
+from node.net.framing import FrameEOF, FramingError, read_frame, write_frame
+from node.serve.sessions import InferenceServer, ServerConfig
+from node.wire.serve import (
     INFERENCE_PROTOCOL, Busy, OpenSession, SessionAccepted, SessionError, Step, StepResult,
 )
 from tests.compute.helpers import TINY, tiny_model
@@ -37,7 +37,7 @@ def hidden(seed: int, t: int) -> torch.Tensor:
 
 async def serving(nursery, model, config=ServerConfig()):
     """A server host with the tiny model's layers 0..1 and a client host, connected."""
-    from node.host import open_host  # noqa: PLC0415 (kept next to its use)
+    from node.net.host import open_host  # noqa: PLC0415 (kept next to its use)
 
     server_host = await nursery_enter(nursery, open_host(ident(1)))
     client_host = await nursery_enter(nursery, open_host(ident(2)))
@@ -274,7 +274,7 @@ def test_one_peer_cannot_hold_every_slot(model):
     config = ServerConfig(max_sessions=4, max_sessions_per_peer=2)
 
     async def body(stack):
-        from node.host import open_host
+        from node.net.host import open_host
         server, sh, ch = await serving(stack, model, config)
         replies = [(await open_session(ch, sh))[1] for _ in range(3)]
         assert [type(r) for r in replies] == [SessionAccepted, SessionAccepted, Busy]

@@ -1,4 +1,4 @@
-"""node.swarm: signed announcements, their ageing, and their gossip between real hosts."""
+"""node.serve.swarm: signed announcements, their ageing, and their gossip between real hosts."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import trio
 
 from ledger.codec import decode, encode
-from node.serve_protocol import SWARM_PROTOCOL, Announce, SwarmRequest, SwarmResponse, sign_announce
-from node.swarm import Announcer, SwarmView, announce_peer
+from node.wire.serve import SWARM_PROTOCOL, Announce, SwarmRequest, SwarmResponse, sign_announce
+from node.serve.swarm import Announcer, SwarmView, announce_peer
 from tests.node.netkit import eventually, ident, run
 
 NOW_MS = 1_700_000_000_000
@@ -74,8 +74,8 @@ def test_a_full_view_makes_room_by_its_stalest_entry():
 
 
 def test_a_swarm_response_fits_its_limits_and_puts_live_peers_first():
-    from node.serve_protocol import MAX_ANNOUNCES, MAX_SWARM_FRAME
-    from node.swarm import encode_swarm_response
+    from node.wire.serve import MAX_ANNOUNCES, MAX_SWARM_FRAME
+    from node.serve.swarm import encode_swarm_response
 
     flood = [announce(n % 250 + 1, time_ms=NOW_MS + n) for n in range(600)]
     live = announce(251, time_ms=NOW_MS - 10_000)  # older, but a connected peer
@@ -105,7 +105,7 @@ def own(n: int, start: int, end: int):
 
 
 def test_announcements_spread_by_gossip_served_on_request_and_dropped_on_disconnect():
-    from node.host import open_host
+    from node.net.host import open_host
 
     async def main():
         async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
@@ -140,7 +140,7 @@ def test_announcements_spread_by_gossip_served_on_request_and_dropped_on_disconn
 
 async def listening(listener, speaker):
     """``listener`` connected to ``speaker`` and subscribed to its announcements."""
-    from node.serve_protocol import ANNOUNCE_TOPIC
+    from node.wire.serve import ANNOUNCE_TOPIC
     await listener.connect(speaker.addrs[0])
     heard = listener.subscribe(ANNOUNCE_TOPIC)
     await listener.join(ANNOUNCE_TOPIC)
@@ -150,7 +150,7 @@ async def listening(listener, speaker):
 
 
 def test_an_announcement_is_gossiped_when_what_it_says_changes_not_on_every_tick():
-    from node.host import open_host
+    from node.net.host import open_host
 
     state = {"end": 10, "load": 0}
 
@@ -182,7 +182,7 @@ def test_an_announcement_is_gossiped_when_what_it_says_changes_not_on_every_tick
 
 
 def test_an_unchanged_announcement_is_gossiped_again_every_refresh():
-    from node.host import open_host
+    from node.net.host import open_host
 
     async def main():
         async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
@@ -200,8 +200,8 @@ def test_an_unchanged_announcement_is_gossiped_again_every_refresh():
 
 
 def test_a_neighbour_answering_garbage_for_its_view_scores_a_point():
-    from node.host import open_host
-    from node.serve_protocol import ANNOUNCE_TOPIC
+    from node.net.host import open_host
+    from node.wire.serve import ANNOUNCE_TOPIC
 
     async def garbage(peer, request: bytes) -> bytes:
         return b"not a swarm response"
@@ -220,7 +220,7 @@ def test_a_neighbour_answering_garbage_for_its_view_scores_a_point():
 
 
 def test_an_allow_list_keeps_only_trusted_announcements():
-    from node.host import open_host
+    from node.net.host import open_host
 
     async def main():
         async with open_host(ident(1)) as h1:
@@ -234,8 +234,8 @@ def test_an_allow_list_keeps_only_trusted_announcements():
 
 
 def test_garbage_on_the_announce_topic_scores_the_sender():
-    from node.host import open_host
-    from node.serve_protocol import ANNOUNCE_TOPIC
+    from node.net.host import open_host
+    from node.wire.serve import ANNOUNCE_TOPIC
 
     async def main():
         async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \

@@ -1,0 +1,5 @@
+"""`python -m node.cli` runs `pnode`."""
+
+from node.cli.pnode import main
+
+main()
