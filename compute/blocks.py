@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from compute.errors import ComputeError, DeviceError, ShapeError
-from compute.model import Block, Transformer
+from compute.model import DecoderLayer, Transformer
 from compute.partition import BlockSpec, Partition, model_units, partition
 
 HALVES = ("attention", "mlp")
@@ -153,7 +153,9 @@ def _check_hidden(model: Transformer, h: torch.Tensor) -> None:
         raise DeviceError(f"weights are on {w.device}, hidden states on {h.device}")
 
 
-def _heads_out(block: Block, w: Weights, a: int, b: int, h: torch.Tensor) -> torch.Tensor:
+def _heads_out(
+    block: DecoderLayer, w: Weights, a: int, b: int, h: torch.Tensor
+) -> torch.Tensor:
     """Query heads [a, b) of a layer through their W^O columns: (B, T, C) -> (B, T, C)."""
     attn = block.attn
     nh, nkv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
@@ -174,7 +176,9 @@ def _heads_out(block: Block, w: Weights, a: int, b: int, h: torch.Tensor) -> tor
     return F.linear(y, w["attn.wo.weight"][:, a * hd : b * hd])  # (B, T, C)
 
 
-def _mlp_out(block: Block, w: Weights, f0: int, f1: int, h: torch.Tensor) -> torch.Tensor:
+def _mlp_out(
+    block: DecoderLayer, w: Weights, f0: int, f1: int, h: torch.Tensor
+) -> torch.Tensor:
     """ffn columns [f0, f1) of a layer's SwiGLU MLP: (B, T, C) -> (B, T, C)."""
     ffn = block.mlp.w_down.in_features
     norm_w, w_gu = w["mlp_norm.weight"], w["mlp.w_gate_up.weight"]

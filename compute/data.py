@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 
 from compute.errors import ComputeError, ConfigError
-from compute.model import ModelConfig, Transformer
+from compute.config import ModelConfig
+from compute.model import Transformer
 
 BATCH_DOMAIN = b"pnode:batch:"
 TEXT_DOMAIN = b"pnode:text:"

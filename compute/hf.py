@@ -5,21 +5,26 @@ Owns the mapping between HF's LlamaForCausalLM tensor names
 parameters (`layers.N.attn.wqkv.weight`, ...), in both directions, with shape
 checks. The GGUF loader maps its names onto HF names and comes through here too.
 
-Also reads safetensors files with a small reader of its own (8-byte header
-length, JSON header, raw little-endian data), so no extra package is needed.
+Also reads safetensors files: the header (8-byte length, JSON) is checked
+here, so a bad file fails with a `ModelFileError` that names the tensor and the
+file; the tensors are then read one at a time through the safetensors
+package's `safe_open`, which does not load the whole file into memory.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from compute.errors import ConfigError, ModelFileError
-from compute.model import ModelConfig, ModelPart, Transformer
+from compute.config import ModelConfig
+from compute.model import ModelPart, Transformer
 
 _SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -191,41 +196,68 @@ def config_from_hf(hf: Mapping, *, max_seq_len: int | None = None) -> ModelConfi
 
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read every tensor of a .safetensors file (dtypes kept).
+    """Read every tensor of a .safetensors file (dtypes kept), one tensor at a time.
+
+    Args:
+        path: the file.
+
+    Returns:
+        Each tensor by name, in the header's order, each in storage of its own.
 
     Raises:
         ModelFileError: the file is missing or truncated, its header is not a
             JSON object (or names a key twice), or a tensor entry is bad (not
             an object; `dtype`, `shape` or `data_offsets` missing or
             malformed; offsets negative, inverted or beyond the file; a byte
-            length other than the shape's), naming the tensor and the file.
+            length other than the shape's), naming the tensor and the file;
+            or the safetensors package refuses the file (for instance data
+            bytes that no tensor covers).
     """
     path = Path(path)
     if sys.byteorder != "little":
         raise ModelFileError("reading safetensors needs a little-endian host")
+    names = _safetensors_names(path)
     try:
-        data = bytearray(path.read_bytes())
+        with safe_open(path, framework="pt") as f:
+            return {name: f.get_tensor(name) for name in names}
+    except (OSError, SafetensorError) as e:
+        raise ModelFileError(f"{path}: expected a safetensors file, got an error: {e}") from e
+
+
+def _safetensors_names(path: Path) -> list[str]:
+    """The tensor names of a safetensors file, once its header (read alone) checks out.
+
+    The header is checked here rather than left to `safe_open` so that every
+    bad entry gets a message naming the tensor, the file and what was wrong.
+
+    Raises:
+        ModelFileError: as `read_safetensors`, for the header and its entries.
+    """
+    try:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            n = int.from_bytes(head, "little")
+            if len(head) < 8 or 8 + n > size:
+                raise ModelFileError(
+                    f"{path}: expected an 8-byte header length and that many header bytes, "
+                    f"got {size} bytes in all, header length {n}"
+                )
+            raw = f.read(n)
     except OSError as e:
         raise ModelFileError(f"cannot read safetensors file {path}: {e}") from e
-    n = int.from_bytes(data[:8], "little")
-    if len(data) < 8 or 8 + n > len(data):
-        raise ModelFileError(
-            f"{path}: expected an 8-byte header length and that many header bytes, "
-            f"got {len(data)} bytes in all, header length {n}"
-        )
     try:
-        header = json.loads(data[8 : 8 + n], object_pairs_hook=_unique_keys)
+        header = json.loads(raw, object_pairs_hook=_unique_keys)
     except (ValueError, UnicodeDecodeError) as e:
         raise ModelFileError(
             f"{path}: expected a safetensors JSON header, got unparsable bytes ({e})"
         ) from e
     if not isinstance(header, dict):
         raise ModelFileError(f"{path}: expected a JSON object header, got {type(header).__name__}")
-    base, out = 8 + n, {}
-    for name, info in header.items():
-        if name != "__metadata__":
-            out[name] = _safetensors_tensor(data, base, name, info, path)
-    return out
+    names = [name for name in header if name != "__metadata__"]
+    for name in names:
+        _check_safetensors_entry(size - 8 - n, name, header[name], path)
+    return names
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
@@ -242,9 +274,15 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _safetensors_tensor(
-    data: bytearray, base: int, name: str, info: object, path: Path
-) -> torch.Tensor:
+def _check_safetensors_entry(data_bytes: int, name: str, info: object, path: Path) -> None:
+    """Raise a `ModelFileError` unless a header entry describes a tensor within the data.
+
+    Args:
+        data_bytes: the size of the file's data section (after the header).
+        name: the tensor's name.
+        info: its header entry.
+        path: the file (for messages).
+    """
     where = f"{path}: tensor {name}"
     if not isinstance(info, dict):
         raise ModelFileError(f"{where}: expected an object entry, got {type(info).__name__}")
@@ -274,14 +312,11 @@ def _safetensors_tensor(
             f"{where} expected {nbytes} bytes of data (shape {shape} {info['dtype']}), "
             f"data_offsets {offsets} hold {end - start}"
         )
-    if end > len(data) - base:
+    if end > data_bytes:
         raise ModelFileError(
             f"{where} expected {nbytes} bytes of data at data_offsets {offsets}, "
-            f"the file has {len(data) - base} bytes of data"
+            f"the file has {data_bytes} bytes of data"
         )
-    if count == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(data, dtype=dtype, count=count, offset=base + start).reshape(shape)
 
 
 def load_safetensors_model(directory: str | Path, *, max_seq_len: int | None = None) -> Transformer:

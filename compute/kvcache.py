@@ -14,14 +14,10 @@ ones, which lets a caller roll back or replay a suffix.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from compute.config import ModelConfig
 from compute.errors import CacheError, CacheFullError, ConfigError, ShapeError
-
-if TYPE_CHECKING:
-    from compute.model import ModelConfig
 
 
 class KVCache:

@@ -1,8 +1,9 @@
 """Llama-style decoder: the one model family compute/ runs.
 
-Owns the model's configuration (`ModelConfig`) and its forward math: RMSNorm,
-rotary position embedding in the Llama/HF "rotate_half" convention, grouped-
-query attention, SwiGLU MLP, tied or untied LM head. Float32 throughout.
+Owns the model's forward math: RMSNorm, rotary position embedding in the
+Llama/HF "rotate_half" convention, grouped-query attention, SwiGLU MLP, tied
+or untied LM head, and `DecoderLayer`, one layer of them. Float32 throughout.
+The hyperparameters (`ModelConfig`) live in compute/config.py.
 
 The model is cut into pieces a caller can run separately, because sections of
 it will run on different machines:
@@ -30,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compute.errors import ConfigError, DeviceError, ShapeError
+from compute.config import ModelConfig
+from compute.errors import DeviceError, ShapeError
 from compute.linear import Linear
 
 if TYPE_CHECKING:
@@ -55,55 +57,6 @@ class ModelPart:
     def describe(self) -> str:
         span = f"layers {self.layers.start}..{self.layers.stop - 1}" if self.layers else "no layers"
         return span + (" and the embeddings/head" if self.ends else "")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Hyperparameters of a Llama-style decoder.
-
-    Raises:
-        ConfigError: a size is not positive, heads do not divide dim, query
-            heads are not a multiple of KV heads, or the head size is odd.
-    """
-
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    max_seq_len: int = 2048
-    tie_embeddings: bool = True
-
-    def __post_init__(self) -> None:
-        sizes = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len")
-        for name in sizes:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.dim % self.n_heads:
-            raise ConfigError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
-        if self.n_heads % self.n_kv_heads:
-            raise ConfigError(
-                f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}"
-            )
-        if self.head_dim % 2:
-            raise ConfigError(f"rotary embedding needs an even head size, got {self.head_dim}")
-        if not (self.rope_theta > 0 and self.norm_eps > 0):
-            raise ConfigError(
-                f"rope_theta and norm_eps must be > 0, got {self.rope_theta}, {self.norm_eps}"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        """Size of one attention head."""
-        return self.dim // self.n_heads
-
-    @property
-    def n_rep(self) -> int:
-        """Query heads sharing one key/value head."""
-        return self.n_heads // self.n_kv_heads
 
 
 class RMSNorm(nn.Module):
@@ -214,7 +167,7 @@ class MLP(nn.Module):
         return self.w_down(F.silu(gate, inplace=True).mul_(up))  # (B, T, C)
 
 
-class Block(nn.Module):
+class DecoderLayer(nn.Module):
     """One decoder layer: pre-norm attention and pre-norm MLP, both residual."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, rope: Rope) -> None:
@@ -254,7 +207,9 @@ class Transformer(nn.Module):
             config.vocab_size, config.dim, _weight=torch.zeros(config.vocab_size, config.dim)
         )
         self.rope = Rope(config.head_dim, config.max_seq_len, config.rope_theta)
-        self.layers = nn.ModuleList(Block(config, i, self.rope) for i in range(config.n_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, self.rope) for i in range(config.n_layers)
+        )
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.lm_head = Linear(config.dim, config.vocab_size)
         if config.tie_embeddings:
@@ -320,7 +275,7 @@ class Transformer(nn.Module):
             )
         return self.tok_emb(ids)
 
-    def layer(self, i: int) -> Block:
+    def layer(self, i: int) -> DecoderLayer:
         """The i-th decoder layer; call it as layer(h, pos=..., cache=...)."""
         return self.layers[i]
 

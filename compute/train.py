@@ -22,7 +22,9 @@ norm with head 0; per MLP slice its gate and up rows and down columns, the
 MLP norm with slice 0. Pieces that read a shared tensor (a norm, k/v rows)
 all produce gradients for it; they are summed (`add_grads`) before the owner
 steps. AdamW is elementwise, so an optimizer over slices steps as one over
-whole tensors would, up to the rounding of vectorized kernels.
+whole tensors would, up to the rounding of vectorized kernels. The slices and
+their optimizer (`ParamSlice`, `SliceAdamW`, its state format) live in
+compute/optim.py.
 
 The job itself (`JobConfig`, `make_model`, `batch`) lives in compute/data.py
 and is re-exported here.
@@ -35,7 +37,6 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from compute.blocks import (
     HALVES, BlockError, Grads, Partial, add_grads, aggregate_grads, aggregate_heads,
@@ -44,10 +45,11 @@ from compute.blocks import (
 from compute.data import DEFAULT_MODEL, Corpus, JobConfig, batch, load_corpus, make_model
 from compute.errors import ShapeError
 from compute.model import Transformer
+from compute.optim import ParamSlice, SliceAdamW, adamw
 from compute.partition import BlockSpec, Partition
 
 __all__ = [
-    "DEFAULT_MODEL", "JobConfig", "ParamSlice", "Sections", "SliceAdamW", "TrainResult", "batch",
+    "DEFAULT_MODEL", "JobConfig", "Sections", "TrainResult", "batch",
     "average_replicas", "backward_chain", "client_slices", "embed_backward", "forward_chain",
     "grads_decomposed", "head_loss_block", "make_model", "make_sections", "make_whole_optimizer",
     "owned_slices", "stages", "train_local", "train_step_decomposed", "train_step_replicas",
@@ -156,28 +158,6 @@ def backward_chain(
     return grad_out, grads
 
 
-@dataclass(frozen=True, slots=True)
-class ParamSlice:
-    """Part of a parameter: rows [r0, r1), then columns [c0, c1) or elements [e0, e1) of them."""
-
-    name: str
-    rows: tuple[int, int]
-    cols: tuple[int, int] | None = None
-    flat: tuple[int, int] | None = None
-
-    def of(self, t: torch.Tensor) -> torch.Tensor:
-        """The view of t this slice names."""
-        v = t[self.rows[0] : self.rows[1]]
-        if self.cols is not None:
-            v = v[:, self.cols[0] : self.cols[1]]
-        if self.flat is not None:
-            v = v.view(-1)[self.flat[0] : self.flat[1]]
-        return v
-
-    def numel(self, t: torch.Tensor) -> int:
-        return self.of(t).numel()
-
-
 def _head_slices(model: Transformer, layer: int, a: int, b: int) -> list[ParamSlice]:
     """What query heads [a, b) of a layer own (module docstring)."""
     cfg, p = model.config, f"layers.{layer}."
@@ -232,44 +212,6 @@ def client_slices(model: Transformer) -> tuple[ParamSlice, ...]:
     names += [] if model.config.tie_embeddings else ["lm_head.weight"]
     params = dict(model.named_parameters())
     return tuple(ParamSlice(n, (0, params[n].shape[0])) for n in names)
-
-
-class SliceAdamW:
-    """A section's AdamW over its slices of a model's parameters.
-
-    Holds its own copy of the slices (as a node holds its section), steps it
-    with gradients sliced from a dict by parameter name, and writes the result
-    back into the model's tensors.
-
-    Args:
-        model: the weights (read once, written after every step).
-        slices: what this section owns.
-        job: lr, betas, eps, weight_decay.
-    """
-
-    def __init__(self, model: Transformer, slices: tuple[ParamSlice, ...], job: JobConfig) -> None:
-        named = dict(model.named_parameters())
-        self.slices = slices
-        self.targets = [named[s.name] for s in slices]
-        self.params = [nn.Parameter(s.of(t.detach()).clone()) for s, t in zip(slices, self.targets)]
-        self.optimizer = _adamw(self.params, job)
-
-    def step(self, grads: Grads) -> None:
-        """One AdamW step with the gradients of `grads` (full-shaped, by name)."""
-        for s, p in zip(self.slices, self.params):
-            p.grad = s.of(grads[s.name]).clone()
-        self.optimizer.step()
-        with torch.no_grad():
-            for s, p, t in zip(self.slices, self.params, self.targets):
-                s.of(t).copy_(p)
-
-
-def _adamw(params, job: JobConfig) -> torch.optim.AdamW:
-    # foreach=False: the per-tensor kernels, the same for whole tensors and slices.
-    return torch.optim.AdamW(
-        params, lr=job.lr, betas=job.betas, eps=job.eps, weight_decay=job.weight_decay,
-        foreach=False,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,7 +334,7 @@ def train_step_replicas(
 
 def make_whole_optimizer(model: Transformer, job: JobConfig) -> torch.optim.AdamW:
     """The reference's one AdamW over every parameter."""
-    return _adamw(model.parameters(), job)
+    return adamw(model.parameters(), job)
 
 
 def train_step_whole(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compute.model import ModelConfig, Transformer
+from compute.config import ModelConfig
+from compute.model import Transformer
 
 # 2 layers, 4 query heads sharing 2 KV heads: small enough for milliseconds.
 TINY = ModelConfig(

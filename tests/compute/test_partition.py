@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from compute.config import ModelConfig
 from compute.errors import ComputeError
 from compute.partition import (
     KINDS,
@@ -186,8 +187,8 @@ def test_uneven_mlp_slices_spread_columns():
 @pytest.mark.parametrize("tie", [True, False])
 def test_counts_match_the_torch_model(tie):
     model = pytest.importorskip("compute.model")
-    cfg = model.ModelConfig(vocab_size=50, dim=24, n_layers=3, n_heads=6, n_kv_heads=2, ffn_dim=40,
-                            tie_embeddings=tie)
+    cfg = ModelConfig(vocab_size=50, dim=24, n_layers=3, n_heads=6, n_kv_heads=2, ffn_dim=40,
+                      tie_embeddings=tie)
     net = model.Transformer(cfg)
     units = model_units(3, 24, 6, 2, 40, 50, tie, mlp_slices=7)
     for i in range(3):

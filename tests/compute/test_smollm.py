@@ -8,7 +8,7 @@ import torch
 
 from compute.generate import generate
 from compute.kvcache import KVCache
-from compute.model import ModelConfig
+from compute.config import ModelConfig
 
 # Max abs logit difference measured against transformers, float32, 2 threads:
 # <= 9.1e-5 (full forward and cached decoding, prompts of 5 to 301 tokens,
