@@ -73,13 +73,12 @@ def make_blocks(n_blocks: int, block_txs: int):
 def apply_rate(genesis, raw_blocks: list[bytes], block_txs: int) -> dict:
     """Decode, validate and apply every block into a fresh LevelDB chain."""
     with tempfile.TemporaryDirectory() as tmp:
-        db = ChainDB.create(LevelDBStore(Path(tmp) / "chain"), genesis)
-        crypto._public_key.cache_clear()  # a receiving node has not seen these keys
-        start = time.perf_counter()
-        for raw in raw_blocks:
-            db.add_block(decode(raw, Block), now_ms=None)
-        elapsed = time.perf_counter() - start
-        db.store.close()
+        with ChainDB.create(LevelDBStore(Path(tmp) / "chain"), genesis) as db:
+            crypto._public_key.cache_clear()  # a receiving node has not seen these keys
+            start = time.perf_counter()
+            for raw in raw_blocks:
+                db.add_block(decode(raw, Block), now_ms=None)
+            elapsed = time.perf_counter() - start
     return {"blocks": len(raw_blocks), "txs": len(raw_blocks) * block_txs,
             "seconds": elapsed, "txs_per_s": len(raw_blocks) * block_txs / elapsed}
 

@@ -68,16 +68,13 @@ def devnet(n: int, steps: int, root: Path, replicas: int) -> dict:
 
 
 def ledger_overhead(node_dir: Path) -> dict:
-    db = DataDir(node_dir).open_chain()
-    try:
+    with DataDir(node_dir).open_chain() as db:
         blocks = list(db.iter_blocks())
         receipts = [tx for b in blocks for tx in b.txs if isinstance(tx, Receipt)]
         chain_bytes = sum(len(encode(b)) for b in blocks[1:])
         began = time.perf_counter()
         db.verify_chain()
         seconds = time.perf_counter() - began
-    finally:
-        db.store.close()
     n = max(len(receipts), 1)
     return {"units": len(receipts), "receipt_bytes": len(encode(receipts[0])) if receipts else 0,
             "block_bytes_per_unit": round(chain_bytes / n), "blocks": len(blocks),

@@ -94,6 +94,21 @@ class ChainDB:
         store.write(ops, sync=sync)
         return cls(store, sync=sync)
 
+    def close(self) -> None:
+        """Close the store this chain lives in; calling it again does nothing.
+
+        A closed store's methods raise StoreClosedError, so every read of
+        this ChainDB does too after close() (except close() itself).
+        """
+        # The store contract makes close() idempotent, so this can delegate.
+        self.store.close()
+
+    def __enter__(self) -> "ChainDB":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     # -- reading ----------------------------------------------------------------
 
     @property

@@ -142,3 +142,14 @@ def verify(public_key: bytes, domain: bytes, message: bytes, signature: bytes) -
     except InvalidSignature:
         return False
     return True
+
+
+def libp2p_peer_id(public_key: bytes) -> bytes:
+    """The libp2p peer id of an Ed25519 key: identity multihash of its protobuf form.
+
+    PublicKey{Type: Ed25519 (1), Data: key} is 0x08 0x01 0x12 0x20 || key
+    (36 bytes, under the 42-byte inlining limit), so the multihash is
+    0x00 (identity) 0x24 (length) || that.
+    """
+    proto = b"\x08\x01\x12\x20" + public_key
+    return b"\x00" + bytes([len(proto)]) + proto

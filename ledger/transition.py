@@ -32,6 +32,7 @@ from ledger.errors import (
 from ledger.rules import U64_MAX, apply_tx, candidates, finalize_rewards, open_steps, reassign_timeouts
 from ledger.state import NODE, KEY_LOG, KEY_PARAMS, KEY_SUPPLY, MemoryState, Overlay, StateReader, check_supply, state_root
 from ledger.types import (
+    MAX_BLOCK_BYTES,
     ZERO_SIG, Block, Genesis, Header, LogState, Supply, block_hash, sign, signature_ok,
 )
 
@@ -94,9 +95,6 @@ def genesis_block(genesis: Genesis) -> Applied:
     return _applied(block, st, ctx, log_start=0, rank=0, encoded=())
 
 
-#: Most bytes of encoded transactions in one block (the header adds < 1 KiB;
-#: well under the codec's 32 MiB decode limit).
-MAX_BLOCK_BYTES = 16 * 1024 * 1024
 #: Largest reward per compute block a chain may set (a million coins).
 MAX_REWARD = 10**12
 #: Largest max_block_txs a chain may set (Block.txs holds at most 100,000).

@@ -19,6 +19,9 @@ from ledger.codec import (
 )
 
 COIN = 1_000_000
+#: Most bytes of encoded transactions in one block (the header adds < 1 KiB;
+#: well under the codec's 32 MiB decode limit).
+MAX_BLOCK_BYTES = 16 * 1024 * 1024
 
 
 def format_coins(units: int) -> str:

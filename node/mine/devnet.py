@@ -14,17 +14,13 @@ from dataclasses import dataclass
 
 from compute.blocks import model_partition
 from compute.data import JobConfig, make_model
-from ledger.crypto import SigningKey
-from ledger.types import (
-    COIN, ZERO_SIG, Allocation, Genesis, Params, Register, binding_signature, sign,
-)
-from node.datadir import libp2p_peer_id
+from ledger.crypto import SigningKey, libp2p_peer_id
+from ledger.genesis import DEVNET_PARAMS, chain_params, new_genesis, node_registration
+from ledger.types import COIN, Genesis
 from node.mine.jobs import job_tx
 
-#: Devnet chain constants: fast slots, short windows, so a short run pays out.
-DEVNET_PARAMS = dict(slot_ms=300, max_future_ms=15_000, min_bond=10 * COIN, reward=COIN,
-                     challenge_window=4, unit_timeout=15, max_block_txs=5000, slash_bps=5000,
-                     verifier_bps=5000)
+__all__ = ["BOND", "DEVNET_PARAMS", "DevnetKeys", "devnet_genesis", "devnet_job", "devnet_spans"]
+
 BOND = 10 * COIN
 
 
@@ -79,13 +75,10 @@ def devnet_genesis(chain_id: str, keys: list[DevnetKeys], config: JobConfig, tim
     authority = authority or keys[0].wallet
     plan = model_partition(make_model(config), config.k, config.mlp_slices)
     sections = [(s.layer_start, s.layer_end) for s in plan.blocks()[:plan.k]]
-    regs = []
-    for k, (start, end) in zip(keys, spans or devnet_spans(len(keys), sections)):
-        reg = Register(chain_id, k.wallet.public, k.node.public, k.peer_id, start, end, BOND, 0,
-                       binding_signature(k.node, chain_id, k.wallet.public, k.peer_id), ZERO_SIG)
-        regs.append(sign(reg, k.wallet))
+    regs = [node_registration(chain_id, k.wallet, k.node, k.peer_id, span, BOND)
+            for k, span in zip(keys, spans or devnet_spans(len(keys), sections))]
+    # The authority's job comes after its own registration when it runs a node.
     nonce = 1 if any(k.wallet.public == authority.public for k in keys) else 0
-    allocations = tuple(Allocation(k.wallet.public, BOND) for k in keys)
-    return Genesis(chain_id, time_ms, Params(**{**DEVNET_PARAMS, **params},
-                                             job_authority=authority.public),
-                   allocations, tuple(regs), (job_tx(config, chain_id, authority, nonce, plan),))
+    return new_genesis(chain_id, time_ms, chain_params(DEVNET_PARAMS, authority.public, **params),
+                       [(k.wallet.public, BOND) for k in keys], regs,
+                       [job_tx(config, chain_id, authority, nonce, plan)])

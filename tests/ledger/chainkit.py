@@ -5,15 +5,16 @@ Real keys, real signatures, real rules: nothing here bypasses validation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ledger.chaindb import ChainDB
 from ledger.crypto import SigningKey
+from ledger.genesis import TEST_PARAMS, chain_params, new_genesis, node_registration
 from ledger.store import MemoryStore
 from ledger.transition import producer_rank
 from ledger.types import (
-    BACKWARD, COIN, FORWARD, ZERO_SIG, Allocation, Genesis, Job, Params, Receipt, Register,
-    Transfer, UnitTemplate, binding_signature, sign,
+    BACKWARD, COIN, FORWARD, ZERO_SIG, Genesis, Job, Params, Receipt, Register, Transfer,
+    UnitTemplate, sign,
 )
 from ledger.state import UNIT
 
@@ -47,18 +48,14 @@ class Net:
 
 
 def params(authority: bytes, **overrides) -> Params:
-    base = Params(slot_ms=1000, max_future_ms=15_000, min_bond=10 * COIN, reward=COIN,
-                  challenge_window=3, unit_timeout=4, max_block_txs=5000, slash_bps=5000,
-                  verifier_bps=5000, job_authority=authority)
-    return replace(base, **overrides)
+    return chain_params(TEST_PARAMS, authority, **overrides)
 
 
 def registration(wallet: SigningKey, node: SigningKey, layers=(0, 30), bond=10 * COIN,
                  nonce=0, chain_id=CHAIN) -> Register:
+    # A made-up peer id: the ledger only stores it, and tests need no libp2p host.
     peer = b"peer-" + node.public[:8]
-    reg = Register(chain_id, wallet.public, node.public, peer, layers[0], layers[1], bond, nonce,
-                   binding_signature(node, chain_id, wallet.public, peer), ZERO_SIG)
-    return sign(reg, wallet)
+    return node_registration(chain_id, wallet, node, peer, layers, bond, nonce)
 
 
 def job(authority: SigningKey, steps=3, layers=((0, 30),), nonce=0) -> Job:
@@ -73,12 +70,12 @@ def make_net(n_nodes=3, n_users=2, with_job=False, layers=None, **param_override
     wallets = [key(100 + i) for i in range(n_nodes)]
     nodes = [key(200 + i) for i in range(n_nodes)]
     users = [key(300 + i) for i in range(n_users)]
-    allocs = [Allocation(w.public, 100 * COIN) for w in wallets + users]
+    allocs = [(w.public, 100 * COIN) for w in wallets + users]
     regs = [registration(w, n, layers[i] if layers else (0, 30)) for i, (w, n) in
             enumerate(zip(wallets, nodes))]
     jobs = (job(authority),) if with_job else ()
-    genesis = Genesis(CHAIN, 1_000_000, params(authority.public, **param_overrides),
-                      tuple(allocs), tuple(regs), jobs)
+    genesis = new_genesis(CHAIN, 1_000_000, params(authority.public, **param_overrides),
+                          allocs, regs, jobs)
     net = Net(genesis, authority, wallets, nodes, users)
     for w in wallets:
         net.nonces[w.public] = 1

@@ -125,12 +125,40 @@ def test_leveldb_chain_survives_reopen(tmp_path):
     for _ in range(4):
         grow(db, net, 1, receipts_due(db, net) + [net.transfer(net.users[0], net.users[1].public, COIN)])
     tip, root = db.tip_hash, state_root(db.state)
-    db.store.close()
-    again = ChainDB(LevelDBStore(tmp_path / "chain"))
-    assert again.tip_hash == tip and state_root(again.state) == root
-    again.verify_chain()
-    grow(again, net, 1)  # and it goes on
-    again.store.close()
+    db.close()
+    with ChainDB(LevelDBStore(tmp_path / "chain")) as again:
+        assert again.tip_hash == tip and state_root(again.state) == root
+        again.verify_chain()
+        grow(again, net, 1)  # and it goes on
+
+
+def test_close_closes_the_store_and_is_idempotent(store_factory):
+    net = make_net()
+    db = new_db(net, store_factory("chain"))
+    grow(db, net, 1)
+    db.close()
+    db.close()  # a second close does nothing
+    with pytest.raises(E.StoreClosedError):
+        db.block_at(1)
+
+
+def test_with_closes_the_store_on_an_exception(store_factory):
+    net = make_net()
+    store = store_factory("chain")
+    with pytest.raises(RuntimeError, match="boom"):
+        with new_db(net, store) as db:
+            grow(db, net, 1)
+            raise RuntimeError("boom")
+    with pytest.raises(E.StoreClosedError):
+        store.get(schema.TIP)
+
+
+def test_with_closes_the_store_on_success_and_it_reopens(tmp_path):
+    net = make_net()
+    with new_db(net, LevelDBStore(tmp_path / "chain")) as db:
+        tip = grow(db, net, 2)[-1].hash
+    with ChainDB(LevelDBStore(tmp_path / "chain")) as again:  # the lock went with the close
+        assert again.tip_hash == tip
 
 
 def test_open_refuses_a_store_whose_state_disagrees_with_its_tip():

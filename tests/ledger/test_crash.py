@@ -56,13 +56,10 @@ def test_sigkill_at_random_moments_loses_nothing_committed(tmp_path):
     for _ in range(KILLS):
         for height, block_hash in _run_and_kill(path, rng):
             reported[height] = block_hash
-        db = ChainDB(LevelDBStore(path))  # raises if the tip state is inconsistent
-        try:
+        with ChainDB(LevelDBStore(path)) as db:  # raises if the tip state is inconsistent
             db.verify_chain()
             top = max(reported, default=0)
             assert db.height >= top, f"lost committed blocks: tip {db.height} < {top}"
             for height, block_hash in reported.items():
                 assert db.hash_at(height).hex() == block_hash
-        finally:
-            db.store.close()
     assert max(reported) > KILLS  # the writer made real progress between kills
