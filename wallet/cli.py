@@ -20,7 +20,8 @@ from ledger.codec import encode, to_json
 from ledger.crypto import SigningKey
 from ledger.state import ACCOUNT, NODE
 from ledger.types import ZERO_SIG, InferencePayment, Register, Transfer, sign, tx_hash
-from node.cli import common as cliutil
+import node.cli.common as cliutil
+from node import torch_thread
 from node.cli.common import (
     data_dir_option, emit, format_coins, json_option, parse_address, parse_coins,
     parse_peer_addr, passphrase_option, read_peer_list,
@@ -28,6 +29,23 @@ from node.cli.common import (
 from node.control import NodeNotRunning, control_call
 from node.datadir import DataDir
 from node.keys import read_key_file, read_public_key, write_key_file
+from wallet.errors import WalletError
+
+class WireCodec(click.Choice):
+    """A choice of `compute.quant.CODECS`, read only when needed (torch loads with it)."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        from compute.quant import CODECS
+        return CODECS
+
+    @choices.setter
+    def choices(self, _: object) -> None:
+        pass
+
 
 wallet_option = click.option("--wallet", "wallet_name", metavar="NAME",
                              help="Use wallets/NAME.json instead of the default wallet.")
@@ -89,15 +107,12 @@ def balance(address, data_dir, wallet_name, as_json) -> None:
         info = {k: live[k] for k in ("address", "height", "balance", "bond", "nonce", "queued")}
         info["running"] = True
     except NodeNotRunning:
-        db = dd.open_chain()
-        try:
+        with dd.open_chain() as db:
             account = db.state.get(ACCOUNT + account_id)
             info = {"address": account_id.hex(), "height": db.height,
                     "balance": account.balance if account else 0,
                     "bond": account.bond if account else 0,
                     "nonce": account.nonce if account else 0, "running": False}
-        finally:
-            db.store.close()
     emit(as_json, info, f"{format_coins(info['balance'])} coins (bond {format_coins(info['bond'])})"
                         f" at height {info['height']}")
 
@@ -129,15 +144,12 @@ def send(recipient, amount, data_dir, wallet_name, passphrase_file, as_json) -> 
         tx = sign(Transfer(view["chain_id"], key.public, to, units, nonce, ZERO_SIG), key)
         txid = bytes.fromhex(control_call(dd.path, "submit_tx", tx=encode(tx).hex())["txid"])
     else:
-        db = dd.open_chain()
-        try:
+        with dd.open_chain() as db:
             account = db.state.get(ACCOUNT + key.public)
             queued = [t for t in db.mempool() if getattr(t, "sender", None) == key.public]
             nonce = (account.nonce if account else 0) + len(queued)
             tx = sign(Transfer(db.chain_id, key.public, to, units, nonce, ZERO_SIG), key)
             txid = db.admit(tx)
-        finally:
-            db.store.close()
     emit(as_json, {"txid": txid.hex(), "nonce": nonce, "amount": units,
                    "running": view is not None},
          f"queued {format_coins(units)} coins to {recipient[:16]}..  txid {txid.hex()}")
@@ -157,16 +169,13 @@ def history(address, data_dir, wallet_name, as_json) -> None:
     """
     dd = DataDir(data_dir)
     account_id = _account(dd, address, wallet_name)
-    db = dd.open_chain()
-    try:
+    with dd.open_chain() as db:
         nodes = {k for k in db.state.ids(NODE) if db.state.get(NODE + k).account == account_id}
         rows = _genesis_rows(db.genesis, account_id)
         rows += [dict(height=b.header.height, **_row(tx, account_id, nodes))
                 for b in db.iter_blocks() for tx in b.txs if _involves(tx, account_id, nodes)]
         rows += [dict(height=None, **_row(tx, account_id, nodes))
                  for tx in db.mempool() if _involves(tx, account_id, nodes)]
-    finally:
-        db.store.close()
     emit(as_json, {"address": account_id.hex(), "history": rows}, lambda: "\n".join(
         f"{'queued' if r['height'] is None else r['height']:>7}  {r['type']:17} "
         f"{_signed_coins(r['delta']):>14}  {r['txid'][:16]}" for r in rows) or "no transactions")
@@ -181,7 +190,7 @@ def history(address, data_dir, wallet_name, as_json) -> None:
 @click.option("--trusted-peers", "trusted_file", type=click.Path(dir_okay=False),
               help="Route only through the servers listed in this file (peer ids or "
                    "multiaddrs, one per line).")
-@click.option("--wire", type=click.Choice(["raw", "fp16", "bf16", "int8"]), default="raw",
+@click.option("--wire", type=WireCodec(), default="raw",
               show_default=True, help="Encoding of hidden states on the wire (raw: output "
                                       "identical to --local; fp16: half the bytes).")
 @click.option("--push/--no-push", default=True, show_default=True,
@@ -227,7 +236,7 @@ def infer(prompt, local, peers, trusted_file, wire, push, raw, greedy, max_token
         parse_peer_addr(addr)
     trusted = read_peer_list(trusted_file) if trusted_file else None
     if not local:
-        cliutil.share_cpus_politely(cliutil.CLIENT_SPIN_COUNT)  # it waits on servers
+        torch_thread.share_cpus_politely(torch_thread.CLIENT_SPIN_COUNT)  # it waits on servers
     # torch loads here, not at start-up: the other pwallet commands stay fast.
     from compute.generate import Sampling
     from wallet import client
@@ -329,7 +338,7 @@ def _row(tx, account: bytes, nodes: set[bytes]) -> dict:
 
 def main() -> None:
     """Console entry point."""
-    cliutil.run(main_group)
+    cliutil.run(main_group, expected=(WalletError,))
 
 
 if __name__ == "__main__":

@@ -1,23 +1,14 @@
-"""Every error the wallet package raises, under one root, `WalletError`."""
+"""Every error the wallet package raises, under one root, `WalletError`.
+
+A leaf of the wallet package: it imports no other wallet module (not even
+for type hints), so every module may import it without forming a cycle.
+"""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from wallet.session import HopSession
 
 
 class WalletError(Exception):
     """Root of every error raised by the wallet package."""
-
-
-class WrongPassphraseError(WalletError):
-    """The passphrase does not open this key file."""
-
-
-class KeyFileError(WalletError):
-    """A key file that is missing, unreadable or not in the expected format."""
 
 
 class RouteError(WalletError, ValueError):
@@ -50,10 +41,11 @@ class HopFailed(RemoteError):
     """One server of the route failed (dead, stalled, refused or garbled).
 
     Attributes:
-        session: the failed hop's session, when known.
+        session: the failed hop's session (a `wallet.session.HopSession`),
+            when known; typed loosely so that this module stays a leaf.
     """
 
-    def __init__(self, message: str, session: HopSession | None = None):
+    def __init__(self, message: str, session: object | None = None):
         super().__init__(message)
         self.session = session
 

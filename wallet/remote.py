@@ -4,7 +4,8 @@ Owns `RemoteModel`, the client of ``/pnode/inference/2.1.0`` (specs/network.md
 section 9.4), after Petals:
 
 1. discovery: dial the given peers and ask each for its view of the swarm
-   (`SwarmResponse`: signed announcements), timing each request as the RTT;
+   (`SwarmResponse`: signed announcements), timing each request as the RTT
+   (kept in a `wallet.directory.SwarmDirectory`);
 2. route: the cheapest chain of servers covering every layer
    (`wallet.route.plan_route`: announced throughput and load, measured RTT),
    only trusted peers when an allow-list is given;
@@ -27,16 +28,19 @@ section 9.4), after Petals:
    goes on; greedy output does not change. A failure unlinks the route:
    the rest of the generation is driven by the client.
 
-The hops' sessions, push links and failover live in `wallet.session`; the
-client's tunables and results in `wallet.generation` (re-exported here). Torch
-work (embedding, head, wire encoding) runs in worker threads, never on the
-trio loop.
+`RemoteModel` composes the parts, as Petals' client composes its sequence
+manager and its inference sessions: it holds the embeddings and head, the
+host and a `wallet.directory.SwarmDirectory` (the swarm view, exclusions and
+route planning), and runs each generation's hops through a
+`wallet.session.RouteRun` (sessions, push links and failover), which is
+given the directory, never the model. The client's tunables and results live
+in `wallet.generation` (re-exported here). Torch work (embedding, head, wire
+encoding) runs in worker threads, never on the trio loop.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -47,17 +51,16 @@ import trio
 from compute.generate import next_token
 from compute.model import Transformer
 from compute.tokenizer import Tokenizer
-from ledger.errors import DecodeError
 from node import torch_thread
-from node.net.host import DialError, Host, PeerIdentity, RequestError, open_host
-from node.serve.sessions import tensor_work
-from node.wire.serve import Announce
-from node.serve.swarm import SwarmView, announce_peer, fetch_view
+from node.net import Host, PeerIdentity, open_host
+from node.torch_thread import tensor_work
+from node.wire import Announce, ServerInfo
 from wallet.client import InferRequest, Token
+from wallet.directory import SwarmDirectory
 from wallet.errors import HopFailed, RemoteError, RouteError, ServerBusy  # noqa: F401
 from wallet.generation import ClientConfig, Generation, Served  # noqa: F401
+from wallet.route import Hop
 from wallet.session import RouteRun
-from wallet.route import Hop, ServerInfo, plan_route
 
 
 class RemoteModel:
@@ -75,84 +78,27 @@ class RemoteModel:
     def __init__(self, ends: Transformer, tokenizer: Tokenizer, model_id: str, host: Host, *,
                  trusted: Collection[str] | None = None, config: ClientConfig = ClientConfig()):
         self.ends, self.tokenizer, self.model_id, self.host = ends, tokenizer, model_id, host
-        self.trusted = None if trusted is None else set(trusted)
         self.config = config
-        self.view = SwarmView(ttl=3600.0)  # refreshed on demand, not by gossip
-        self.rtt: dict[str, float] = {}
-        self.dead: set[str] = set()
+        self.directory = SwarmDirectory(host, model_id, trusted=trusted)
         self.route: list[Hop] = []  # the hops of the generation under way, in order
 
-    # -- discovery --------------------------------------------------------------------
+    # -- the swarm (the directory's) --------------------------------------------------
 
     async def discover(self, peers: Collection[str]) -> list[Announce]:
-        """Dial ``peers`` and gather their views of the swarm.
+        """Dial ``peers`` and gather their views of the swarm (`SwarmDirectory.discover`).
 
         Raises:
             RemoteError: none of the peers could be reached.
         """
-        errors = []
-        for addr in peers:
-            try:
-                await self.host.connect(addr)
-            except DialError as exc:
-                errors.append(str(exc))
-        if len(errors) == len(peers):
-            raise RemoteError("no peer reachable: " + "; ".join(errors))
-        await self.refresh()
-        return self.view.fresh(trio.current_time())
+        return await self.directory.discover(peers)
 
     async def refresh(self) -> None:
-        """Ask every connected peer for its view; time each ask as that peer's RTT."""
-        for peer in self.host.connected_peers():
-            if str(peer) in self.dead:
-                continue  # a stalled server would cost a timeout per failover
-            began = time.perf_counter()
-            try:
-                announces = await fetch_view(self.host, peer, timeout=5.0)
-            except (RequestError, DecodeError):
-                continue  # not a serving node, or gone: other peers may know
-            self.rtt[str(peer)] = time.perf_counter() - began
-            now, now_ms = trio.current_time(), time.time_ns() // 1_000_000
-            for announce in announces:
-                self.view.add(announce, now, now_ms)
+        """Ask every connected peer for its view again (`SwarmDirectory.refresh`)."""
+        await self.directory.refresh()
 
     def servers(self) -> list[ServerInfo]:
         """The known servers of this model, as the route planner sees them."""
-        out = []
-        for a in self.view.fresh(trio.current_time()):
-            if a.model_id != self.model_id:
-                continue
-            try:  # one odd announcement must not take every route down with it
-                out.append(ServerInfo(str(announce_peer(a)), a.layer_start, a.layer_end,
-                                      max(a.throughput, 1e-3), a.load, a.max_sessions, a.price))
-            except RouteError:
-                continue
-        return out
-
-    def throughput(self, peer_id: str) -> float:
-        """The announced tokens/s of a server (a slow default when unknown)."""
-        return next((s.throughput for s in self.servers() if s.peer_id == peer_id), 1.0)
-
-    def announced_full(self, start: int, end: int) -> bool:
-        """Whether some server covering part of [start, end) announced itself full."""
-        return any(s.load >= s.max_sessions and s.start < end and start < s.end
-                   and s.peer_id not in self.dead for s in self.servers())
-
-    def _addrs(self, peer_id: str) -> tuple[str, ...]:
-        """The announced addresses of ``peer_id`` that name that same peer."""
-        for a in self.view.fresh(trio.current_time()):
-            if str(announce_peer(a)) == peer_id:
-                return tuple(addr for addr in a.addrs if addr.endswith(f"/p2p/{peer_id}"))
-        return ()
-
-    def plan(self, start: int, end: int, also_exclude: Collection[str] = ()) -> list[Hop]:
-        """The cheapest route over [start, end) avoiding failed (and ``also_exclude``) servers.
-
-        Raises:
-            NoRoute: the usable servers do not cover the span.
-        """
-        return plan_route(self.servers(), start, end, rtt=self.rtt,
-                          exclude=self.dead | set(also_exclude), allowed=self.trusted)
+        return self.directory.servers()
 
     # -- generation -------------------------------------------------------------------
 
@@ -173,13 +119,14 @@ class RemoteModel:
             raise RemoteError(f"prompt of {len(ids)} + {request.max_tokens} tokens exceeds the "
                               f"model's context of {cfg.max_seq_len}")
         result = Generation()
-        self.dead = set()  # excluded for this generation only: a server may come back
+        self.directory.clear_exclusions()  # for this generation only: a server may come back
         text = self.tokenizer.stream_decoder(skip_special=True)
         sampling = request.sampling
         gen = None if sampling.greedy else torch.Generator().manual_seed(sampling.seed)
         failure: Exception | None = None
         async with trio.open_nursery() as readers:  # one per hop session
-            run = RouteRun(self, result, max_len, readers)
+            run = RouteRun(self.directory, self.host, self.config, result, max_len, readers,
+                           on_route=self._set_route)
             try:
                 await run.open(0, cfg.n_layers)
                 x = await torch_thread.run_sync(self._embed, ids)
@@ -201,6 +148,9 @@ class RemoteModel:
         if failure is not None:
             raise failure
         return result
+
+    def _set_route(self, hops: list[Hop]) -> None:
+        self.route = hops
 
     def _embed(self, ids: list[int]) -> torch.Tensor:
         with torch.inference_mode():

@@ -41,47 +41,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Collection, Mapping, Sequence
 
+from node.wire import ServerInfo
 from wallet.errors import NoRoute, RouteError
 
 _NO_RTT: Mapping[str, float] = MappingProxyType({})
 # Costs this close (relative) are a tie: rounding must not outvote "fewer hops".
 _REL_TIE = 1e-12
-
-
-@dataclass(frozen=True, slots=True)
-class ServerInfo:
-    """One server's announcement, as the client sees it.
-
-    peer_id: the server's peer id; start, end: it holds layers [start, end);
-    throughput: tokens/s for one decode token through all its layers (> 0);
-    load: its active sessions; max_sessions: sessions it accepts at most;
-    price: what it asks (not used by the route, carried for the caller).
-
-    Raises:
-        RouteError: an empty or negative span, a throughput that is not a
-            positive finite number, a negative load or max_sessions < 1.
-    """
-
-    peer_id: str
-    start: int
-    end: int
-    throughput: float
-    load: int = 0
-    max_sessions: int = 8
-    price: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.start < self.end:
-            raise RouteError(f"server {self.peer_id}: bad span [{self.start}, {self.end})")
-        if not (math.isfinite(self.throughput) and self.throughput > 0):
-            raise RouteError(f"server {self.peer_id}: throughput {self.throughput} is not > 0")
-        if self.load < 0 or self.max_sessions < 1:
-            raise RouteError(f"server {self.peer_id}: load {self.load} / {self.max_sessions}")
-
-    @property
-    def busy(self) -> bool:
-        """True when the server takes no more sessions (it would answer busy)."""
-        return self.load >= self.max_sessions
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -1,17 +1,20 @@
 """The hops of one generation: sessions, steps, push links and failover.
 
-Owns what `wallet.remote.RemoteModel` does with the servers of a route
-(specs/network.md sections 9.3a and 9.4): opening one session per hop
-(around busy and dead servers), reading every hop's frames through one
-inbox, sending steps and matching their results, linking the hops for push
-routing, and replacing a failed hop by replaying the inputs it was sent
-(rebuilt first when they were pushed), chunk by chunk, so the rebuilt KV
-caches are bit-identical.
+Owns what a client does with the servers of a route (specs/network.md
+sections 9.3a and 9.4): opening one session per hop (around busy and dead
+servers), reading every hop's frames through one inbox, sending steps and
+matching their results, linking the hops for push routing, and replacing a
+failed hop by replaying the inputs it was sent (rebuilt first when they
+were pushed), chunk by chunk, so the rebuilt KV caches are bit-identical.
+
+A run is given the swarm's `wallet.directory.SwarmDirectory` (whom to use,
+where they are, whom to exclude), the client's host and its `ClientConfig`;
+it never sees the model (`wallet.remote.RemoteModel` embeds and picks tokens).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 import trio
@@ -21,19 +24,18 @@ from libp2p.peer.id import ID
 from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError, EncodeError
-from node.net.framing import FrameReader, FramingError, read_frame, write_frame
-from node.net.host import DialError, RequestError
-from node.serve.sessions import tensor_work
-from node.wire.serve import (
-    INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, Busy, Link, Linked, OpenSession,
-    SessionAccepted, SessionError, Step, StepResult,
+from node.net import (
+    DialError, FrameReader, FramingError, Host, read_frame, RequestError, write_frame,
 )
+from node.wire import (
+    INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, Busy, Link, Linked, OpenSession, SessionAccepted,
+    SessionError, Step, StepResult,
+)
+from node.torch_thread import tensor_work
+from wallet.directory import SwarmDirectory
 from wallet.errors import HopFailed, NoRoute, RemoteError, ServerBusy
 from wallet.generation import ClientConfig, Generation, Served
 from wallet.route import Hop
-
-if TYPE_CHECKING:
-    from wallet.remote import RemoteModel
 
 
 class HopSession:
@@ -72,12 +74,26 @@ class RouteRun:
     the client only at the end of the chain, or where a push failed; the
     client then keeps only the first hop's inputs, and a failover first
     rebuilds the failed hop's inputs by replaying the hops before it.
+
+    Args:
+        directory: the swarm as the client sees it; plans the hops and
+            records the peers that failed.
+        host: the client's running libp2p host.
+        config: the client's codec, timeouts and push setting.
+        result: the generation's result, whose route, failovers and wire
+            bytes the run fills in.
+        max_len: the most positions a session will hold (prompt + new tokens).
+        nursery: where the sessions' reader tasks run.
+        on_route: called with the route's hops whenever they change (opened,
+            or a hop replaced).
     """
 
-    def __init__(self, client: RemoteModel, result: Generation, max_len: int,
-                 nursery: trio.Nursery):
-        self.client, self.result, self.max_len = client, result, max_len
-        self.nursery = nursery
+    def __init__(self, directory: SwarmDirectory, host: Host, config: ClientConfig,
+                 result: Generation, max_len: int, nursery: trio.Nursery,
+                 on_route: Callable[[list[Hop]], None] = lambda hops: None):
+        self.directory, self.host, self.config = directory, host, config
+        self.result, self.max_len = result, max_len
+        self.nursery, self.on_route = nursery, on_route
         self.sessions: list[HopSession] = []
         self.pushing = False  # the hops are linked: each pushes to the next
         # Hidden states sent into each hop's first layer, as the chunks they went in,
@@ -88,8 +104,8 @@ class RouteRun:
 
     async def open(self, start: int, end: int) -> None:
         self.sessions = await self._open_span(start, end)
-        self.client.route = [s.hop for s in self.sessions]
-        if self.client.config.push and len(self.sessions) > 1:
+        self.on_route([s.hop for s in self.sessions])
+        if self.config.push and len(self.sessions) > 1:
             self.pushing = await self._link_all()
         self.kept = {s.hop.start for s in (self.sessions[:1] if self.pushing else self.sessions)}
 
@@ -137,10 +153,10 @@ class RouteRun:
     async def _link_all(self) -> bool:
         """Link each hop to the next; False (and nothing linked) if any hop could not."""
         try:
-            with trio.fail_after(self.client.config.open_timeout):
+            with trio.fail_after(self.config.open_timeout):
                 for a, b in zip(self.sessions, self.sessions[1:]):
                     await write_frame(a.stream, encode(Link(
-                        b.hop.peer_id, self.client._addrs(b.hop.peer_id), b.token)))
+                        b.hop.peer_id, self.directory.addrs(b.hop.peer_id), b.token)))
                     _, reply = await self._receive(
                         [a], lambda s, m: s is a and isinstance(m, Linked))
                     if not reply.ok:
@@ -174,8 +190,8 @@ class RouteRun:
             failed.served.failed = True
             await failed.close()
             self._count_failure(exc)
-            self.client.dead.add(failed.hop.peer_id)
-            await self.client.refresh()
+            self.directory.exclude(failed.hop.peer_id)
+            await self.directory.refresh()
             replacement = await self._open_span(*span)
             history = kept
             try:
@@ -192,7 +208,7 @@ class RouteRun:
                     await session.close()
                 raise
             self.sessions[i: i + 1] = replacement
-            self.client.route = [s.hop for s in self.sessions]
+            self.on_route([s.hop for s in self.sessions])
             after = i + len(replacement)
             if after < len(self.sessions):
                 self._keep(self.sessions[after], history)
@@ -249,8 +265,8 @@ class RouteRun:
 
     def _count_failure(self, exc: Exception) -> None:
         self.result.failovers += 1
-        if self.result.failovers > self.client.config.max_failovers:
-            raise RemoteError(f"gave up after {self.client.config.max_failovers} "
+        if self.result.failovers > self.config.max_failovers:
+            raise RemoteError(f"gave up after {self.config.max_failovers} "
                               f"failures: {exc}") from None
 
     async def _open_span(self, start: int, end: int) -> list[HopSession]:
@@ -260,20 +276,20 @@ class RouteRun:
             NoRoute: no usable servers cover the span (after waiting out busy ones).
             RemoteError: too many failures.
         """
-        client = self.client
+        directory = self.directory
         busy: dict[str, int] = {}
-        give_up_at = trio.current_time() + client.config.busy_wait
+        give_up_at = trio.current_time() + self.config.busy_wait
         while True:
             try:
-                hops = client.plan(start, end, also_exclude=busy)
+                hops = directory.plan(start, end, also_exclude=busy)
             except NoRoute:
-                waiting = busy or client.announced_full(start, end)
+                waiting = busy or directory.announced_full(start, end)
                 if not waiting or trio.current_time() >= give_up_at:
                     raise
                 # The servers' own hint, or a second for servers that announced themselves full.
                 await trio.sleep(min(busy.values(), default=1000) / 1000)
                 busy.clear()
-                await client.refresh()
+                await directory.refresh()
                 continue
             opened: list[HopSession] = []
             try:
@@ -285,29 +301,30 @@ class RouteRun:
                     busy[exc.peer] = max(exc.retry_after_ms, 50)
                 else:
                     self._count_failure(exc)
-                    client.dead.add(hops[len(opened)].peer_id)
+                    directory.exclude(hops[len(opened)].peer_id)
             finally:
                 if len(opened) < len(hops):  # failed part way (or cancelled): free them
                     for session in opened:
                         await session.close()
 
     async def _open(self, hop: Hop) -> HopSession:
-        client = self.client
+        host = self.host
         served = Served(hop.peer_id, hop.start, hop.end)
         stream = None
         try:
-            with trio.fail_after(client.config.open_timeout):
+            with trio.fail_after(self.config.open_timeout):
                 peer = ID.from_base58(hop.peer_id)
-                if peer not in client.host.connected_peers():
-                    for addr in client._addrs(hop.peer_id):
+                if peer not in host.connected_peers():
+                    for addr in self.directory.addrs(hop.peer_id):
                         try:
-                            await client.host.connect(addr)
+                            await host.connect(addr)
                             break
                         except DialError:
                             continue
-                stream = await client.host.open_stream(peer, INFERENCE_PROTOCOL)
+                stream = await host.open_stream(peer, INFERENCE_PROTOCOL)
                 await write_frame(stream, encode(OpenSession(
-                    client.model_id, hop.start, hop.end, self.max_len, client.config.codec)))
+                    self.directory.model_id, hop.start, hop.end, self.max_len,
+                    self.config.codec)))
                 reply = decode(await read_frame(stream, 4096),
                                (SessionAccepted, Busy, SessionError))
         except (trio.TooSlowError, RequestError, FramingError, DecodeError, ValueError) as exc:
@@ -332,9 +349,9 @@ class RouteRun:
         A replay makes one forward call per chunk: allow each about twice
         the server's announced time for one token through its layers.
         """
-        cfg = self.client.config
+        cfg = self.config
         return (cfg.step_timeout + cfg.step_timeout_per_token * positions
-                + 2.0 * (calls - 1) / self.client.throughput(session.hop.peer_id))
+                + 2.0 * (calls - 1) / self.directory.throughput(session.hop.peer_id))
 
     def _chained(self, session: HopSession, positions: int) -> float:
         """Seconds a linked chain's wait grows by for ``session`` among its further hops.
@@ -342,13 +359,13 @@ class RouteRun:
         0.02 s per position and twice the server's announced time for one
         step: a chain of slow servers is not taken for a silent one.
         """
-        return (self.client.config.step_timeout_per_token * positions
-                + 2.0 / self.client.throughput(session.hop.peer_id))
+        return (self.config.step_timeout_per_token * positions
+                + 2.0 / self.directory.throughput(session.hop.peer_id))
 
     async def _send(self, session: HopSession, x: torch.Tensor, pos: int,
                     chunks: tuple[int, ...]) -> tuple[float, int]:
         """Send a step to ``session``; returns (its answer's timeout, payload bytes)."""
-        cfg = self.client.config
+        cfg = self.config
         payload = await tensor_work(encode_tensor, x, cfg.codec, rows=x.shape[1])
         timeout = self._timeout(session, x.shape[1], max(len(chunks), 1))
         try:

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wallet.errors import NoRoute, RouteError, WalletError
-from wallet.route import Hop, ServerInfo, hop_cost, plan_route, replan
+from node.wire import ServerInfo, SpanError
+from wallet.route import Hop, hop_cost, plan_route, replan
 
 A = ServerInfo("A", 0, 10, 10.0)
 B = ServerInfo("B", 10, 20, 10.0)
@@ -46,8 +47,9 @@ def test_bad_announcements_are_refused():
     for bad in (dict(start=5, end=5), dict(start=-1, end=3), dict(throughput=0.0),
                 dict(throughput=math.nan), dict(load=-1), dict(max_sessions=0)):
         fields = dict(peer_id="x", start=0, end=4, throughput=1.0) | bad
-        with pytest.raises(RouteError):
+        with pytest.raises(SpanError):
             ServerInfo(**fields)
+    assert issubclass(SpanError, ValueError)
     assert issubclass(RouteError, WalletError) and issubclass(RouteError, ValueError)
     assert issubclass(NoRoute, WalletError)
 
