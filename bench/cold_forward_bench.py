@@ -40,7 +40,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from node.cli.common import share_cpus_politely  # noqa: E402
+from node.torch_thread import share_cpus_politely  # noqa: E402
 
 share_cpus_politely()  # as `pnode start` does, before torch loads
 

@@ -4,7 +4,7 @@ Measures, against baselines measured in the same run:
   1. decode tokens/s of a greedy generation (--tokens, default 64, after a
      short prompt) over routes of 1, 2 and 3 server processes (30, 15+15,
      10+10+10 layers), the client in this process, set up as `pwallet infer
-     --peers` sets itself up (`node.cli.common.share_cpus_politely`); the
+     --peers` sets itself up (`node.torch_thread.share_cpus_politely`); the
      baseline is `pwallet infer --local`'s engine (`wallet.client.LocalModel`)
      in a process of its own with `--local`'s settings and the same thread
      count, run alternately with the swarm (same machine load). Decode rate = (tokens - 1) / time
@@ -51,7 +51,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from node.cli.common import CLIENT_SPIN_COUNT, share_cpus_politely  # noqa: E402
+from node.torch_thread import CLIENT_SPIN_COUNT, share_cpus_politely  # noqa: E402
 
 USER_ENV = dict(os.environ)  # before the client's own settings: for the baseline
 if "--local-worker" not in sys.argv:

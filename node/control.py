@@ -36,7 +36,7 @@ import trio
 
 from ledger.errors import LedgerError
 from node.errors import DataDirError, NodeError
-from node.net.framing import FrameEOF, FrameTooLarge, FramingError, read_frame, write_frame
+from node.net import FrameEOF, FrameTooLarge, FramingError, read_frame, write_frame
 
 log = logging.getLogger(__name__)
 

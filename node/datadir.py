@@ -24,6 +24,7 @@ from ledger.errors import DecodeError, LedgerError
 from ledger.store import LevelDBStore
 from ledger.types import Genesis
 from node.errors import ChainCorruptError, DataDirError
+from node.keys import read_seed_file, write_private
 
 DEFAULT_DATA_DIR = Path(os.environ.get("PNODE_DATA_DIR", Path.home() / ".pnode"))
 
@@ -102,50 +103,3 @@ def read_genesis_file(path: Path) -> Genesis:
 
 def write_genesis_file(path: Path, genesis: Genesis) -> None:
     write_private(path, json.dumps(to_json(genesis), indent=2) + "\n", mode=0o644)
-
-
-def write_seed_file(path: Path, key: SigningKey) -> None:
-    write_private(path, key.seed().hex() + "\n")
-
-
-def read_seed_file(path: Path) -> SigningKey:
-    """Load a hex-encoded 32-byte key seed.
-
-    Raises:
-        DataDirError: missing or malformed.
-    """
-    try:
-        return SigningKey(bytes.fromhex(Path(path).read_text().strip()))
-    except FileNotFoundError:
-        raise DataDirError(f"key file {path} does not exist") from None
-    except (OSError, ValueError) as exc:
-        raise DataDirError(f"key file {path} is not a 32-byte hex seed: {exc}") from None
-
-
-def write_private(path: Path, text: str, mode: int = 0o600, *, overwrite: bool = False) -> None:
-    """Write a file atomically (temp file + os.replace) with ``mode``.
-
-    Raises:
-        DataDirError: the file exists and ``overwrite`` is False.
-    """
-    if path.exists() and not overwrite:
-        raise DataDirError(f"{path} already exists; refusing to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def libp2p_peer_id(public_key: bytes) -> bytes:
-    """The libp2p peer id of an Ed25519 key: identity multihash of its protobuf form.
-
-    PublicKey{Type: Ed25519 (1), Data: key} is 0x08 0x01 0x12 0x20 || key
-    (36 bytes, under the 42-byte inlining limit), so the multihash is
-    0x00 (identity) 0x24 (length) || that.
-    """
-    proto = b"\x08\x01\x12\x20" + public_key
-    return b"\x00" + bytes([len(proto)]) + proto

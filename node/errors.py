@@ -15,6 +15,14 @@ class ChainCorruptError(DataDirError):
     """A chain store that opens but contradicts itself (damaged or tampered)."""
 
 
+class KeyFileError(NodeError):
+    """A key file that is missing, unreadable or not in the expected format."""
+
+
+class WrongPassphraseError(NodeError):
+    """The passphrase does not open this key file."""
+
+
 class ProofError(NodeError):
     """A proof file that cannot be read, or a receipt that is not in the log."""
 

@@ -1,6 +1,7 @@
-"""Encrypted wallet key files: the on-disk format and nothing else.
+"""Every key file of a data dir: hex seed files (node key, peer key) and encrypted wallet keys.
 
-This module owns the "pnode-keystore-1" format: an Ed25519 private seed
+Seed files hold a 32-byte Ed25519 seed in hex, mode 0600, written atomically
+(`write_private`). This module also owns the "pnode-keystore-1" format: an Ed25519 private seed
 encrypted with ChaCha20-Poly1305 under a key stretched from a passphrase by
 scrypt, stored as JSON beside the public key. It never prompts and never reads
 the environment; where the passphrase comes from is the CLI's business.
@@ -17,6 +18,7 @@ import re
 import tempfile
 import unicodedata
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -24,7 +26,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from wallet.errors import KeyFileError, WrongPassphraseError
+from ledger.crypto import SigningKey
+from node.errors import DataDirError, KeyFileError, WrongPassphraseError
 
 VERSION, KDF_NAME, CIPHER_NAME = "pnode-keystore-1", "scrypt", "chacha20-poly1305"
 DEFAULT_N, R, P = 2**15, 8, 1
@@ -322,3 +325,42 @@ def read_public_key(path: StrPath) -> bytes:
         return _parse(doc).public_key
     except KeyFileError as e:
         raise KeyFileError(f"{os.fspath(path)}: {e}") from e
+
+
+# -- seed files (node.key, peer.key) and other private files --------------------------
+
+
+def write_seed_file(path: Path, key: SigningKey) -> None:
+    write_private(path, key.seed().hex() + "\n")
+
+
+def read_seed_file(path: Path) -> SigningKey:
+    """Load a hex-encoded 32-byte key seed.
+
+    Raises:
+        DataDirError: missing or malformed.
+    """
+    try:
+        return SigningKey(bytes.fromhex(Path(path).read_text().strip()))
+    except FileNotFoundError:
+        raise DataDirError(f"key file {path} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise DataDirError(f"key file {path} is not a 32-byte hex seed: {exc}") from None
+
+
+def write_private(path: Path, text: str, mode: int = 0o600, *, overwrite: bool = False) -> None:
+    """Write a file atomically (temp file + os.replace) with ``mode``.
+
+    Raises:
+        DataDirError: the file exists and ``overwrite`` is False.
+    """
+    if path.exists() and not overwrite:
+        raise DataDirError(f"{path} already exists; refusing to overwrite it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -43,14 +43,12 @@ from ledger.crypto import SigningKey
 from ledger.state import ACCOUNT, JAIL, NODE
 from ledger.types import TX_TYPES
 from node.control import BadRequest, ControlOp, ControlServer, socket_path
-from node.datadir import DataDir, write_private
-from node.net.host import DialError, PeerIdentity, open_host
-from node.chain.producer import Producer
-from node.chain.registrar import Registrar
-from node.serve.layer_server import LayerServer, ServeConfig
-from node.serve.swarm import Announcer, announce_peer
-from node.chain.sync import ChainService, Clock, SyncError, SyncResult
-from node.chain.txgossip import TxGossip
+from node.datadir import DataDir
+from node.keys import write_private
+from node.net import DialError, open_host, PeerIdentity
+from node.clock import Clock
+from node.chain import ChainService, Producer, Registrar, SyncError, SyncResult, TxGossip
+from node.serve import announce_peer, Announcer, LayerServer, ServeConfig
 from node.keys import read_public_key
 
 log = logging.getLogger(__name__)
@@ -142,7 +140,7 @@ class Node:
         """
         chain = self.datadir.open_chain()  # before anything else: a locked store fails fast
         try:
-            identity = PeerIdentity.load(self.datadir.peer_key_file)
+            identity = PeerIdentity.from_seed(self.datadir.peer_key().seed())
             key = self.datadir.node_key()
             self.node_key = key.public
             self.address = read_public_key(self.datadir.wallet_file)
@@ -175,7 +173,7 @@ class Node:
                     self.addr_file.unlink(missing_ok=True)
         finally:
             self.service = self.txs = self.producer = self.announcer = self.server = None
-            chain.store.close()
+            chain.close()
 
     async def _start_serving(self, nursery: trio.Nursery, host, identity,
                              joined: trio.Event) -> None:
@@ -341,7 +339,8 @@ class Node:
 
     async def _mine_after(self, joined: trio.Event, key) -> None:
         """Mine once the first syncs are over (see `node.mine.miner.Miner`)."""
-        from node.mine.miner import Miner, MinerError  # torch loads with it
+        from node.errors import MinerError
+        from node.mine import Miner  # torch loads with it
 
         with trio.move_on_after(self.catch_up_s):
             await joined.wait()

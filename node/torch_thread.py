@@ -1,30 +1,24 @@
-"""One thread per process for torch work: one OpenMP team, never throttled.
+"""Where a process's torch work runs: one thread, one OpenMP team, and how idle threads wait.
 
-On Linux, torch's CPU kernels run their parallel regions on a libgomp team
-that belongs to the calling OS thread: every thread that ever runs a
-parallel region gets a pool of worker threads of its own, which lives as
-long as that thread. libgomp counts the threads it manages across all pools,
-and once they outnumber the CPUs it cuts every worker's spin-wait to a
-hundred iterations (its "throttled" spin). Workers then sleep between the
-parallel regions of one forward call and pay a futex wake-up at the next
-one. `trio.to_thread.run_sync` runs each call on whichever thread its cache
-hands out, so a server whose forwards moved to a second thread (after a
-database or decode job took the first one in turn) ran each 10-layer
-forward in 15.5-16 ms instead of 12, until the first thread idled out of
-trio's cache 10 s later. In isolation: 13.4 ms with one pool, 19.6 ms with
-a second, idle pool alive, 13.0 ms once its thread exited (BENCHMARKS.md,
-session 11).
+Owns `run_sync` (a job on the process's one torch thread, first in, first
+out), `tensor_work` (the same, or inline for a few rows) and
+`share_cpus_politely` (libgomp's spin, set before torch loads).
 
-`run_sync` therefore sends all of a process's torch work (forwards,
-loading, training units, averaging, a client's head) to one long-lived
-thread, in the order it was submitted (first in, first out: sessions and
-units take turns as they did under their `trio.CapacityLimiter(1)`). The
-event loop stays free, as DESIGN.md section 2 asks. A job is a plain
-function that never waits on another job, so the queue cannot deadlock.
+Why one thread: on Linux every OS thread that runs a parallel region gets a
+libgomp team of its own, and once a process's teams hold more threads than
+there are CPUs, libgomp throttles every worker's spin-wait, so each of a
+forward's parallel regions pays a futex wake-up. `trio.to_thread.run_sync`
+hands each call to whichever thread its cache holds, which left servers
+with a second team for seconds at a time (a 10-layer forward 1.46x slower;
+specs/network.md section 9.3a, measured in BENCHMARKS.md). So forwards,
+loading, training units, averaging and a client's head all run here, off
+the event loop as DESIGN.md section 2 asks. A job is a plain function that
+never waits on another job, so the queue cannot deadlock.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from typing import Any, Callable
@@ -84,3 +78,50 @@ async def run_sync(fn: Callable[..., Any], *args: Any) -> Any:
     _jobs.put((fn, args, deliver))
     return await trio.lowlevel.wait_task_rescheduled(
         lambda raise_cancel: trio.lowlevel.Abort.FAILED)
+
+
+INLINE_ROWS = 16
+
+
+async def tensor_work(fn: Callable[..., Any], *args: Any, rows: int) -> Any:
+    """``fn(*args)`` on the torch thread, or inline when it is a few rows.
+
+    The encode, decode and embedding of a few rows take about 20 us and a
+    thread hop about 100 us, and a client's decode step makes eight of them:
+    those run inline. Everything larger goes to `run_sync`.
+
+    Returns:
+        What ``fn`` returned.
+    Raises:
+        Whatever ``fn`` raised.
+    """
+    if rows <= INLINE_ROWS:
+        return fn(*args)
+    return await run_sync(fn, *args)
+
+
+SPIN_COUNT = "50000"  # a server's libgomp spin: about 1.5 ms here (PAUSE is ~140 cycles)
+CLIENT_SPIN_COUNT = "0"  # a swarm client's: its threads sleep as soon as they are idle
+
+
+def share_cpus_politely(spin_count: str = SPIN_COUNT) -> None:
+    """Let idle OpenMP threads spin only briefly, then sleep (call before torch loads).
+
+    A swarm hop is a pipeline: while one process computes, the others wait
+    for it. libgomp's default spins about 5 ms after each parallel region,
+    and on a machine with few cores those spinning threads steal the cores
+    the next hop needs; never spinning (``OMP_WAIT_POLICY=PASSIVE``) makes
+    every parallel region of a step pay a futex wake-up instead. A server
+    spins `SPIN_COUNT` times: enough to bridge the gaps between the regions
+    of one forward call, short enough to yield the core about when the next
+    hop's forward starts. A swarm client does not spin at all
+    (`CLIENT_SPIN_COUNT`): its one parallel product a token (the LM head) is
+    followed by the first hop's forward, which its spinning thread would
+    slow. The measurements behind both numbers are in BENCHMARKS.md. A
+    user's own ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` wins.
+
+    Args:
+        spin_count: ``GOMP_SPINCOUNT`` to set when the user set neither.
+    """
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", spin_count)

@@ -1,9 +1,12 @@
 """The import layers of DESIGN.md section 2, enforced on every module.
 
-Every import statement (also those inside functions) of every module under
-the five packages is checked against the rules below. A new module that
-breaks a rule fails this test; a new pure-core module must be added to
-PURE_CORE to be held to the strictest rule.
+Every import statement (also those inside functions and under
+TYPE_CHECKING) of every module under the five packages is checked against
+the rules below: between packages, inside the pure core and storage, and
+between node's sub-packages (`NODE_ALLOWED`). A new module that breaks a
+rule fails this test; a new pure-core module must be added to PURE_CORE to
+be held to the strictest rule. `test_no_import_circle` checks that the
+modules' imports form a DAG.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ PURE_CORE = {
     "ledger/codec.py", "ledger/crypto.py", "ledger/merkle.py", "ledger/types.py",
     "ledger/state.py", "ledger/schedule.py", "ledger/rules.py", "ledger/transition.py",
     "ledger/errors.py", "ledger/proofs.py", "compute/partition.py", "proof_of_learning/certificate.py",
-    "wallet/route.py", "node/serve/placement.py",
+    "wallet/route.py", "node/serve/placement.py", "ledger/genesis.py",
 }
 PURE_FORBIDDEN = {
     "time", "datetime", "random", "secrets", "socket", "os", "pathlib", "io", "shutil",
@@ -30,15 +33,54 @@ PURE_FORBIDDEN = {
 }
 STORAGE = {"ledger/store.py", "ledger/chaindb.py", "ledger/schema.py"}
 NETWORK = {"trio", "libp2p", "socket", "click"}
-CLI_MODULES = {"node/cli/pnode.py", "node/cli/common.py", "wallet/cli.py"}
+CLI_MODULES = {"wallet/cli.py"}  # and every module under node/cli/
 
 # Between packages (DESIGN.md section 2).
 PACKAGE_FORBIDDEN = {
     "ledger": {"compute", "proof_of_learning", "node", "wallet"},
     "compute": {"ledger", "proof_of_learning", "node", "wallet"},
     "proof_of_learning": {"node", "wallet"},
-    "node": set(),
+    "node": {"wallet"},
     "wallet": set(),
+}
+
+
+# Inside node: what each unit (a sub-package, or a module of node's root) may
+# import of node, besides itself and FREE_IN_NODE (the root exception, the clock).
+NODE_SUBPACKAGES = ("net", "wire", "chain", "serve", "mine", "cli")
+FREE_IN_NODE = {"node.errors", "node.clock"}
+ALL_OF_NODE = {"node"}
+NODE_ALLOWED = {
+    "node.errors": set(),
+    "node.clock": set(),
+    "node.wire": set(),
+    "node.net": set(),
+    "node.keys": set(),
+    "node.torch_thread": set(),
+    "node.datadir": {"node.keys"},
+    "node.chain": {"node.net", "node.wire", "node.keys", "node.datadir"},
+    "node.serve": {"node.net", "node.wire", "node.torch_thread", "node.keys"},
+    "node.mine": {"node.net", "node.wire", "node.chain", "node.torch_thread"},
+    "node.node": ALL_OF_NODE,
+    "node.control": ALL_OF_NODE,
+    "node.cli": ALL_OF_NODE,
+    "wallet": {"node.net", "node.wire", "node.keys", "node.torch_thread", "node.serve"},
+    "wallet.cli": {"node.net", "node.wire", "node.keys", "node.torch_thread", "node.serve",
+                   "node.control", "node.datadir", "node.cli.common"},
+}
+# The read-only swarm view: all the wallet may take of node.serve.
+SWARM_VIEW = {"SwarmView", "fetch_view", "announce_peer"}
+# Modules another unit may import by their own name, not through a package's __init__.
+DEEP_IMPORTS_ALLOWED = {"node.cli.common"}
+# What a unit may not import from outside the project.
+UNIT_FORBIDDEN = {
+    "node.wire": {"trio", "libp2p", "torch", "compute", "plyvel", "ledger.store",
+                  "ledger.chaindb", "ledger.schema", "ledger.state", "ledger.rules",
+                  "ledger.transition", "ledger.merkle", "ledger.proofs"},
+    "node.net": {"torch", "compute", "plyvel"},
+    "node.keys": {"trio", "libp2p", "torch", "compute"},
+    "node.torch_thread": {"libp2p", "compute", "ledger"},
+    "node.chain": {"torch", "compute"},
 }
 
 
@@ -59,12 +101,59 @@ def imports_of(source: str, module: str) -> set[str]:
     return names
 
 
+def unit_of(module: str) -> str:
+    """The unit of node's table that ``module`` belongs to (a sub-package, or itself)."""
+    parts = module.split(".")
+    if parts[0] == "node" and len(parts) > 2 and parts[1] in NODE_SUBPACKAGES:
+        return f"node.{parts[1]}"
+    if parts[0] == "wallet":
+        return "wallet.cli" if module == "wallet.cli" else "wallet"
+    return module
+
+
+def under(name: str, prefixes: set[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def is_module(name: str) -> bool:
+    """True when ``name`` is a module or package of the tree (not a name inside one)."""
+    path = ROOT / name.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def node_violations(relpath: str, module: str, names: set[str]) -> list[str]:
+    """The rules of node's sub-package table that ``module`` breaks."""
+    unit = unit_of(module)
+    if unit not in NODE_ALLOWED:
+        return [f"{relpath}: {unit} has no row in NODE_ALLOWED"] if module.startswith("node.") else []
+    found = []
+    allowed = NODE_ALLOWED[unit] | {unit} | FREE_IN_NODE
+    for name in sorted(names):
+        if under(name, UNIT_FORBIDDEN.get(unit, set())):
+            found.append(f"{relpath}: {unit} may not import {name}")
+        if not name.startswith("node.") or under(name, {unit}):
+            continue
+        target = unit_of(name)
+        if not under(name, allowed):
+            found.append(f"{relpath}: {unit} may not import {name}")
+        elif target.count(".") == 1 and target.split(".")[1] in NODE_SUBPACKAGES:
+            inner = name[len(target) + 1:].split(".")[0]
+            if inner and is_module(f"{target}.{inner}") and not under(name, DEEP_IMPORTS_ALLOWED):
+                found.append(f"{relpath}: import {name} through {target}'s __init__")
+            elif unit.startswith("wallet") and target == "node.serve" and inner \
+                    and inner not in SWARM_VIEW:
+                found.append(f"{relpath}: the wallet takes only the swarm view of node.serve, "
+                             f"not {name}")
+    return found
+
+
 def violations(relpath: str, source: str) -> list[str]:
     """Every layer rule that the module at ``relpath`` breaks."""
-    module = relpath[:-3].replace("/", ".")
+    module = relpath[:-3].replace("/", ".").removesuffix(".__init__")
     package = relpath.split("/")[0]
     found = []
-    for name in sorted(imports_of(source, module)):
+    names = imports_of(source, module)
+    for name in sorted(names):
         top = name.split(".")[0]
 
         def hits(forbidden: set[str]) -> bool:
@@ -78,9 +167,70 @@ def violations(relpath: str, source: str) -> list[str]:
             found.append(f"{relpath}: storage layer may not import {name}")
         if package == "compute" and hits(NETWORK | {"plyvel"}):
             found.append(f"{relpath}: tensor core may not import {name}")
-        if package in ("node", "wallet") and relpath not in CLI_MODULES and hits({"click"}):
+        if package in ("node", "wallet") and relpath not in CLI_MODULES \
+                and not relpath.startswith("node/cli/") and hits({"click"}):
             found.append(f"{relpath}: only the CLI modules may import {name}")
+    if package in ("node", "wallet"):
+        found += node_violations(relpath, module, names)
     return found
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each project module -> the project modules it imports (type-only imports included).
+
+    ``from a.b import c`` depends on ``a.b.c`` when that is a module, else
+    on ``a.b`` (a module, or a package's ``__init__``).
+    """
+    graph: dict[str, set[str]] = {}
+    for path in project_modules():
+        relpath = str(path.relative_to(ROOT))
+        module = relpath[:-3].replace("/", ".").removesuffix(".__init__")
+        deps = set()
+        for name in imports_of(path.read_text(), module):
+            while name and not is_module(name):
+                name = name.rpartition(".")[0]
+            if name and name.split(".")[0] in PACKAGES and name != module:
+                deps.add(name)
+        # ``from pkg import mod`` names pkg too, but a module of pkg importing
+        # pkg's modules that way is no circle through pkg's __init__.
+        graph[module] = {d for d in deps
+                         if not (module.startswith(d + ".") and any(e.startswith(d + ".") for e in deps))}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
 
 
 def project_modules() -> list[Path]:
@@ -104,6 +254,37 @@ def test_module_respects_the_layers(path):
     ("compute/model.py", "import trio"),
     ("proof_of_learning/verify.py", "from node import host"),
     ("node/serve/layer_server.py", "import click"),
+    ("node/node.py", "from wallet import remote"),
+    # node's sub-package table
+    ("node/wire/serve.py", "import trio"),
+    ("node/wire/train.py", "import torch"),
+    ("node/wire/sync.py", "from ledger.transition import MAX_BLOCK_BYTES"),
+    ("node/wire/sync.py", "from node.net import Host"),
+    ("node/net/host.py", "from node.datadir import DataDir"),
+    ("node/net/identity.py", "from node.keys import read_seed_file"),
+    ("node/keys.py", "from node.net import PeerIdentity"),
+    ("node/torch_thread.py", "from node.serve import LayerServer"),
+    ("node/chain/sync.py", "import torch"),
+    ("node/chain/sync.py", "def f():\n    from compute import model"),
+    ("node/chain/sync.py", "from node.serve import Announcer"),
+    ("node/chain/sync.py", "from node.torch_thread import run_sync"),
+    ("node/serve/swarm.py", "from node.chain import ChainService"),
+    ("node/serve/swarm.py", "from node.mine import Miner"),
+    ("node/serve/swarm.py", "from node.datadir import DataDir"),
+    ("node/mine/miner.py", "from node.serve import LayerServer"),
+    ("node/mine/miner.py", "from node.control import control_call"),
+    ("node/mine/miner.py", "from node.cli import common"),
+    ("node/datadir.py", "from node.chain import ChainService"),
+    ("node/node.py", "from node.chain.sync import ChainService"),
+    ("node/node.py", "from .chain.sync import ChainService"),
+    ("wallet/session.py", "from node.net.host import Host"),
+    ("wallet/remote.py", "from node.chain import ChainService"),
+    ("wallet/remote.py", "from node.serve import LayerServer"),
+    ("wallet/remote.py", "from node.control import control_call"),
+    ("wallet/remote.py", "import node.cli.common"),
+    ("wallet/cli.py", "from node.mine import Miner"),
+    ("wallet/cli.py", "from node.node import Node"),
+    ("node/newthing.py", "import os"),
 ])
 def test_checker_catches_violations(relpath, source):
     assert violations(relpath, source), f"{source!r} in {relpath} should be refused"
@@ -113,3 +294,25 @@ def test_checker_allows_the_permitted():
     assert violations("ledger/state.py", "from ledger import merkle\nimport msgpack") == []
     assert violations("node/cli/pnode.py", "import click\nfrom ledger import chaindb") == []
     assert violations("proof_of_learning/verify.py", "from compute import model") == []
+    assert violations("node/node.py", "from node.chain import ChainService\n"
+                      "from node.serve import LayerServer\nfrom node.mine import Miner") == []
+    assert violations("node/cli/pnode.py", "from node.mine import devnet_job") == []
+    assert violations("node/mine/miner.py", "from node.chain import ChainService\n"
+                      "from node import torch_thread\nfrom node.wire import StepTensors") == []
+    assert violations("node/mine/miner.py", "from node.mine.jobs import job_units") == []
+    assert violations("node/serve/sessions.py", "from node.torch_thread import tensor_work") == []
+    assert violations("node/chain/sync.py", "from node.datadir import DataDir") == []
+    assert violations("node/datadir.py", "from node.keys import read_seed_file") == []
+    assert violations("node/net/host.py", "from node.errors import NodeError") == []
+    assert violations("wallet/remote.py", "from node.serve import SwarmView, fetch_view") == []
+    assert violations("wallet/cli.py", "import node.cli.common as c\n"
+                      "from node.control import control_call") == []
+
+
+def test_no_import_circle():
+    assert import_circles(module_graph()) == []
+
+
+def test_circle_finder_finds_circles():
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []

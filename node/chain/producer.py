@@ -33,7 +33,8 @@ from ledger.state import KEY_PARAMS
 from ledger.transition import Applied, producer_rank
 
 if TYPE_CHECKING:  # not at run time: `pnode produce` need not load libp2p
-    from node.chain.sync import ChainService, Clock
+    from node.chain.sync import ChainService
+    from node.clock import Clock
 
 log = logging.getLogger(__name__)
 

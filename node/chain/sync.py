@@ -42,16 +42,16 @@ from ledger.errors import DecodeError, ForkTooDeep, TimeInFuture, UnknownParent,
 from ledger.schedule import is_better_tip
 from ledger.types import Block, block_hash
 from node.errors import NodeError
-from node.net.host import GossipError, Host, RequestError
-from node.wire.sync import (
+from node.clock import Clock
+from node.net import GossipError, Host, RequestError
+from node.wire import (
     BLOCKS_TOPIC, MAX_BLOCKS_PER_REQUEST, MAX_BLOCKS_RESPONSE_BYTES, MAX_SYNC_REQUEST_FRAME,
-    MAX_SYNC_RESPONSE_FRAME, SYNC_PROTOCOL, BlocksRequest, BlocksResponse, SyncRequest,
-    TipRequest, TipResponse, encode_blocks_response,
+    MAX_SYNC_RESPONSE_FRAME, SYNC_PROTOCOL, BlocksRequest, BlocksResponse,
+    encode_blocks_response, SyncRequest, TipRequest, TipResponse,
 )
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-Clock = Callable[[], int]  # local time in ms (injected: tests control it)
 
 _FIRST_STEP_BACK = 8  # blocks fetched below an unconnected block; doubles each time
 

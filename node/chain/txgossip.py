@@ -31,8 +31,8 @@ from ledger import schema
 from ledger.codec import decode, encode
 from ledger.errors import BadAmount, BadSignature, DecodeError, ValidationError, WrongChainId
 from ledger.types import TX_TYPES, tx_hash
-from node.net.host import GossipError
-from node.wire.sync import TXS_TOPIC
+from node.net import GossipError
+from node.wire import TXS_TOPIC
 from node.chain.sync import ChainService
 
 log = logging.getLogger(__name__)

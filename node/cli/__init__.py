@@ -1,5 +1,3 @@
-"""The `pnode` command line: commands, shared CLI helpers, the devnet runner and the demo."""
-
-from node.cli.pnode import main
-
-__all__ = ["main"]
+"""The command lines: `pnode` (`node.cli.pnode`), the helpers both CLIs share (`node.cli.common`),
+the devnet runner and the demo. Imports nothing here, so `pwallet` can take `node.cli.common`
+without the whole node."""

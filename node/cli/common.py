@@ -22,7 +22,6 @@ from ledger.errors import LedgerError
 from ledger.types import COIN, format_coins  # noqa: F401 (re-exported for the CLIs)
 from node.datadir import DEFAULT_DATA_DIR, DataDir
 from node.errors import NodeError
-from wallet.errors import WalletError
 
 EXIT_USAGE = 2
 EXIT_CHECK_FAILED = 1
@@ -95,6 +94,10 @@ def run_trio_interruptibly(async_fn: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
+# The roots of every error a command expects: one line and exit 2, never a traceback.
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (LedgerError, NodeError, ComputeError, OSError)
+
+
 def _main(group: click.Group) -> None:
     try:
         group.main(standalone_mode=False)
@@ -102,8 +105,15 @@ def _main(group: click.Group) -> None:
         raise single_leaf(eg) from None
 
 
-def run(group: click.Group) -> None:
-    """Run a click group, turning expected errors into one line and exit 2."""
+def run(group: click.Group, expected: tuple[type[BaseException], ...] = ()) -> None:
+    """Run a click group, turning expected errors into one line and exit 2.
+
+    Args:
+        group: the command group to run on ``sys.argv``.
+        expected: error roots of the caller's own package, expected besides
+            `EXPECTED_ERRORS` (pwallet passes `WalletError`: node never
+            imports wallet).
+    """
     try:
         _main(group)
     except click.exceptions.Exit as exc:
@@ -121,7 +131,7 @@ def run(group: click.Group) -> None:
     except click.ClickException as exc:
         click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(EXIT_USAGE)
-    except (LedgerError, WalletError, NodeError, ComputeError, OSError) as exc:
+    except EXPECTED_ERRORS + expected as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
@@ -258,35 +268,3 @@ def parse_multiaddr(text: str, *, peer: bool) -> str:
 def parse_peer_addr(text: str) -> str:
     """A peer's full multiaddr (with /p2p/<peer id>); see `parse_multiaddr`."""
     return parse_multiaddr(text, peer=True)
-
-
-SPIN_COUNT = "50000"  # a server's libgomp spin: about 1.5 ms here (PAUSE is ~140 cycles)
-CLIENT_SPIN_COUNT = "0"  # a swarm client's: its threads sleep as soon as they are idle
-
-
-def share_cpus_politely(spin_count: str = SPIN_COUNT) -> None:
-    """Let idle OpenMP threads spin only briefly, then sleep (before torch loads).
-
-    A swarm hop is a pipeline: while one process computes, the others wait
-    for it. libgomp's default spins about 5 ms after each parallel region, and
-    on a machine with few cores those spinning threads steal the cores the
-    next hop needs; never spinning (``OMP_WAIT_POLICY=PASSIVE``) makes every
-    parallel region of a step pay a futex wake-up instead. A server spins
-    50,000 times (`SPIN_COUNT`, about 1.5 ms on a recent Xeon): that bridges
-    the gaps between the regions of one forward call, where a layer's
-    single-threaded ops (norms, attention on a short cache) keep the other
-    thread waiting for 0.3 ms and more, and yields the core about when the
-    next hop's forward starts. On 2 cores with three servers and a client,
-    3-hop decode ran 1.09x faster than with 10,000 spins (17 of 20 paired
-    generations; 100,000: 1.07x; 300,000: 0.88x of 100,000; BENCHMARKS.md,
-    session 10).
-    A swarm client does not spin at all (`CLIENT_SPIN_COUNT`): its one
-    parallel product a token (the LM head) is followed by the first hop's
-    forward, which its spinning thread would slow by a fifth (BENCHMARKS.md,
-    session 9). A user's own ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` wins.
-
-    Args:
-        spin_count: ``GOMP_SPINCOUNT`` to set when the user set neither.
-    """
-    if "OMP_WAIT_POLICY" not in os.environ:
-        os.environ.setdefault("GOMP_SPINCOUNT", spin_count)

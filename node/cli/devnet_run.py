@@ -27,14 +27,14 @@ from ledger.state import ACCOUNT, JAIL, KEY_SUPPLY
 from ledger.store import LevelDBStore
 from ledger.types import COIN, Receipt
 from node.control import ControlError, NodeNotRunning, control_call
-from node.datadir import DataDir, write_genesis_file, write_seed_file
-from node.mine.devnet import DevnetKeys, devnet_genesis, devnet_job
+from node.datadir import DataDir, write_genesis_file
+from node.mine import config_json, devnet_genesis, devnet_job, DevnetKeys
 from node.errors import NodeError
+from node.clock import now_ms
 from node.node import ADDR_FILE, TRAIN_LOG
-from node.mine.jobs import config_json
-from node.keys import read_public_key, write_key_file
+from node.keys import read_public_key, write_key_file, write_seed_file
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]  # the repository root (node/cli/ is two down)
 STOP_AGREE_S = 15.0  # the most `Devnet.stop` waits for the held nodes to share a tip
 
 
@@ -54,7 +54,7 @@ def create(root: Path, n_nodes: int, steps: int, passphrase: str, *,
     config = devnet_job(steps, n_nodes, **(job_overrides or {}))
     keys = [DevnetKeys.fresh() for _ in range(n_nodes)]
     genesis = devnet_genesis(f"devnet-{os.urandom(3).hex()}", keys, config,
-                             time.time_ns() // 1_000_000)
+                             now_ms())
     root.mkdir(parents=True, exist_ok=True)
     job_file = root / "job.json"
     job_file.write_text(config_json(config) + "\n")
@@ -66,7 +66,8 @@ def create(root: Path, n_nodes: int, steps: int, passphrase: str, *,
         write_seed_file(dd.peer_key_file, k.peer)
         write_key_file(dd.wallet_file, k.wallet.seed(), passphrase)
         write_genesis_file(dd.genesis_file, genesis)
-        ChainDB.create(LevelDBStore(dd.chain_dir), genesis).store.close()
+        with LevelDBStore(dd.chain_dir) as store:
+            ChainDB.create(store, genesis)
         dirs.append(dd.path)
     return dirs, job_file
 
@@ -213,8 +214,7 @@ def summary(dirs: list[Path]) -> dict[str, Any]:
     strikes: list[int] = []  # per node, on the tallest chain: deadlines missed (jail)
     for d, wallet in zip(dirs, wallets):
         dd = DataDir(d)
-        db = dd.open_chain()
-        try:
+        with dd.open_chain() as db:
             node_key = dd.node_key().public
             if not heights or db.height > max(heights):
                 strikes = [getattr(db.state.get(JAIL + w), "strikes", 0) for w in wallets]
@@ -230,8 +230,6 @@ def summary(dirs: list[Path]) -> dict[str, Any]:
                           # Rewards only (bonds are not balance): whole coins, one per accepted unit.
             "coins": account.balance // COIN if account else 0,
                           "balance": account.balance if account else 0})
-        finally:
-            db.store.close()
         log_file = d / TRAIN_LOG
         if log_file.exists():
             for line in log_file.read_text().splitlines():

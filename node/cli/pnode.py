@@ -16,34 +16,25 @@ from pathlib import Path
 import click
 
 from ledger import crypto
+from ledger.crypto import libp2p_peer_id
 from ledger.chaindb import ChainDB
 from ledger.codec import from_json, to_json
 from ledger.errors import DecodeError, StoreError, ValidationError
+from ledger.genesis import DEFAULT_PARAMS, chain_params, new_genesis, node_registration
 from ledger.proofs import ReceiptProof, verify_receipt_proof
 from ledger.state import ACCOUNT, NODE
 from ledger.store import LevelDBStore
-from ledger.types import (
-    COIN, ZERO_SIG, Allocation, Genesis, Params, Register, binding_signature, block_hash, sign,
-)
+from ledger.types import block_hash
 from node.cli import common as cliutil
+from node import torch_thread
 from node.cli.common import (
     EXIT_CHECK_FAILED, data_dir_option, emit, format_coins, json_option, parse_coins,
     parse_multiaddr, parse_peer_addr, passphrase_option, read_peer_list,
 )
-from node.datadir import (
-    DataDir, libp2p_peer_id, read_genesis_file, write_genesis_file, write_seed_file,
-)
+from node.datadir import DataDir, read_genesis_file, write_genesis_file
 from node.errors import ChainCorruptError, DataDirError, ProofError
-from node.keys import read_key_file, read_public_key, write_key_file
-
-DEFAULT_PARAMS = dict(slot_ms=2000, max_future_ms=15_000, min_bond=10 * COIN, reward=COIN,
-                      challenge_window=10, unit_timeout=20, max_block_txs=5000, slash_bps=5000,
-                      verifier_bps=5000)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
+from node.clock import now_ms
+from node.keys import read_key_file, read_public_key, write_key_file, write_seed_file
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main_group() -> None:
@@ -114,12 +105,13 @@ def init(data_dir, genesis_file, chain_id, premine, alloc, bond, layers, slot_ms
     write_seed_file(dd.peer_key_file, peer_key)
     write_key_file(dd.wallet_file, wallet.seed(), secret)
     write_genesis_file(dd.genesis_file, genesis)
-    db = ChainDB.create(LevelDBStore(dd.chain_dir), genesis)
+    # The store's own `with`: it must close even when create() refuses the genesis.
+    with LevelDBStore(dd.chain_dir) as store:
+        genesis_hash = ChainDB.create(store, genesis).tip_hash
     info = {"data_dir": str(dd.path), "chain_id": genesis.chain_id,
-            "genesis_hash": db.tip_hash.hex(), "address": wallet.public.hex(),
+            "genesis_hash": genesis_hash.hex(), "address": wallet.public.hex(),
             "node_key": node_key.public.hex(), "peer_id": libp2p_peer_id(peer_key.public).hex(),
             "joined": joined is not None}
-    db.store.close()
     emit(as_json, info, lambda: "\n".join(f"{k:13} {v}" for k, v in info.items()))
 
 
@@ -134,13 +126,10 @@ def _new_genesis(chain_id, premine, alloc, bond, layers, slot_ms, node_key, peer
     chain_id = chain_id or f"pnode-{os.urandom(4).hex()}"
     if len(chain_id) > 64:
         raise click.BadParameter("--chain-id is at most 64 characters")
-    params = Params(**{**DEFAULT_PARAMS, "slot_ms": slot_ms}, job_authority=wallet.public)
-    peer_id = libp2p_peer_id(peer_key.public)
-    reg = Register(chain_id, wallet.public, node_key.public, peer_id, layers[0], layers[1],
-                   cliutil.parse_coins(bond), 0,
-                   binding_signature(node_key, chain_id, wallet.public, peer_id), ZERO_SIG)
-    return Genesis(chain_id, now_ms(), params,
-                   tuple(Allocation(a, v) for a, v in allocations.items()), (sign(reg, wallet),), ())
+    params = chain_params(DEFAULT_PARAMS, wallet.public, slot_ms=slot_ms)
+    reg = node_registration(chain_id, wallet, node_key, libp2p_peer_id(peer_key.public), layers,
+                            cliutil.parse_coins(bond))
+    return new_genesis(chain_id, now_ms(), params, allocations.items(), (reg,))
 
 
 # -- produce ------------------------------------------------------------------------------
@@ -159,12 +148,12 @@ def produce(data_dir, blocks, as_json) -> None:
     Example:
       pnode produce --data-dir /tmp/n1 --blocks 2
     """
-    from node.chain.producer import earliest_slot_ms, seal_block
+    from node.chain import earliest_slot_ms, seal_block
 
     dd = DataDir(data_dir)
-    db, key = dd.open_chain(), dd.node_key()
     made = []
-    try:
+    with dd.open_chain() as db:
+        key = dd.node_key()
         for _ in range(blocks):
             earliest = earliest_slot_ms(db, key.public)
             if earliest is None:
@@ -178,8 +167,6 @@ def produce(data_dir, blocks, as_json) -> None:
             if not as_json:
                 click.echo(f"block {db.height} {db.tip_hash.hex()[:16]}  txs={len(applied.block.txs)}"
                            f"  rank={applied.rank}")
-    finally:
-        db.store.close()
     if as_json:
         emit(True, {"blocks": made}, "")
 
@@ -262,7 +249,7 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
     import logging
     import signal
 
-    cliutil.share_cpus_politely()  # before torch loads (with node.node)
+    torch_thread.share_cpus_politely()  # before torch loads (with node.node)
     import trio
 
     from node.node import Node
@@ -358,7 +345,7 @@ def _job_config(job_file: str | None):
     """The job config to mine: the file's, or the default job."""
     from compute.data import JobConfig
     from compute.errors import ComputeError
-    from node.mine.jobs import config_from_json
+    from node.mine import config_from_json
 
     if job_file is None:
         return JobConfig()
@@ -391,8 +378,8 @@ def _serve_config(layers, auto, num_layers, no_serve, device, threads, max_sessi
         return None
     if layers and (auto or num_layers):
         raise click.UsageError("--layers fixes the span: drop --auto/--num-layers")
-    from node.serve.sessions import ServerConfig
-    from node.serve.layer_server import ServeConfig
+    from node.serve import ServerConfig
+    from node.serve import ServeConfig
 
     return ServeConfig(layers=_layers(layers) if layers else None, span_len=num_layers,
                        model_path=model_file, device=device,
@@ -541,7 +528,7 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, as_j
             done = devnet_run.follow(net, steps, duration, lambda step, height: bar.update(
                 task, completed=step, height=height))
         if done:  # let every reward's challenge window close, on one tip
-            from node.mine.devnet import DEVNET_PARAMS
+            from node.mine import DEVNET_PARAMS
             devnet_run.settle(net, DEVNET_PARAMS["challenge_window"] + 2)
         if keep_running:
             say("nodes running; Ctrl-C stops them")
@@ -581,15 +568,12 @@ def ledger_show(height, data_dir, as_json) -> None:
       pnode ledger show            # the tip
       pnode ledger show 0 --json   # genesis block as JSON
     """
-    db = DataDir(data_dir).open_chain()
-    try:
+    with DataDir(data_dir).open_chain() as db:
         height = db.height if height is None else height
         if height > db.height:
             raise click.BadParameter(f"no block at height {height}: the tip is {db.height}")
         block = db.block_at(height)
         doc = {"hash": block_hash(block.header).hex(), **to_json(block)}
-    finally:
-        db.store.close()
     emit(as_json, doc, lambda: _describe_block(doc))
 
 
@@ -649,8 +633,7 @@ def _status_text(info: dict) -> str:
 
 
 def _stored_status(dd: DataDir) -> dict:
-    db = dd.open_chain()
-    try:
+    with dd.open_chain() as db:
         node_key = dd.node_key().public
         wallet = read_public_key(dd.wallet_file)
         account = db.state.get(ACCOUNT + wallet)
@@ -662,8 +645,6 @@ def _stored_status(dd: DataDir) -> dict:
                 "registered": node is not None,
                 "layers": [node.layer_start, node.layer_end] if node else None,
                 "mempool": len(db.mempool()), "running": False}
-    finally:
-        db.store.close()
 
 
 @main_group.command()
@@ -678,13 +659,11 @@ def proof(receipt_id, data_dir) -> None:
       pnode verify proof receipt.proof
     """
     receipt_hash = cliutil.parse_address(receipt_id)
-    db = DataDir(data_dir).open_chain()
-    try:
-        doc = to_json(db.receipt_proof(receipt_hash))
-    except KeyError:
-        raise ProofError(f"receipt {receipt_id} is not in this chain's log") from None
-    finally:
-        db.store.close()
+    with DataDir(data_dir).open_chain() as db:
+        try:
+            doc = to_json(db.receipt_proof(receipt_hash))
+        except KeyError:
+            raise ProofError(f"receipt {receipt_id} is not in this chain's log") from None
     click.echo(json.dumps(doc, indent=2))
 
 
@@ -715,16 +694,15 @@ def _verify(data_dir: str, as_json: bool, upto: int | None) -> None:
     except ChainCorruptError as exc:
         db, result = None, {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
     if db is not None:
-        try:
-            if upto is not None and upto > db.height:
-                raise click.BadParameter(f"no block at height {upto}: the tip is {db.height}")
-            _verify_with_progress(db, as_json, upto)
-            height = db.height if upto is None else upto
-            result = {"ok": True, "height": height, "tip": db.hash_at(height).hex()}
-        except (ValidationError, StoreError) as exc:
-            result = {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
-        finally:
-            db.store.close()
+        with db:
+            try:
+                if upto is not None and upto > db.height:
+                    raise click.BadParameter(f"no block at height {upto}: the tip is {db.height}")
+                _verify_with_progress(db, as_json, upto)
+                height = db.height if upto is None else upto
+                result = {"ok": True, "height": height, "tip": db.hash_at(height).hex()}
+            except (ValidationError, StoreError) as exc:
+                result = {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
     _report(as_json, result, lambda: f"ok: {result['height'] + 1} blocks valid, up to "
                                      f"{result['tip'][:16]}")
 
@@ -783,11 +761,8 @@ def verify_proof(proof_file, block_hash, data_dir, as_json) -> None:
         raise ProofError(f"cannot read proof file {proof_file}: {exc}") from None
     trusted = cliutil.parse_address(block_hash) if block_hash else None
     if data_dir:
-        db = DataDir(data_dir).open_chain()
-        try:
+        with DataDir(data_dir).open_chain() as db:
             trusted = db.hash_at(proof_obj.header.height)
-        finally:
-            db.store.close()
         if trusted is None:
             trusted = b"\x00" * 32  # above our tip: cannot be on our chain
     try:

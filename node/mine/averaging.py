@@ -18,7 +18,8 @@ neighbours (the math is `compute.averaging`, eq. 7-8):
   pair's share, bounded by ``W_ij * |x_i - x_j|``).
 
 Tensors travel as wire tensors (compute/quant.py, raw float32 by default, so
-the average is exact to the float32 cast); torch work runs in worker threads.
+the average is exact to the float32 cast); torch work runs on the process's
+torch thread (`node.torch_thread`). The messages are `node.wire.averaging`'s.
 """
 
 from __future__ import annotations
@@ -36,51 +37,15 @@ from libp2p.peer.id import ID
 
 from compute.averaging import mix
 from compute.quant import decode_tensor, encode_tensor
-from ledger.codec import U32, U64, MaxLen, decode, encode, wire
+from ledger.codec import decode, encode
 from ledger.errors import DecodeError
 from node import torch_thread
 from node.errors import NodeError
-from node.net.framing import FramingError, read_frame, write_frame
-from node.net.host import Host, RequestError
+from node.net import FramingError, Host, RequestError, read_frame, write_frame
+from node.wire import (AVERAGING_PROTOCOL, MAX_AVERAGING_FRAME, AverageOffer, AverageReply,
+                       NamedTensor)
 
 log = logging.getLogger(__name__)
-
-AVERAGING_PROTOCOL = "/pnode/averaging/1.0.0"
-MAX_AVERAGING_FRAME = 64 * 1024 * 1024  # one section's tensors
-
-
-
-@wire(68)
-@dataclass(frozen=True, slots=True)
-class NamedTensor:
-    """One tensor of a section: its name and a wire tensor (compute/quant.py)."""
-
-    name: Annotated[str, MaxLen(128)]
-    data: Annotated[bytes, MaxLen(MAX_AVERAGING_FRAME)]
-
-
-Named = Annotated[tuple[NamedTensor, ...], MaxLen(4096)]
-
-
-@wire(66)
-@dataclass(frozen=True, slots=True)
-class AverageOffer:
-    """Opens a pair's exchange: the round, the opener's degree and tensors."""
-
-    section: Annotated[str, MaxLen(64)]
-    round: U64
-    degree: U32
-    tensors: Named
-
-
-@wire(67)
-@dataclass(frozen=True, slots=True)
-class AverageReply:
-    """The answer: the responder's degree and tensors for the same round."""
-
-    degree: U32
-    tensors: Named
-
 
 class AveragingError(NodeError):
     """A round that could not use a neighbour's tensors (mismatched, malformed)."""

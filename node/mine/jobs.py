@@ -23,7 +23,7 @@ from dataclasses import asdict
 import torch
 
 from compute.data import DataSpec, JobConfig, load_corpus, make_model
-from compute.model import ModelConfig
+from compute.config import ModelConfig
 from compute.partition import KIND_CODES, BlockSpec, Partition
 from ledger.crypto import SigningKey
 from ledger.types import ZERO_SIG, Job, UnitTemplate, sign

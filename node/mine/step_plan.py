@@ -48,7 +48,7 @@ from compute.model import Transformer
 from compute.train import Sections, embed_backward, head_loss_block, stages
 from ledger.crypto import ZERO32
 from node.errors import BadPush
-from node.wire.train import (
+from node.wire import (
     ACTIVATION, ATTN_PARTIAL, ATTN_SHARE, CLIENT, EMBED_GRADS, GRADIENT, HEAD_GRADS, MLP_PARTIAL,
     MLP_SHARE, SECTION_GRADS, WHATS,
 )

@@ -1,20 +1,19 @@
 """A node's libp2p identity, and the root of the host's errors.
 
 Owns `PeerIdentity`: the Ed25519 key pair of the data dir's ``peer.key``,
-whose peer id is `node.datadir.libp2p_peer_id` of its public key (what the
+whose peer id is `ledger.crypto.libp2p_peer_id` of its public key (what the
 ledger records). `node.net.host` re-exports both names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 
-from node.datadir import libp2p_peer_id, read_seed_file
+from ledger.crypto import libp2p_peer_id
 from node.errors import NodeError
 
 
@@ -35,11 +34,6 @@ class PeerIdentity:
         if not isinstance(seed, bytes) or len(seed) != 32:
             raise HostError("a peer identity seed is 32 bytes")
         return cls(create_new_key_pair(seed))
-
-    @classmethod
-    def load(cls, path: str | Path) -> PeerIdentity:
-        """The identity in a hex seed file (``peer.key``). Raises DataDirError."""
-        return cls.from_seed(read_seed_file(Path(path)).seed())
 
     @property
     def public_key(self) -> bytes:

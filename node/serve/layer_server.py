@@ -34,23 +34,13 @@ import trio
 from compute.gguf import config_from_gguf, load_gguf, model_id, open_gguf
 from ledger.errors import DecodeError
 from node import torch_thread
+from node.net import Host, PeerIdentity, RequestError
 from node.serve.placement import choose_span, should_move
-from node.net.host import Host, PeerIdentity, RequestError
 from node.serve.sessions import InferenceServer, ServerConfig, measure_throughput
-from node.wire.serve import Announce, sign_announce
 from node.serve.swarm import Announcer, announce_peer
+from node.wire import Announce, ServerInfo, sign_announce
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class _Span:
-    """An announced server as `node.serve.placement` reads it."""
-
-    peer_id: str
-    start: int
-    end: int
-    throughput: float
 
 
 @dataclass(frozen=True)
@@ -136,11 +126,14 @@ class LayerServer:
     def _span_len(self) -> int:
         return min(self.config.span_len or self._n_layers, self._n_layers)
 
-    def _others(self) -> list[_Span]:
-        me = str(self.host.peer_id)
-        return [_Span(str(announce_peer(a)), a.layer_start, a.layer_end, a.throughput)
-                for a in self.announcer.fresh()
-                if a.model_id == self.model_id and str(announce_peer(a)) != me]
+    def _others(self) -> list[ServerInfo]:
+        """The other servers of this model; one announcing no throughput adds no capacity."""
+        me, others = str(self.host.peer_id), []
+        for a in self.announcer.fresh():
+            peer = str(announce_peer(a))
+            if a.model_id == self.model_id and peer != me and a.throughput > 0:
+                others.append(ServerInfo.from_announce(a, peer))
+        return others
 
     async def _choose(self) -> tuple[int, int]:
         """The span the swarm serves least, after gathering the peers' views."""
@@ -183,7 +176,8 @@ class LayerServer:
 
     def _proposed_move(self, me: str) -> int | None:
         assert self.inference is not None
-        mine = _Span(me, self.inference.layers.start, self.inference.layers.stop, self.throughput)
+        mine = ServerInfo(me, self.inference.layers.start, self.inference.layers.stop,
+                          max(self.throughput, 1e-3))
         return should_move([*self._others(), mine], me, self._n_layers)
 
     async def _load(self, span: tuple[int, int]) -> None:

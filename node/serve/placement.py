@@ -5,10 +5,9 @@ server takes (`choose_span`) and whether a running server should move
 (`should_move`). Pure core: stdlib only; the caller hands in the announced
 servers, so every server that sees the same announcements decides the same.
 
-Servers are any objects with ``peer_id``, ``start``, ``end`` and
-``throughput`` attributes (`Announced`), so the wallet's ``ServerInfo`` or
-the node's own announcement records both fit without node importing wallet.
-A server holds layers [start, end); parts of a span outside [0, n_layers) are
+Servers are `node.wire.ServerInfo` records, the span record the client's
+route planner reads too (only ``peer_id``, ``start``, ``end`` and
+``throughput`` matter here). A server holds layers [start, end); parts of a span outside [0, n_layers) are
 ignored. ``throughput`` is the server's tokens/s through all its layers; a
 layer's throughput is the sum over the servers that hold it, and the swarm's
 bottleneck is the least of these (0 when some layer is uncovered): a token
@@ -20,29 +19,14 @@ untrusted peers) counts as 0, so it can neither poison nor fake capacity.
 from __future__ import annotations
 
 import math
-from typing import Collection, Protocol, Sequence
+from typing import Collection, Sequence
 
 from node.errors import BalanceError
-
-
-class Announced(Protocol):
-    """What layer choice needs from a server's announcement."""
-
-    @property
-    def peer_id(self) -> str: ...
-
-    @property
-    def start(self) -> int: ...
-
-    @property
-    def end(self) -> int: ...
-
-    @property
-    def throughput(self) -> float: ...
+from node.wire import ServerInfo
 
 
 def layer_throughput(
-    servers: Sequence[Announced], n_layers: int, *, exclude: Collection[str] = ()
+    servers: Sequence[ServerInfo], n_layers: int, *, exclude: Collection[str] = ()
 ) -> list[float]:
     """Per layer, the summed throughput of the servers that hold it.
 
@@ -71,7 +55,7 @@ def layer_throughput(
 
 
 def choose_span(
-    servers: Sequence[Announced], n_layers: int, span_len: int, *, exclude: Collection[str] = ()
+    servers: Sequence[ServerInfo], n_layers: int, span_len: int, *, exclude: Collection[str] = ()
 ) -> int:
     """The first layer of the span of ``span_len`` layers where the swarm is weakest.
 
@@ -99,7 +83,7 @@ def choose_span(
 
 
 def should_move(
-    servers: Sequence[Announced], me_peer_id: str, n_layers: int, *, min_gain: float = 1.25
+    servers: Sequence[ServerInfo], me_peer_id: str, n_layers: int, *, min_gain: float = 1.25
 ) -> int | None:
     """Where server ``me_peer_id`` should move its span, or None to stay.
 
@@ -156,7 +140,7 @@ def should_move(
     return there if gain else None
 
 
-def _capacity(server: Announced) -> float:
+def _capacity(server: ServerInfo) -> float:
     """The server's throughput, or 0.0 when it is not a positive finite number."""
     t = server.throughput
     return float(t) if math.isfinite(t) and t > 0 else 0.0

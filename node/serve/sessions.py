@@ -41,14 +41,14 @@ from libp2p.peer.id import ID
 
 from compute.kvcache import KVCache
 from compute.model import Transformer
-from compute.quant import WireTensorError, decode_tensor, encode_tensor
+from compute.quant import CODECS, WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node import torch_thread
+from node.torch_thread import tensor_work
 from node.errors import NodeError
-from node.net.framing import FrameEOF, FrameReader, FrameTimeout, write_frame
-from node.net.host import Host
-from node.wire.serve import (
-    CODECS, INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, PUSH_PROTOCOL, Busy, Link, Linked,
+from node.net import FrameEOF, FrameReader, FrameTimeout, Host, write_frame
+from node.wire import (
+    INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, PUSH_PROTOCOL, Busy, Link, Linked,
     OpenSession, PushOpen, SessionAccepted, SessionError, Step, StepResult,
 )
 
@@ -99,22 +99,6 @@ class _Session:
 
 
 #: Rows of hidden states below which tensor work runs on the trio loop.
-INLINE_ROWS = 16
-
-
-async def tensor_work(fn, *args, rows: int):
-    """``fn(*args)`` on the process's torch thread, or inline when it is a few rows.
-
-    Torch work stays off the trio loop (DESIGN.md section 2), on the
-    process's torch thread (`node.torch_thread`), except the encode, decode
-    and embedding of a few rows: those take about 20 us, a thread hop about
-    100 us, and a client's decode step makes eight of them.
-    """
-    if rows <= INLINE_ROWS:
-        return fn(*args)
-    return await torch_thread.run_sync(fn, *args)
-
-
 def measure_throughput(model: Transformer, layers: range, device: torch.device | str = "cpu",
                        tokens: int = 8) -> float:
     """Decode tokens/s of ``model`` through ``layers`` (blocking: call from a worker thread).

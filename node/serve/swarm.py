@@ -32,15 +32,15 @@ from libp2p.peer.id import ID
 
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError
-from node.datadir import libp2p_peer_id
-from node.net.host import GossipError, Host, HostError, RequestError
-from node.wire.serve import (
+from ledger.crypto import libp2p_peer_id
+from node.net import GossipError, Host, HostError, RequestError
+from node.clock import Clock
+from node.wire import (
     ANNOUNCE_TOPIC, MAX_ANNOUNCES, MAX_SWARM_FRAME, SWARM_PROTOCOL, Announce, SwarmRequest,
     SwarmResponse,
 )
 
 log = logging.getLogger(__name__)
-Clock = Callable[[], int]  # wall-clock milliseconds
 
 
 def announce_peer(announce: Announce) -> ID:

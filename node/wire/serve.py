@@ -43,8 +43,6 @@ MAX_ANNOUNCES = 512
 MAX_SWARM_FRAME = 2 * 1024 * 1024
 #: Most chunks one replaying `Step` may carry.
 MAX_CHUNKS = 4096
-#: The wire tensor codecs a session may use (compute/quant.py).
-CODECS = ("raw", "fp16", "bf16", "int8")
 
 Text = Annotated[str, MaxLen(256)]
 ModelId = Annotated[str, MaxLen(64)]

@@ -1,10 +1,10 @@
-"""Protocol ids, gossip topics and wire messages of the node's own protocols.
+"""Chain sync's protocol id, the chain's gossip topics, and the sync messages.
 
-Owns the names and shapes of what nodes say to each other above the
-transport (specs/network.md, "Chain sync"): the versioned request/response
-protocol ids (``/pnode/<name>/1.0.0``), the gossip topic names, and the sync
-messages. Messages are frozen, slotted dataclasses registered with the ledger
-codec under tags 50-59 (the ledger uses 1-40), so `ledger.codec.decode(data,
+Owns what nodes say to each other to sync the chain (specs/network.md,
+"Chain sync"): the request/response protocol id, the block and transaction
+gossip topics, and the sync messages. Messages are frozen, slotted
+dataclasses registered with the ledger codec (tags in `node.wire`'s table),
+so `ledger.codec.decode(data,
 ExpectedType)` refuses anything else: a wrong tag, a field out of range, a
 block count over the cap, trailing bytes. Limits live here, next to the
 shapes they bound, so client and server agree on them.
@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from ledger.codec import U64, Hash32, MaxLen, Range, concat_array, encode_from_parts, wire
-from ledger.transition import MAX_BLOCK_BYTES
-from ledger.types import Block
+from ledger.types import MAX_BLOCK_BYTES, Block
 
 #: Request/response protocol of chain sync (one frame each way per stream).
 SYNC_PROTOCOL = "/pnode/sync/1.0.0"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ledger.codec import U8, U32, U64, Hash32, wire
-from node.mine.averaging import Named
+from node.wire.averaging import Named
 
 TRAIN_PROTOCOL = "/pnode/train/1.0.0"
 #: One frame: a section's weight gradients of a small job fit with room.

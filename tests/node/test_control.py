@@ -11,7 +11,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 
 import pytest
 import trio
@@ -19,6 +18,7 @@ import trio
 from ledger.codec import encode
 from ledger.crypto import SigningKey
 from ledger.types import COIN, ZERO_SIG, Transfer, sign
+from node.clock import now_ms
 from node.control import (
     MAX_REQUEST, ControlError, ControlServer, NodeNotRunning, control_call, control_request,
 )
@@ -28,10 +28,6 @@ from node.node import Node
 from tests.node.netkit import run
 from tests.node.prockit import ROOT
 from node.keys import read_key_file
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wallet.errors import KeyFileError, WrongPassphraseError
+from node.errors import KeyFileError, WrongPassphraseError
 from node.keys import (
     decrypt_seed,
     encrypt_seed,

@@ -1,4 +1,5 @@
-"""node.torch_thread: all torch work of a process on one thread, first in, first out."""
+"""node.torch_thread: all torch work of a process on one thread, first in, first out; the
+OpenMP spin default that swarm processes set before torch loads."""
 
 from __future__ import annotations
 
@@ -82,3 +83,20 @@ def test_concurrent_torch_jobs_all_run_on_the_one_thread_and_its_openmp_team():
         run(burst)
     assert ran_on == {torch_thread.thread_id()}
     assert len(os.listdir("/proc/self/task")) == threads
+
+
+@pytest.mark.parametrize("env, spin, want", [
+    ({}, torch_thread.SPIN_COUNT, {"GOMP_SPINCOUNT": torch_thread.SPIN_COUNT}),
+    ({}, torch_thread.CLIENT_SPIN_COUNT, {"GOMP_SPINCOUNT": "0"}),
+    ({"GOMP_SPINCOUNT": "0"}, torch_thread.SPIN_COUNT, {"GOMP_SPINCOUNT": "0"}),
+    ({"GOMP_SPINCOUNT": "500"}, torch_thread.CLIENT_SPIN_COUNT, {"GOMP_SPINCOUNT": "500"}),
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, torch_thread.SPIN_COUNT, {"OMP_WAIT_POLICY": "ACTIVE"}),
+])
+def test_short_spin_unless_the_user_chose(monkeypatch, env, spin, want):
+    for key in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    torch_thread.share_cpus_politely(spin)
+    got = {k: os.environ[k] for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if k in os.environ}
+    assert got == want

@@ -4,7 +4,8 @@ Owns `YamuxConnection`, a `/yamux/1.0.0` muxer with the wire format of
 hashicorp's yamux spec (so it talks to any yamux peer, py-libp2p's own
 included: tests/node/net/test_yamux.py runs both against each other), and
 `install`, which makes a py-libp2p host negotiate it (specs/network.md
-section 1a). Its streams and the frame format are `node.net.yamux.stream`'s.
+section 1a). Its streams are `node.net.yamux.stream`'s, the frame format
+`node.net.yamux.frames`'s.
 
 Why not py-libp2p's `Yamux`: it sends a window update on every read before
 the read returns, takes several locks and formats debug strings per frame,
@@ -47,10 +48,11 @@ from libp2p.stream_muxer.exceptions import (MuxedConnUnavailable, MuxedStreamErr
                                             MuxedStreamReset)
 from libp2p.stream_muxer.muxer_multistream import MuxerMultistream
 
-from node.net.yamux.stream import (ACK, DATA, FIN, GO_AWAY, GO_AWAY_NORMAL,  # noqa: F401 (re-exported)
-                               GO_AWAY_PROTOCOL_ERROR, HEADER, INITIAL_WINDOW, MAX_CHUNK, PING,
-                               PROTOCOL_ID, RST, SYN, VERSION, WINDOW_UPDATE, YamuxProtocolError,
-                               YamuxStream, take)
+from node.net.yamux.frames import (ACK, DATA, FIN, GO_AWAY, GO_AWAY_NORMAL,
+                                   GO_AWAY_PROTOCOL_ERROR, HEADER, INITIAL_WINDOW, PING,
+                                   PROTOCOL_ID, RST, SYN, VERSION, WINDOW_UPDATE,
+                                   YamuxProtocolError, take)
+from node.net.yamux.stream import YamuxStream
 
 __all__ = ["INITIAL_WINDOW", "PROTOCOL_ID", "YamuxConnection", "YamuxStream", "install"]
 

@@ -1,9 +1,9 @@
-"""One yamux stream, and the yamux wire format (specs/network.md section 1a).
+"""One yamux stream (specs/network.md section 1a).
 
 Owns `YamuxStream` (a byte stream each way, half-closable, resettable, with
-yamux's flow control) and the frame header's constants; `node.net.yamux.conn` owns
-the connection that reads frames and hands them to its streams (`on_data`,
-`on_window`, `on_fin`, `on_reset`), and re-exports all of this module.
+yamux's flow control); `node.net.yamux.frames` owns the wire format, and
+`node.net.yamux.conn` the connection that reads frames and hands them to its
+streams (`on_data`, `on_window`, `on_fin`, `on_reset`).
 
 Cancellation: every call either does all it says or, cancelled, nothing.
 `read` never awaits once it has taken data (its window update is queued);
@@ -14,35 +14,18 @@ wait at all (its RST is queued).
 
 from __future__ import annotations
 
-import struct
-from typing import TYPE_CHECKING
-
 import trio
 from libp2p.abc import IMuxedStream
 from libp2p.stream_muxer.exceptions import (MuxedStreamClosed, MuxedStreamEOF,
                                             MuxedStreamError, MuxedStreamReset)
 
-if TYPE_CHECKING:
-    from node.net.yamux.conn import YamuxConnection
-
-PROTOCOL_ID = "/yamux/1.0.0"
-HEADER = struct.Struct(">BBHII")  # version, type, flags, stream id, length
-VERSION = 0
-DATA, WINDOW_UPDATE, PING, GO_AWAY = 0, 1, 2, 3
-SYN, ACK, FIN, RST = 1, 2, 4, 8
-GO_AWAY_NORMAL, GO_AWAY_PROTOCOL_ERROR = 0, 1
-INITIAL_WINDOW = 256 * 1024  # the spec's initial (and here also maximum) stream window
-MAX_CHUNK = 65_535 - 16 - HEADER.size  # one data frame fits one Noise message
-
-
-class YamuxProtocolError(MuxedStreamError):
-    """A frame that breaks the yamux protocol; the connection ends."""
-
+from node.net.yamux.frames import (DATA, FIN, INITIAL_WINDOW, MAX_CHUNK, RST, WINDOW_UPDATE,
+                                   StreamOwner, YamuxProtocolError, take)
 
 class YamuxStream(IMuxedStream):
     """One yamux stream: a byte stream each way, half-closable, resettable."""
 
-    def __init__(self, stream_id: int, conn: YamuxConnection):
+    def __init__(self, stream_id: int, conn: StreamOwner):
         self.stream_id, self.muxed_conn = stream_id, conn
         self._buffer = bytearray()
         self._recv_credit = INITIAL_WINDOW  # bytes the peer may still send us
@@ -198,10 +181,3 @@ class YamuxStream(IMuxedStream):
 
     async def __aenter__(self) -> YamuxStream:
         return self
-
-async def take(lock: trio.Lock) -> None:
-    """Acquire ``lock``; a free one (the usual case) costs no trip through trio."""
-    try:
-        lock.acquire_nowait()
-    except trio.WouldBlock:
-        await lock.acquire()

@@ -6,7 +6,6 @@ whom, and on which chain they ended up.
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import trio
@@ -14,14 +13,11 @@ import trio
 from ledger.crypto import SigningKey
 from ledger.state import ACCOUNT
 from ledger.types import COIN
+from node.clock import now_ms
 from node.chain.producer import Producer, earliest_slot_ms, seal_block
 from node.wire.sync import BLOCKS_TOPIC
 from tests.ledger.chainkit import make_net, new_db
 from tests.node.netkit import chain_node, eventually, meshed, run
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def fresh_net(n_nodes: int, slot_ms: int):

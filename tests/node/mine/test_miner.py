@@ -8,7 +8,6 @@ reference: training the same job locally, block by block.
 
 from __future__ import annotations
 
-import time
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +20,7 @@ from ledger.store import MemoryStore
 from ledger.chaindb import ChainDB
 from ledger.crypto import SigningKey
 from ledger.types import Receipt
+from node.clock import now_ms
 from node.mine.devnet import DevnetKeys, devnet_genesis, devnet_job
 from compute.quant import encode_tensor
 from ledger.codec import encode
@@ -30,10 +30,6 @@ from node.mine.miner import Miner
 from node.wire.train import ACTIVATION, TRAIN_PROTOCOL, StepTensors
 from node.wire.sync import BLOCKS_TOPIC
 from tests.node.netkit import chain_node, eventually, ident, meshed, run
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def cast(n: int) -> list[DevnetKeys]:

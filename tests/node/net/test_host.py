@@ -19,7 +19,8 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from ledger.crypto import SigningKey
-from node.datadir import libp2p_peer_id, write_seed_file
+from ledger.crypto import libp2p_peer_id
+from node.keys import read_seed_file, write_seed_file
 from node.errors import DataDirError, NodeError
 from node.net.framing import FrameEOF, FramingError, iter_frames, read_frame, write_frame
 from node.net.host import (
@@ -56,7 +57,7 @@ def test_identity_peer_id_is_the_ledgers_peer_id(tmp_path):
     assert me.public_key == SigningKey(seed).public
     assert me.peer_id.to_bytes() == libp2p_peer_id(me.public_key) == me.peer_id_bytes
     write_seed_file(tmp_path / "peer.key", SigningKey(seed))
-    assert PeerIdentity.load(tmp_path / "peer.key").peer_id == me.peer_id
+    assert PeerIdentity.from_seed(read_seed_file(tmp_path / "peer.key").seed()).peer_id == me.peer_id
 
 
 def test_identity_refuses_bad_seeds(tmp_path):
@@ -64,10 +65,10 @@ def test_identity_refuses_bad_seeds(tmp_path):
         with pytest.raises(HostError):
             PeerIdentity.from_seed(bad)
     with pytest.raises(DataDirError):
-        PeerIdentity.load(tmp_path / "missing.key")
+        read_seed_file(tmp_path / "missing.key")
     (tmp_path / "bad.key").write_text("zz\n")
     with pytest.raises(DataDirError):
-        PeerIdentity.load(tmp_path / "bad.key")
+        read_seed_file(tmp_path / "bad.key")
     assert issubclass(HostError, NodeError)
 
 
@@ -78,7 +79,7 @@ def test_same_seed_same_peer_id_across_restarts(tmp_path):
         seen = []
         async with open_host(ident(9)) as client:
             for _ in range(2):
-                async with open_host(PeerIdentity.load(tmp_path / "peer.key")) as h:
+                async with open_host(PeerIdentity.from_seed(read_seed_file(tmp_path / "peer.key").seed())) as h:
                     h.set_request_handler(ECHO, echo)
                     seen.append(h.peer_id)
                     assert all(a.endswith(f"/p2p/{h.peer_id}") for a in h.addrs)

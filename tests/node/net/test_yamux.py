@@ -26,9 +26,9 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from node.net.framing import read_frame, write_frame
 from node.net.host import Host, HostError, open_host
 from node.net.yamux import conn as yamux
-from node.net.yamux.conn import (ACCEPT_BACKLOG, ACK, DATA, FIN, GO_AWAY, GO_AWAY_PROTOCOL_ERROR,
-                        HEADER, INITIAL_WINDOW, PING, PROTOCOL_ID, RST, SYN, WINDOW_UPDATE,
-                        YamuxConnection)
+from node.net.yamux.conn import ACCEPT_BACKLOG, YamuxConnection
+from node.net.yamux.frames import (ACK, DATA, FIN, GO_AWAY, GO_AWAY_PROTOCOL_ERROR, HEADER,
+                                   INITIAL_WINDOW, PING, PROTOCOL_ID, RST, SYN, WINDOW_UPDATE)
 from tests.node.netkit import ident, run
 
 ECHO = "/pnode/test-yamux-echo/1.0.0"

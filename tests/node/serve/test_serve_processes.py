@@ -26,7 +26,7 @@ from wallet.client import InferRequest
 from wallet.remote import ClientParts, open_remote
 
 PROMPT = "Write a short poem about the sea."
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -1,0 +1,74 @@
+"""`ServerInfo`: one server's span as servers and clients reason about it (after Petals' own).
+
+A signed `node.wire.serve.Announce` is what travels; `ServerInfo` is what
+layer placement (`node.serve.placement`) and route planning (`wallet.route`)
+read from it: the peer, the layers [start, end) it holds, its measured
+throughput, its load and its price. One record for both sides, so a field
+added to the announcement reaches both the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from node.errors import NodeError
+from node.wire.serve import Announce
+
+
+class SpanError(NodeError, ValueError):
+    """A server span that makes no sense: empty or negative, or a throughput or load out of range."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """One server's announcement, as placement and routing see it.
+
+    peer_id: the server's peer id; start, end: it holds layers [start, end);
+    throughput: tokens/s for one decode token through all its layers (> 0);
+    load: its active sessions; max_sessions: sessions it accepts at most;
+    price: what it asks (not used by the route, carried for the caller).
+
+    Raises:
+        SpanError: an empty or negative span, a throughput that is not a
+            positive finite number, a negative load or max_sessions < 1.
+    """
+
+    peer_id: str
+    start: int
+    end: int
+    throughput: float
+    load: int = 0
+    max_sessions: int = 8
+    price: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise SpanError(f"server {self.peer_id}: bad span [{self.start}, {self.end})")
+        if not (math.isfinite(self.throughput) and self.throughput > 0):
+            raise SpanError(f"server {self.peer_id}: throughput {self.throughput} is not > 0")
+        if self.load < 0 or self.max_sessions < 1:
+            raise SpanError(f"server {self.peer_id}: load {self.load} / {self.max_sessions}")
+
+    @classmethod
+    def from_announce(cls, announce: Announce, peer_id: str, *,
+                      min_throughput: float = 1e-3) -> ServerInfo:
+        """The span ``announce`` describes, for the peer whose id is ``peer_id``.
+
+        Args:
+            announce: a verified announcement.
+            peer_id: its peer id (derived from its key by the caller).
+            min_throughput: the floor for a server that announced 0 tokens/s
+                (it still serves, only slowly).
+
+        Raises:
+            SpanError: the announced span is empty.
+        """
+        return cls(peer_id, announce.layer_start, announce.layer_end,
+                   max(announce.throughput, min_throughput), announce.load,
+                   announce.max_sessions, announce.price)
+
+    @property
+    def busy(self) -> bool:
+        """True when the server takes no more sessions (it would answer busy)."""
+        return self.load >= self.max_sessions
