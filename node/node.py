@@ -40,16 +40,15 @@ from libp2p.peer.id import ID
 
 from ledger.codec import decode
 from ledger.crypto import SigningKey
-from ledger.state import ACCOUNT, JAIL, NODE
 from ledger.types import TX_TYPES
 from node.control import BadRequest, ControlOp, ControlServer, socket_path
 from node.datadir import DataDir
-from node.keys import write_private
-from node.net import DialError, open_host, PeerIdentity
+from node.chain import (ChainService, Producer, Registrar, SyncError, SyncResult, TxGossip,
+                        account_view, node_status_view)
 from node.clock import Clock
-from node.chain import ChainService, Producer, Registrar, SyncError, SyncResult, TxGossip
-from node.serve import announce_peer, Announcer, LayerServer, ServeConfig
-from node.keys import read_public_key
+from node.keys import read_public_key, write_private
+from node.net import DialError, PeerIdentity, open_host
+from node.serve import Announcer, LayerServer, ServeConfig, announce_peer
 
 log = logging.getLogger(__name__)
 
@@ -268,31 +267,12 @@ class Node:
         return self.service
 
     def _chain_status(self) -> dict[str, Any]:
-        """Chain fields of ``status`` (worker thread)."""
-        chain = self.service.chain
-        account = chain.state.get(ACCOUNT + self.address)
-        record = chain.state.get(NODE + self.node_key)
-        jail = chain.state.get(JAIL + self.address)
-        return {"chain_id": chain.chain_id, "height": chain.height, "tip": chain.tip_hash.hex(),
-                "address": self.address.hex(), "node_key": self.node_key.hex(),
-                "balance": account.balance if account else 0,
-                "bond": account.bond if account else 0,
-                "registered": record is not None,
-                "layers": [record.layer_start, record.layer_end] if record else None,
-                # Jailed for a missed unit deadline: last in line for units until then.
-                "jailed_until": jail.until if jail and jail.until > chain.height else None,
-                "mempool": len(chain.mempool())}
+        """Chain fields of ``status`` (on the chain service's thread)."""
+        return node_status_view(self.service.chain, self.address, self.node_key)
 
     def _account(self, account_id: bytes) -> dict[str, Any]:
-        """The ``account`` op's answer (worker thread)."""
-        chain = self.service.chain
-        account = chain.state.get(ACCOUNT + account_id)
-        nonce = account.nonce if account else 0
-        queued = sum(getattr(tx, "sender", None) == account_id for tx in chain.mempool())
-        return {"address": account_id.hex(), "chain_id": chain.chain_id, "height": chain.height,
-                "balance": account.balance if account else 0,
-                "bond": account.bond if account else 0,
-                "nonce": nonce, "queued": queued, "next_nonce": nonce + queued}
+        """The ``account`` op's answer (on the chain service's thread)."""
+        return account_view(self.service.chain, account_id)
 
     # -- peers and production -----------------------------------------------------------
 

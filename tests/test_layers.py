@@ -48,11 +48,12 @@ PACKAGE_FORBIDDEN = {
 # Inside node: what each unit (a sub-package, or a module of node's root) may
 # import of node, besides itself and FREE_IN_NODE (the root exception, the clock).
 NODE_SUBPACKAGES = ("net", "wire", "chain", "serve", "mine", "cli")
-FREE_IN_NODE = {"node.errors", "node.clock"}
+FREE_IN_NODE = {"node.errors", "node.clock", "node.lazy"}
 ALL_OF_NODE = {"node"}
 NODE_ALLOWED = {
     "node.errors": set(),
     "node.clock": set(),
+    "node.lazy": set(),
     "node.wire": set(),
     "node.net": set(),
     "node.keys": set(),
@@ -175,11 +176,23 @@ def violations(relpath: str, source: str) -> list[str]:
     return found
 
 
+def lazy_homes(package: str) -> dict[str, str]:
+    """Name -> module of a package whose ``__init__`` re-exports lazily (`node.lazy`)."""
+    init = ROOT / package.replace(".", "/") / "__init__.py"
+    homes: dict[str, str] = {}
+    for node in ast.walk(ast.parse(init.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "lazy_exports":
+            for module, names in ast.literal_eval(node.args[1]).items():
+                homes.update(dict.fromkeys(names, module))
+    return homes
+
+
 def module_graph() -> dict[str, set[str]]:
     """Each project module -> the project modules it imports (type-only imports included).
 
     ``from a.b import c`` depends on ``a.b.c`` when that is a module, else
-    on ``a.b`` (a module, or a package's ``__init__``).
+    on ``a.b`` (a module, or a package's ``__init__``), or, where ``a.b``
+    re-exports ``c`` lazily, on the module ``c`` comes from.
     """
     graph: dict[str, set[str]] = {}
     for path in project_modules():
@@ -187,8 +200,11 @@ def module_graph() -> dict[str, set[str]]:
         module = relpath[:-3].replace("/", ".").removesuffix(".__init__")
         deps = set()
         for name in imports_of(path.read_text(), module):
+            attribute = ""
             while name and not is_module(name):
-                name = name.rpartition(".")[0]
+                name, _, attribute = name.rpartition(".")
+            name = lazy_homes(name).get(attribute, name) if name and attribute \
+                and (ROOT / name.replace(".", "/") / "__init__.py").is_file() else name
             if name and name.split(".")[0] in PACKAGES and name != module:
                 deps.add(name)
         # ``from pkg import mod`` names pkg too, but a module of pkg importing
@@ -316,3 +332,10 @@ def test_no_import_circle():
 def test_circle_finder_finds_circles():
     assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert import_circles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_circle_check_follows_lazy_re_exports():
+    """``from node.net import Host`` depends on node.net.host, not on node.net's __init__."""
+    graph = module_graph()
+    assert "node.net.host" in graph["node.chain.sync"]
+    assert lazy_homes("node.net")["Host"] == "node.net.host"

@@ -18,15 +18,15 @@ from click.core import ParameterSource
 
 from ledger.codec import encode, to_json
 from ledger.crypto import SigningKey
-from ledger.state import ACCOUNT, NODE
+from ledger.state import NODE
 from ledger.types import ZERO_SIG, InferencePayment, Register, Transfer, sign, tx_hash
 import node.cli.common as cliutil
 from node import torch_thread
 from node.cli.common import (
-    data_dir_option, emit, format_coins, json_option, parse_address, parse_coins,
+    account_info, data_dir_option, emit, format_coins, json_option, parse_address, parse_coins,
     parse_peer_addr, passphrase_option, read_peer_list,
 )
-from node.control import NodeNotRunning, control_call
+from node.control import control_call
 from node.datadir import DataDir
 from node.keys import read_key_file, read_public_key, write_key_file
 from wallet.errors import WalletError
@@ -102,17 +102,9 @@ def balance(address, data_dir, wallet_name, as_json) -> None:
     """
     dd = DataDir(data_dir)
     account_id = _account(dd, address, wallet_name)
-    try:
-        live = control_call(dd.path, "account", address=account_id.hex())
-        info = {k: live[k] for k in ("address", "height", "balance", "bond", "nonce", "queued")}
-        info["running"] = True
-    except NodeNotRunning:
-        with dd.open_chain() as db:
-            account = db.state.get(ACCOUNT + account_id)
-            info = {"address": account_id.hex(), "height": db.height,
-                    "balance": account.balance if account else 0,
-                    "bond": account.bond if account else 0,
-                    "nonce": account.nonce if account else 0, "running": False}
+    view = account_info(dd, account_id)
+    info = {k: view[k] for k in ("address", "height", "balance", "bond", "nonce", "queued",
+                                 "running")}
     emit(as_json, info, f"{format_coins(info['balance'])} coins (bond {format_coins(info['bond'])})"
                         f" at height {info['height']}")
 
@@ -135,23 +127,16 @@ def send(recipient, amount, data_dir, wallet_name, passphrase_file, as_json) -> 
     dd = DataDir(data_dir)
     key = SigningKey(read_key_file(dd.wallet_path(wallet_name),
                                    cliutil.passphrase(passphrase_file)))
-    try:
-        view = control_call(dd.path, "account", address=key.public.hex())
-    except NodeNotRunning:
-        view = None
-    if view is not None:  # the node runs: it admits and gossips the transfer
-        nonce = view["next_nonce"]
-        tx = sign(Transfer(view["chain_id"], key.public, to, units, nonce, ZERO_SIG), key)
+    view = account_info(dd, key.public)
+    nonce = view["next_nonce"]
+    tx = sign(Transfer(view["chain_id"], key.public, to, units, nonce, ZERO_SIG), key)
+    if view["running"]:  # the node admits and gossips the transfer
         txid = bytes.fromhex(control_call(dd.path, "submit_tx", tx=encode(tx).hex())["txid"])
     else:
         with dd.open_chain() as db:
-            account = db.state.get(ACCOUNT + key.public)
-            queued = [t for t in db.mempool() if getattr(t, "sender", None) == key.public]
-            nonce = (account.nonce if account else 0) + len(queued)
-            tx = sign(Transfer(db.chain_id, key.public, to, units, nonce, ZERO_SIG), key)
             txid = db.admit(tx)
     emit(as_json, {"txid": txid.hex(), "nonce": nonce, "amount": units,
-                   "running": view is not None},
+                   "running": view["running"]},
          f"queued {format_coins(units)} coins to {recipient[:16]}..  txid {txid.hex()}")
 
 

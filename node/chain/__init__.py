@@ -2,15 +2,16 @@
 
 Sub-modules: `sync` (`ChainService`: the store, the mempool, sync with
 peers), `txgossip`, `producer` (blocks in this node's slots), `registrar`
-(registers a serving node once it is funded). No torch here.
+(registers a serving node once it is funded), `views` (an account and a
+node's status as the CLIs show them). No torch here.
 """
 
-from node.chain.sync import ChainService, SyncError, SyncResult
-from node.chain.txgossip import TxGossip
-from node.chain.producer import earliest_slot_ms, Producer, seal_block
-from node.chain.registrar import Registrar
+from node.lazy import lazy_exports
 
-__all__ = [
-    "ChainService", "Producer", "Registrar", "SyncError", "SyncResult", "TxGossip",
-    "earliest_slot_ms", "seal_block",
-]
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    "node.chain.producer": ("Producer", "earliest_slot_ms", "seal_block"),
+    "node.chain.registrar": ("Registrar",),
+    "node.chain.sync": ("ChainService", "SyncError", "SyncResult"),
+    "node.chain.txgossip": ("TxGossip",),
+    "node.chain.views": ("account_view", "node_status_view"),
+})

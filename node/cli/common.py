@@ -20,6 +20,7 @@ import click
 from compute.errors import ComputeError
 from ledger.errors import LedgerError
 from ledger.types import COIN, format_coins  # noqa: F401 (re-exported for the CLIs)
+from ledger.chaindb import ChainDB
 from node.datadir import DEFAULT_DATA_DIR, DataDir
 from node.errors import NodeError
 
@@ -268,3 +269,46 @@ def parse_multiaddr(text: str, *, peer: bool) -> str:
 def parse_peer_addr(text: str) -> str:
     """A peer's full multiaddr (with /p2p/<peer id>); see `parse_multiaddr`."""
     return parse_multiaddr(text, peer=True)
+
+
+def ask_node_or_store(dd: DataDir, op: str, offline: Callable[[ChainDB], dict[str, Any]],
+                      **args: Any) -> dict[str, Any]:
+    """The running node's answer to control op ``op``, else ``offline`` of the stored chain.
+
+    While a node runs it holds the store, so a command asks it over the
+    control socket; without one, the command opens the store itself. The
+    answer's ``running`` says which.
+
+    Args:
+        dd: the data dir.
+        op: the control op (``status``, ``account``, ...).
+        offline: builds the same answer from the store (`node.chain.views`).
+        args: the op's arguments.
+
+    Raises:
+        DataDirError: no node runs and the store cannot be opened.
+    """
+    from node.control import NodeNotRunning, control_call
+
+    try:
+        info = control_call(dd.path, op, **args)
+        info.pop("ok", None)
+        running = True
+    except NodeNotRunning:
+        with dd.open_chain() as db:
+            info = offline(db)
+        running = False
+    info["running"] = running
+    return info
+
+
+def account_info(dd: DataDir, account_id: bytes) -> dict[str, Any]:
+    """An account as the running node sees it (mempool included), else as the store holds it.
+
+    Returns:
+        `node.chain.account_view`'s fields, and ``running``.
+    """
+    from node.chain import account_view
+
+    return ask_node_or_store(dd, "account", lambda db: account_view(db, account_id),
+                             address=account_id.hex())

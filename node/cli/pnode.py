@@ -22,19 +22,20 @@ from ledger.codec import from_json, to_json
 from ledger.errors import DecodeError, StoreError, ValidationError
 from ledger.genesis import DEFAULT_PARAMS, chain_params, new_genesis, node_registration
 from ledger.proofs import ReceiptProof, verify_receipt_proof
-from ledger.state import ACCOUNT, NODE
 from ledger.store import LevelDBStore
 from ledger.types import block_hash
-from node.cli import common as cliutil
 from node import torch_thread
+from node.chain import node_status_view
+from node.cli import common as cliutil
 from node.cli.common import (
-    EXIT_CHECK_FAILED, data_dir_option, emit, format_coins, json_option, parse_coins,
-    parse_multiaddr, parse_peer_addr, passphrase_option, read_peer_list,
+    EXIT_CHECK_FAILED, ask_node_or_store, data_dir_option, emit, format_coins, json_option,
+    parse_coins, parse_multiaddr, parse_peer_addr, passphrase_option, read_peer_list,
 )
+from node.clock import now_ms
 from node.datadir import DataDir, read_genesis_file, write_genesis_file
 from node.errors import ChainCorruptError, DataDirError, ProofError
-from node.clock import now_ms
 from node.keys import read_key_file, read_public_key, write_key_file, write_seed_file
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main_group() -> None:
@@ -601,14 +602,9 @@ def status(data_dir, as_json) -> None:
     Example:
       pnode status --json
     """
-    from node.control import NodeNotRunning, control_call
-
-    try:
-        info = control_call(data_dir, "status")
-        info.pop("ok")
-        info["running"] = True
-    except NodeNotRunning:
-        info = _stored_status(DataDir(data_dir))
+    dd = DataDir(data_dir)
+    info = ask_node_or_store(dd, "status", lambda db: node_status_view(
+        db, read_public_key(dd.wallet_file), dd.node_key().public))
     emit(as_json, info, lambda: _status_text(info))
 
 
@@ -630,21 +626,6 @@ def _status_text(info: dict) -> str:
                   f"  load {s['load']}  price {format_coins(s['price'])}  {s['peer_id']}"
                   for s in info["swarm"]]
     return "\n".join(lines)
-
-
-def _stored_status(dd: DataDir) -> dict:
-    with dd.open_chain() as db:
-        node_key = dd.node_key().public
-        wallet = read_public_key(dd.wallet_file)
-        account = db.state.get(ACCOUNT + wallet)
-        node = db.state.get(NODE + node_key)
-        return {"chain_id": db.chain_id, "height": db.height, "tip": db.tip_hash.hex(),
-                "address": wallet.hex(), "node_key": node_key.hex(),
-                "balance": account.balance if account else 0,
-                "bond": account.bond if account else 0,
-                "registered": node is not None,
-                "layers": [node.layer_start, node.layer_end] if node else None,
-                "mempool": len(db.mempool()), "running": False}
 
 
 @main_group.command()

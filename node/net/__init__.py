@@ -6,15 +6,13 @@ stream), `yamux` (the muxer). Nothing here knows the chain, the model or the
 node's other parts.
 """
 
-from node.net.framing import (
-    DEFAULT_MAX_FRAME_SIZE, FrameEOF, FrameReader, FrameStreamError, FrameTimeout, FrameTooLarge,
-    FramingError, read_frame, write_frame,
-)
-from node.net.host import DialError, GossipError, Host, open_host, RequestError
-from node.net.identity import HostError, PeerIdentity
+from node.lazy import lazy_exports
 
-__all__ = [
-    "DEFAULT_MAX_FRAME_SIZE", "DialError", "FrameEOF", "FrameReader", "FrameStreamError",
-    "FrameTimeout", "FrameTooLarge", "FramingError", "GossipError", "Host", "HostError",
-    "PeerIdentity", "RequestError", "open_host", "read_frame", "write_frame",
-]
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    "node.net.framing": (
+        "DEFAULT_MAX_FRAME_SIZE", "FrameEOF", "FrameReader", "FrameStreamError", "FrameTimeout",
+        "FrameTooLarge", "FramingError", "read_frame", "write_frame",
+    ),
+    "node.net.host": ("DialError", "GossipError", "Host", "RequestError", "open_host"),
+    "node.net.identity": ("HostError", "PeerIdentity"),
+})

@@ -7,12 +7,11 @@ KV-cached sessions of `/pnode/inference`), `layer_server` (`LayerServer`:
 loads the span, serves it, moves it). Never imports the chain or the miner.
 """
 
-from node.serve.placement import choose_span, should_move
-from node.serve.swarm import announce_peer, Announcer, fetch_view, SwarmView
-from node.serve.sessions import InferenceServer, measure_throughput, ServerConfig
-from node.serve.layer_server import LayerServer, ServeConfig
+from node.lazy import lazy_exports
 
-__all__ = [
-    "Announcer", "InferenceServer", "LayerServer", "ServeConfig", "ServerConfig", "SwarmView",
-    "announce_peer", "choose_span", "fetch_view", "measure_throughput", "should_move",
-]
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    "node.serve.placement": ("choose_span", "should_move"),
+    "node.serve.swarm": ("Announcer", "SwarmView", "announce_peer", "fetch_view"),
+    "node.serve.sessions": ("InferenceServer", "ServerConfig", "measure_throughput"),
+    "node.serve.layer_server": ("LayerServer", "ServeConfig"),
+})

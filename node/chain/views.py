@@ -1,0 +1,55 @@
+"""What the CLIs and the control socket show of the chain: an account, a node's status.
+
+Owns `account_view` and `node_status_view`, built in one place from a
+`ChainDB`, whether a running node answers over its control socket
+(`node.node`) or a command reads a stopped node's store (`node.cli`), so
+both answers have the same fields and meanings. Plain functions of the
+store's state: call them where the store may be read (the chain service's
+thread while a node runs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledger.chaindb import ChainDB
+from ledger.state import ACCOUNT, JAIL, NODE
+
+
+def account_view(chain: ChainDB, account_id: bytes) -> dict[str, Any]:
+    """An account as `pwallet balance` and ``send`` read it.
+
+    Returns:
+        address (hex), chain_id, height, balance, bond, nonce (the next one
+        the chain expects), queued (its transfers waiting in the mempool)
+        and next_nonce (the nonce a new transfer takes).
+    """
+    account = chain.state.get(ACCOUNT + account_id)
+    nonce = account.nonce if account else 0
+    queued = sum(getattr(tx, "sender", None) == account_id for tx in chain.mempool())
+    return {"address": account_id.hex(), "chain_id": chain.chain_id, "height": chain.height,
+            "balance": account.balance if account else 0,
+            "bond": account.bond if account else 0,
+            "nonce": nonce, "queued": queued, "next_nonce": nonce + queued}
+
+
+def node_status_view(chain: ChainDB, address: bytes, node_key: bytes) -> dict[str, Any]:
+    """The chain's fields of `pnode status` for the node of ``node_key`` and wallet ``address``.
+
+    Returns:
+        chain_id, height, tip, address, node_key (hex), the wallet's balance
+        and bond, whether the node is registered and its layers,
+        jailed_until (None unless jailed past the tip) and the mempool's size.
+    """
+    account = chain.state.get(ACCOUNT + address)
+    record = chain.state.get(NODE + node_key)
+    jail = chain.state.get(JAIL + address)
+    return {"chain_id": chain.chain_id, "height": chain.height, "tip": chain.tip_hash.hex(),
+            "address": address.hex(), "node_key": node_key.hex(),
+            "balance": account.balance if account else 0,
+            "bond": account.bond if account else 0,
+            "registered": record is not None,
+            "layers": [record.layer_start, record.layer_end] if record else None,
+            # Jailed for a missed unit deadline: last in line for units until then.
+            "jailed_until": jail.until if jail and jail.until > chain.height else None,
+            "mempool": len(chain.mempool())}

@@ -1,0 +1,61 @@
+"""node.lazy: sub-packages name their API without importing it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+from node.lazy import lazy_exports
+from tests.node.prockit import ROOT
+
+
+def test_a_name_loads_its_module_on_first_use_and_stays():
+    package = types.ModuleType("fake_pkg")
+    sys.modules["fake_pkg"] = package
+    try:
+        package.__all__, package.__getattr__, package.__dir__ = lazy_exports(
+            "fake_pkg", {"json": ("dumps",), "textwrap": ("dedent", "indent")})
+        assert package.__all__ == ["dedent", "dumps", "indent"]
+        import json
+        assert package.dumps is json.dumps and "dumps" in vars(package)
+        assert "indent" in dir(package)
+        with pytest.raises(AttributeError, match="no attribute 'loads'"):
+            package.loads  # noqa: B018
+    finally:
+        del sys.modules["fake_pkg"]
+
+
+def test_a_name_exported_twice_is_refused():
+    sys.modules["fake_pkg2"] = types.ModuleType("fake_pkg2")
+    try:
+        with pytest.raises(ValueError, match="dumps"):
+            lazy_exports("fake_pkg2", {"json": ("dumps",), "pickle": ("dumps",)})
+    finally:
+        del sys.modules["fake_pkg2"]
+
+
+@pytest.mark.parametrize("statement, absent", [
+    ("from node.net import read_frame", ("libp2p", "torch")),
+    ("from node.chain import node_status_view", ("libp2p", "torch")),
+    ("import node.cli.pnode", ("libp2p", "torch")),
+    ("import wallet.cli", ("libp2p", "torch")),
+])
+def test_light_imports_stay_light(statement, absent):
+    """What a command needs to parse its arguments loads neither torch nor libp2p."""
+    code = f"import sys\n{statement}\nprint(sorted(m for m in {absent!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("package", ["node.net", "node.wire", "node.chain", "node.serve",
+                                     "node.mine"])
+def test_every_exported_name_exists(package):
+    import importlib
+    pkg = importlib.import_module(package)
+    for name in pkg.__all__:
+        assert getattr(pkg, name) is not None, f"{package}.{name}"
