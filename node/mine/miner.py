@@ -31,13 +31,17 @@ holders of its own section. A backward unit of s takes the states entering
 s and dL/d(its output), sends dL/d(its input) to the holders of s-1
 (section 0: the embedding gradient to every miner) and its weight gradients
 to the holders of s.
+
+Two collaborators, made once the miner is set up for the job: a `Transfer`
+(`node.mine.transfer`) keeps, pushes and receives the step's tensors, and a
+`StateSync` (`node.mine.state_sync`) fetches the held parts' state from
+another holder when this node is behind, and serves it to others.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,50 +49,31 @@ from pathlib import Path
 
 import torch
 import trio
-from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
 from compute.blocks import add_grads
 from compute.data import JobConfig, batch, load_corpus, make_model
-from compute.quant import WireTensorError, decode_tensor, encode_tensor
-from compute.train import ParamSlice, average_replicas, make_sections
-from ledger.codec import decode, encode
+from compute.quant import WireTensorError
+from compute.train import average_replicas, make_sections
 from ledger.crypto import SigningKey
-from ledger.errors import DecodeError, ValidationError
+from ledger.errors import ValidationError
 from ledger.rules import candidates
 from ledger.state import JOB, NODE, UNIT, Overlay
 from ledger.types import ZERO_SIG, Receipt, sign, unit_id
 from node import torch_thread
-from node.mine.averaging import Averager, NamedTensor
+from node.mine.averaging import Averager
 from node.errors import BadPush, MinerError
-from node.net.framing import read_frame, write_frame
-from node.net.host import RequestError
-from node.chain.sync import ChainService
-from node.mine.step_plan import Key, Phase, PhaseResult, StepPlan
-from node.wire.train import (
-    CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, TRAIN_PROTOCOL, WHATS, StateReply, StateRequest,
-    StepTensors,
-)
-from node.chain.txgossip import TxGossip
+from node.chain import ChainService, TxGossip
+from node.wire import CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, TRAIN_PROTOCOL
+from node.mine.step_plan import Phase, PhaseResult, StepPlan
 from node.mine.jobs import commitments, job_units, matches
+from node.mine.state_sync import StateSync
+from node.mine.transfer import Transfer
 
 log = logging.getLogger(__name__)
 
 
 __all__ = ["BadPush", "Miner", "MinerError"]
-
-
-def slice_keys(slices: tuple[ParamSlice, ...]) -> list[str]:
-    """A name per slice: its parameter's, with ``@n`` for the n-th further slice of it.
-
-    (A piece of a layer owns several slices of one tensor: q rows, k and v shares.)
-    """
-    seen: dict[str, int] = {}
-    out = []
-    for sl in slices:
-        n = seen[sl.name] = seen.get(sl.name, -1) + 1
-        out.append(sl.name if n == 0 else f"{sl.name}@{n}")
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +119,10 @@ class Miner:
         self.version = 0  # updates applied: the step whose units this node may run
         self.units_done = 0
         self.losses: list[tuple[int, int, float]] = []  # (step, replica, loss)
-        self._inbox: dict[Key, dict[str, torch.Tensor]] = {}
-        self._arrived = trio.Event()
+        # Made in `_setup`, once the job is known: the step tensors' inbox and
+        # pushes, and the catching up from (and answering of) other holders.
+        self.transfer: Transfer | None = None
+        self.state_sync: StateSync | None = None
         # Receipts of the units run, by (step, unit index): a unit that the
         # chain took away (a timeout) and hands back gets the same receipt again.
         self._receipts: dict[tuple[int, int], Receipt] = {}
@@ -147,7 +134,7 @@ class Miner:
         self._said: str | None = None
         self._averagers: dict[int, Averager] = {}
         self._background: trio.Nursery | None = None
-        self._weights_version = 0  # updates in the weights (set in the compute thread)
+        # Given to the `Transfer` at setup (see its Args).
         self.push_wait_s, self.push_retry_s = 5.0, 60.0
 
     def status(self) -> dict:
@@ -258,7 +245,7 @@ class Miner:
         if job.units != job_units(self.sections.partition, self.config.replicas):
             raise MinerError("the job's units are not this config's partition")
         for opt in (*self.sections.optimizers, self.sections.client):  # weights + 2 AdamW moments
-            size = 3 * 4 * sum(p.numel() for p in opt.params)
+            size = 3 * 4 * opt.numel()
             if size > MAX_TRAIN_FRAME - (1 << 20):
                 raise MinerError(f"a section's state ({size} bytes) does not fit one "
                                  f"{MAX_TRAIN_FRAME}-byte frame: use more sections (k)")
@@ -272,9 +259,18 @@ class Miner:
                                 lambda w, s=s: self._install(s, w), timeout=10.0)
             averager.start()
             self._averagers[s] = averager
+        self.transfer = Transfer(
+            self.host, self._background, job_id=self.job_id, replicas=self.config.replicas,
+            expected=self.plan.expected, registered=self._registered,
+            version=lambda: self.version, wait_tip_change=self.service.wait_tip_change,
+            device=self.device, wait_s=self.wait_s, push_wait_s=self.push_wait_s,
+            push_retry_s=self.push_retry_s)
+        self.state_sync = StateSync(self.host, job_id=self.job_id, held=self.held,
+                                    optimizer=self._optimizer, registered=self._registered,
+                                    version=lambda: self.version, wait_s=self.wait_s)
         # Only now: a push that comes earlier fails, and its sender tries again.
-        self.host.set_handler(TRAIN_PROTOCOL, self._receive)
-        self.host.set_request_handler(STATE_PROTOCOL, self._serve_state,
+        self.host.set_handler(TRAIN_PROTOCOL, self.transfer.receive)
+        self.host.set_request_handler(STATE_PROTOCOL, self.state_sync.serve,
                                       max_request_size=1024)
         held = ", ".join(f"{self.sections.forward[s].layer_start}:"
                          f"{self.sections.forward[s].layer_end}" for s in self.held)
@@ -291,6 +287,10 @@ class Miner:
                              c.replicas)
         return {"commitments": commitments(self.config)}
 
+    def _registered(self) -> tuple[str, ...] | None:
+        """Every registered node's peer id as the last look saw them (None before it)."""
+        return None if self._view is None else self._view.miners
+
     # -- units --------------------------------------------------------------------------
 
     async def _run_phase(self, view: _View, phase: Phase) -> None:
@@ -300,7 +300,7 @@ class Miner:
         """
         t, index = view.step, phase.index
         needs = self.plan.needs(t, phase)
-        got = await self._wait_inbox(needs, view.tip)
+        got = await self.transfer.wait(needs, view.tip)
         if got is None:
             return  # not here yet and the chain moved on: look again (it may have reassigned)
         shard = batch(self.config, t, phase.replica, self.config.replicas, corpus=self.corpus)
@@ -308,7 +308,8 @@ class Miner:
         result = await torch_thread.run_sync(self.plan.run, phase, t, dict(zip(needs, got)),
                                              ids, targets)
         try:
-            await self._push_all(view, result.pushes)
+            await self.transfer.push_all(result.pushes, job_id=view.job_id,
+                                         miners=view.miners, holders=view.holders)
         except WireTensorError as exc:  # non-finite outputs (the run diverged): not work
             self._say(f"mining: step {t} unit {index} gave non-finite values ({exc}); "
                       "not pushed, no receipt")
@@ -352,7 +353,7 @@ class Miner:
     async def _apply_update(self, t: int) -> bool:
         """Apply step ``t``'s update to the held sections and the client part."""
         needs = [self.plan.update_needs(t, r, self.held) for r in range(self.config.replicas)]
-        got = await self._wait_inbox([key for keys in needs for key in keys])
+        got = await self.transfer.wait([key for keys in needs for key in keys])
         if got is None:
             return False
         per_replica, at = [], 0
@@ -364,8 +365,7 @@ class Miner:
             at += len(keys)
         grads = average_replicas(per_replica)
         await torch_thread.run_sync(self._step_optimizers, grads, t + 1)
-        for key in [key for key in self._inbox if key[0] <= t]:
-            del self._inbox[key]
+        self.transfer.drop_through(t)
         for key in [key for key in self._receipts if key[0] <= t]:
             del self._receipts[key]
         for key in [key for key in self._phases if key[0] <= t]:
@@ -379,7 +379,8 @@ class Miner:
         for s in self.held:
             self.sections.optimizers[s].step(grads)
         self.sections.client.step(grads)
-        self._weights_version = version  # what the weights are now (compute thread's view)
+        # What the weights are now (the compute thread's view), for the states it serves.
+        self.state_sync.weights_version = version
 
     def _optimizer(self, s: int):
         return self.sections.client if s == CLIENT else self.sections.optimizers[s]
@@ -387,15 +388,10 @@ class Miner:
     def _weights(self, s: int) -> dict[str, torch.Tensor]:
         opt = self._optimizer(s)
         # On the CPU for the averager, which mixes them with what comes off the wire.
-        return {key: p.detach().to("cpu") for key, p in zip(slice_keys(opt.slices), opt.params)}
+        return {key: w.to("cpu") for key, w in opt.weights().items()}
 
     def _install(self, s: int, weights: dict[str, torch.Tensor]) -> None:
-        opt = self._optimizer(s)
-        with torch.no_grad():
-            for key, sl, p, target in zip(slice_keys(opt.slices), opt.slices, opt.params,
-                                          opt.targets):
-                p.copy_(weights[key])
-                sl.of(target).copy_(p)
+        self._optimizer(s).load_weights(weights)
 
     async def _average(self) -> None:
         """One averaging round per held section (and the client part) with the other holders."""
@@ -413,202 +409,9 @@ class Miner:
 
     async def _fetch_state(self, view: _View) -> bool:
         """Take every held part's weights and AdamW state from holders at the open step."""
-        got: dict[int, dict[str, torch.Tensor]] = {}
-        for s in [*self.held, CLIENT]:
-            group = view.miners if s == CLIENT else view.holders[s]
-            for peer in (p for p in group if p != self.me):
-                try:
-                    reply = decode(await self.host.request(
-                        peer, STATE_PROTOCOL, encode(StateRequest(view.job_id, s)),
-                        timeout=self.wait_s, max_response_size=MAX_TRAIN_FRAME), StateReply)
-                    tensors = {t.name: decode_tensor(t.data) for t in reply.tensors}
-                except (RequestError, DecodeError, WireTensorError) as exc:
-                    log.info("state of section %s from %s: %s", s, peer, exc)
-                    continue
-                if reply.version == view.step and self._fits(s, tensors):
-                    got[s] = tensors
-                    break
-            if s not in got:
-                return False
-        await torch_thread.run_sync(self._restore_all, got, view.step)
+        if not await self.state_sync.fetch(job_id=view.job_id, step=view.step,
+                                           miners=view.miners, holders=view.holders):
+            return False
         self.version = view.step
         self._say(f"mining: caught up at step {view.step} with the holders' weights")
         return True
-
-    def _fits(self, s: int, tensors: dict[str, torch.Tensor]) -> bool:
-        """Every parameter, and its AdamW state either whole or absent, with our shapes."""
-        opt = self._optimizer(s)
-        keys = slice_keys(opt.slices)
-        for key, p in zip(keys, opt.params):
-            if key not in tensors or tensors[key].shape != p.shape:
-                return False
-            extra = [tensors.get(key + suffix) for suffix in ("#exp_avg", "#exp_avg_sq")]
-            step = tensors.get(key + "#step")
-            if step is None and extra == [None, None]:
-                continue
-            if step is None or step.numel() != 1 or any(
-                    e is None or e.shape != p.shape for e in extra):
-                return False
-        names = {key + x for key in keys for x in ("", "#exp_avg", "#exp_avg_sq", "#step")}
-        return set(tensors) <= names
-
-    def _restore_all(self, got: dict[int, dict[str, torch.Tensor]], version: int) -> None:
-        self._weights_version = version
-        for s, tensors in got.items():
-            opt = self._optimizer(s)
-            self._install(s, tensors)
-            for key, p in zip(slice_keys(opt.slices), opt.params):
-                if key + "#step" in tensors:
-                    opt.optimizer.state[p] = {
-                        "step": tensors[key + "#step"].reshape(()).clone(),
-                        "exp_avg": tensors[key + "#exp_avg"].to(p.device, copy=True),
-                        "exp_avg_sq": tensors[key + "#exp_avg_sq"].to(p.device, copy=True)}
-                else:
-                    opt.optimizer.state.pop(p, None)
-
-    def _snapshot(self, s: int) -> tuple[int, dict[str, torch.Tensor]]:
-        """(updates applied, a held part's weights and AdamW state) (compute thread)."""
-        opt = self._optimizer(s)
-        out = {}
-        for key, p in zip(slice_keys(opt.slices), opt.params):
-            out[key] = p.detach().clone()
-            state = opt.optimizer.state.get(p)
-            if state:
-                out[key + "#step"] = state["step"].detach().reshape(1).float().clone()
-                out[key + "#exp_avg"] = state["exp_avg"].detach().clone()
-                out[key + "#exp_avg_sq"] = state["exp_avg_sq"].detach().clone()
-        return self._weights_version, out
-
-    async def _serve_state(self, peer: ID, request: bytes) -> bytes:
-        """Answer a `StateRequest`: this node's version and, if it holds the part, its state.
-
-        Only registered nodes get the state (it is a full copy of a section).
-        """
-        req = decode(request, StateRequest)
-        registered = self._view is not None and str(peer) in self._view.miners
-        held = registered and req.job_id == self.job_id and (
-            req.section == CLIENT or req.section in self.held)
-        if not held:
-            return encode(StateReply(self.version, ()))
-        version, tensors = await torch_thread.run_sync(self._snapshot, req.section)
-        return encode(StateReply(version, tuple(
-            NamedTensor(n, encode_tensor(t)) for n, t in sorted(tensors.items()))))
-
-    # -- the inbox and pushes -----------------------------------------------------------
-
-    async def _wait_inbox(self, keys: list[Key], tip: bytes | None = None):
-        """The tensors of ``keys`` once all are here.
-
-        None after ``wait_s``, or (given ``tip``) as soon as the chain's tip
-        is another one while some are still missing: a unit waiting for
-        inputs must not keep this node from the units the new tip hands it.
-        """
-        async def tip_moved(cancel_scope: trio.CancelScope) -> None:
-            await self.service.wait_tip_change(tip)
-            cancel_scope.cancel()
-
-        with trio.move_on_after(self.wait_s):
-            async with trio.open_nursery() as nursery:
-                if tip is not None:
-                    nursery.start_soon(tip_moved, nursery.cancel_scope)
-                while not all(key in self._inbox for key in keys):
-                    self._arrived = trio.Event()
-                    await self._arrived.wait()
-                nursery.cancel_scope.cancel()
-        if all(key in self._inbox for key in keys):
-            return [self._inbox[key] for key in keys]
-        return None
-
-    def _deliver(self, key: Key, tensors: dict[str, torch.Tensor]) -> None:
-        self._inbox.setdefault(key, {n: v.to(self.device) for n, v in tensors.items()})
-        self._arrived.set()
-
-    async def _push_all(self, view: _View, pushes) -> None:
-        """Deliver each push to its group: this node at once, the others over the network.
-
-        Pushes are (group, key, tensors), the group some sections (their
-        holders) or `CLIENT` (every miner), the key (step, replica, what,
-        section). Waits for every push's first attempt, ``push_wait_s`` at
-        most: a push to a node that is down or not yet mining goes on being
-        retried in the background for ``push_retry_s``, and a dead holder
-        (its dial refused at once) costs the others no wait.
-        """
-        sent: list[trio.Event] = []
-        for group, key, tensors in pushes:
-            t, replica, what, section = key
-            peers = view.miners if group == CLIENT else sorted(
-                {p for s in group for p in view.holders[s]})
-            msg = None
-            for peer in peers:
-                if peer == self.me:
-                    self._deliver(key, tensors)
-                    continue
-                if msg is None:
-                    msg = encode(StepTensors(view.job_id, t, replica, what, section, tuple(
-                        NamedTensor(n, encode_tensor(v.detach().contiguous()))
-                        for n, v in sorted(tensors.items()))))
-                sent.append(trio.Event())
-                self._background.start_soon(self._push, peer, msg, WHATS[what], t, sent[-1])
-        with trio.move_on_after(self.push_wait_s):
-            for event in sent:
-                await event.wait()
-
-    async def _push(self, peer: str, msg: bytes, what: str, step: int, sent: trio.Event
-                    ) -> None:
-        """Push one frame to ``peer``, trying again until ``push_retry_s`` has passed.
-
-        ``sent`` is set once the first attempt has ended, delivered or not.
-        """
-        with trio.move_on_after(self.push_retry_s):
-            while True:
-                try:
-                    with trio.fail_after(self.push_wait_s):
-                        stream = await self.host.open_stream(peer, TRAIN_PROTOCOL)
-                        await write_frame(stream, msg)
-                        await stream.close()
-                    sent.set()
-                    return
-                except Exception as exc:
-                    # Anything a dying or reset stream raises: a push never stops the miner.
-                    log.debug("push of %s (step %d) to %s: %s; trying again", what, step,
-                              peer, exc)
-                sent.set()
-                await trio.sleep(0.5)
-        log.info("push of %s (step %d) to %s given up", what, step, peer)
-
-    async def _receive(self, stream: INetStream, peer: ID) -> None:
-        """A pushed `StepTensors`: checked against the job, then kept until used.
-
-        Raises:
-            BadPush, DecodeError, FramingError: the host resets the stream and
-                scores the peer.
-        """
-        view = self._view
-        if view is None or str(peer) not in view.miners:
-            # Not a holder as far as this node's (possibly stale) view goes: read
-            # nothing, score nothing; the stream closes and the sender retries.
-            return
-        msg = decode(await read_frame(stream, MAX_TRAIN_FRAME, timeout=self.wait_s), StepTensors)
-        if self.job_id is None or msg.job_id != self.job_id:
-            return  # not (yet) mining that job: nothing to keep
-        if msg.step < self.version or msg.step > self.version + 2:
-            return  # stale or far ahead: dropped, not an offence
-        if msg.replica >= self.config.replicas:
-            raise BadPush(f"replica {msg.replica} of a job with {self.config.replicas}")
-        expect = self.plan.expected(msg.what, msg.section)
-        tensors = {}
-        for item in msg.tensors:
-            shape = expect.get(item.name)
-            if shape is None or item.name in tensors:
-                raise BadPush(f"unexpected tensor {item.name!r} in a {WHATS[msg.what]} push")
-            try:
-                value = decode_tensor(item.data, max(1, math.prod(shape)))
-            except WireTensorError as exc:
-                raise BadPush(f"bad tensor {item.name!r}: {exc}") from None
-            if tuple(value.shape) != shape or value.dtype != torch.float32:
-                raise BadPush(f"{item.name!r}: expected {shape} float32, got "
-                              f"{tuple(value.shape)} {value.dtype}")
-            tensors[item.name] = value
-        if set(tensors) != set(expect):
-            raise BadPush(f"{WHATS[msg.what]} lacks {sorted(set(expect) - set(tensors))}")
-        self._deliver((msg.step, msg.replica, msg.what, msg.section), tensors)
