@@ -24,7 +24,7 @@ from ledger.errors import DecodeError, LedgerError
 from ledger.store import LevelDBStore
 from ledger.types import Genesis
 from node.errors import ChainCorruptError, DataDirError
-from node.keys import read_seed_file, write_private
+from node.keys import read_seed_file, write_key_file, write_private, write_seed_file
 
 DEFAULT_DATA_DIR = Path(os.environ.get("PNODE_DATA_DIR", Path.home() / ".pnode"))
 
@@ -75,6 +75,35 @@ class DataDir:
         except LedgerError as exc:
             store.close()
             raise ChainCorruptError(f"the chain in {self.chain_dir} is damaged: {exc}") from None
+
+    def initialise(self, genesis: Genesis, node_key: SigningKey, peer_key: SigningKey,
+                   wallet_seed: bytes, passphrase: str) -> bytes:
+        """Make this a node's data dir: its keys, the genesis file and the chain store.
+
+        Args:
+            genesis: the chain this node follows.
+            node_key, peer_key: written as hex seed files (mode 0600).
+            wallet_seed: the wallet key's seed, written encrypted under
+                ``passphrase``.
+            passphrase: unlocks the wallet key file.
+
+        Returns:
+            The genesis block's hash.
+
+        Raises:
+            DataDirError: already initialised, or a file exists.
+            LedgerError: the genesis is not valid (the store is closed again).
+        """
+        if self.genesis_file.exists() or self.chain_dir.exists():
+            raise DataDirError(f"{self.path} is already initialised")
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_seed_file(self.node_key_file, node_key)
+        write_seed_file(self.peer_key_file, peer_key)
+        write_key_file(self.wallet_file, wallet_seed, passphrase)
+        write_genesis_file(self.genesis_file, genesis)
+        # The store's own `with`: it must close even when create() refuses the genesis.
+        with LevelDBStore(self.chain_dir) as store:
+            return ChainDB.create(store, genesis).tip_hash
 
     def read_genesis(self) -> Genesis:
         return read_genesis_file(self.genesis_file)

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,60 +60,91 @@ WAIT_PEERS_S = 60.0
 TRAIN_LOG = "train.jsonl"  # one JSON line per loss this node computed
 
 
+@dataclass(frozen=True)
+class NetworkConfig:
+    """Where a node listens and whom it talks to.
+
+    listen: multiaddr to listen on.
+    peers: full multiaddrs (``.../p2p/<id>``) to join.
+    trusted: when given, the only peer ids (base58) this node dials, syncs
+        and gossips with and takes announcements from; clients may still use
+        its swarm and inference protocols.
+    dial_attempts, first_backoff_s: retries of each ``peers`` dial.
+    resync_s: seconds between syncs from every connected peer.
+    catch_up_s: most seconds production, placement, registration and mining
+        wait for the first syncs.
+    """
+
+    listen: str = DEFAULT_LISTEN
+    peers: tuple[str, ...] = ()
+    trusted: frozenset[str] | None = None
+    dial_attempts: int = 5
+    first_backoff_s: float = 0.5
+    resync_s: float = 5.0
+    catch_up_s: float = 20.0
+
+
+@dataclass(frozen=True)
+class ProduceConfig:
+    """Whether and how a node seals blocks.
+
+    enabled: seal blocks when this node is a registered producer.
+    block_interval_ms: least time between the tip and a block this node
+        seals on it (None: the chain's slot).
+    wait_peers: production also waits (``WAIT_PEERS_S`` at most) until this
+        many peers are connected.
+    """
+
+    enabled: bool = True
+    block_interval_ms: int | None = None
+    wait_peers: int = 0
+
+
+@dataclass(frozen=True)
+class MineConfig:
+    """The job a node mines when the chain carries it.
+
+    job: the job config (`compute.data.JobConfig`).
+    average_every: updates between the replicas' averaging rounds.
+    device: where the miner trains ("cpu" or "cuda:N").
+    """
+
+    job: Any
+    average_every: int = 10
+    device: str = "cpu"
+
+
 class Node:
-    """One node of a data dir, run by `run` until cancelled."""
+    """One node of a data dir, run by `run` until cancelled.
+
+    Args:
+        data_dir: an initialised data dir (`pnode init`).
+        clock: wall-clock time in ms.
+        network: listening, peers, trust and retries.
+        produce: block production.
+        serve: the layers to serve and how (None: serve nothing).
+        mine: the job to mine (None: do not mine).
+        wallet_key: the unlocked wallet key: a serving node registers itself
+            with it (None: it says it cannot).
+        bond: base units to bond when registering (None: the chain's minimum).
+        report: gets the lines `pnode start` prints.
+    """
 
     def __init__(self, data_dir: str | os.PathLike[str], clock: Clock, *,
-                 listen: str = DEFAULT_LISTEN, peers: Sequence[str] = (),
-                 report: Callable[[str], None] = lambda line: None,
-                 dial_attempts: int = 5, first_backoff_s: float = 0.5,
-                 resync_s: float = 5.0, produce: bool = True,
-                 block_interval_ms: int | None = None, catch_up_s: float = 20.0,
-                 wait_peers: int = 0, serve: ServeConfig | None = None,
-                 trusted: Collection[str] | None = None,
+                 network: NetworkConfig = NetworkConfig(),
+                 produce: ProduceConfig = ProduceConfig(),
+                 serve: ServeConfig | None = None, mine: MineConfig | None = None,
                  wallet_key: SigningKey | None = None, bond: int | None = None,
-                 mine: Any = None, average_every: int = 10, mine_device: str = "cpu"):
-        """
-        Args:
-            data_dir: an initialised data dir (`pnode init`).
-            clock: local time in ms.
-            listen: multiaddr to listen on.
-            peers: full multiaddrs (``.../p2p/<id>``) to join.
-            report: gets the lines `pnode start` prints.
-            dial_attempts, first_backoff_s: retries of each ``peers`` dial.
-            resync_s: seconds between syncs from every connected peer.
-            produce: seal blocks when this node is a registered producer.
-            block_interval_ms: least time between the tip and a block this
-                node seals on it (None: the chain's slot).
-            catch_up_s: most seconds production waits for the first syncs.
-            wait_peers: production also waits (``WAIT_PEERS_S`` at most) until
-                this many peers are connected.
-            serve: the layers to serve and how (None: serve nothing).
-            trusted: when given, the only peer ids (base58) this node dials,
-                syncs and gossips with and takes announcements from;
-                clients may still use its swarm and inference protocols.
-            wallet_key: the unlocked wallet key: a serving node registers
-                itself with it (None: it says it cannot).
-            bond: base units to bond when registering (None: the chain's minimum).
-            mine: the job config (`compute.data.JobConfig`) to mine when the
-                chain carries that job (None: do not mine).
-            average_every: updates between the replicas' averaging rounds.
-            mine_device: where the miner trains ("cpu" or "cuda:N").
-        """
+                 report: Callable[[str], None] = lambda line: None):
         self.datadir = DataDir(data_dir)
-        self.clock, self.listen, self.peers = clock, listen, tuple(peers)
-        self.report = report
-        self.dial_attempts, self.first_backoff_s = dial_attempts, first_backoff_s
-        self.resync_s = resync_s
-        self.produce, self.block_interval_ms = produce, block_interval_ms
-        self.catch_up_s, self.wait_peers = catch_up_s, wait_peers
-        self.serve = serve
-        self.trusted = None if trusted is None else {ID.from_base58(p) for p in trusted}
+        self.clock, self.report = clock, report
+        self.network, self.production, self.serve, self.mine = network, produce, serve, mine
+        self.trusted = None if network.trusted is None else {
+            ID.from_base58(p) for p in network.trusted}
         self.announcer: Announcer | None = None
         self.server: LayerServer | None = None
         self.wallet_key, self.bond = wallet_key, bond
         self.registrar: Registrar | None = None
-        self.mine, self.average_every, self.mine_device = mine, average_every, mine_device
         self.miner = None
         self.addr: str | None = None
         self.service: ChainService | None = None
@@ -143,7 +175,7 @@ class Node:
             key = self.datadir.node_key()
             self.node_key = key.public
             self.address = read_public_key(self.datadir.wallet_file)
-            async with open_host(identity, self.listen, trusted=self.trusted) as host, \
+            async with open_host(identity, self.network.listen, trusted=self.trusted) as host, \
                     trio.open_nursery() as nursery:
                 service = ChainService(chain, host, self.clock, on_sync=self._synced)
                 self.service = await nursery.start(service.run)
@@ -160,7 +192,7 @@ class Node:
                 write_private(self.addr_file, self.addr + "\n", 0o644, overwrite=True)
                 try:
                     task_status.started(self.addr)
-                    if self.produce:
+                    if self.production.enabled:
                         nursery.start_soon(self._produce_after, joined, key, host)
                     if self.server is not None:
                         nursery.start_soon(self._register_after, joined, key, identity)
@@ -178,7 +210,7 @@ class Node:
                              joined: trio.Event) -> None:
         """Start the `LayerServer`; placed automatically only once the peers were joined."""
         if self.serve.layers is None:
-            with trio.move_on_after(self.catch_up_s):
+            with trio.move_on_after(self.network.catch_up_s):
                 await joined.wait()
         self.server = LayerServer(host, identity, self.announcer, self.clock, self.serve,
                                   report=self.report)
@@ -280,7 +312,7 @@ class Node:
         """Join every ``peers`` address (dial and first sync); then set ``done``."""
         try:
             async with trio.open_nursery() as joins:
-                for peer in self.peers:
+                for peer in self.network.peers:
                     joins.start_soon(self._join, peer)
         finally:
             done.set()
@@ -291,7 +323,7 @@ class Node:
         Waiting keeps a restarted producer from sealing blocks on a stale tip;
         the limit keeps unreachable peers from keeping it from producing.
         """
-        with trio.move_on_after(self.catch_up_s):
+        with trio.move_on_after(self.network.catch_up_s):
             await joined.wait()
             # A mining node produces once it can run units: blocks sealed
             # before would let its first deadlines pass while it builds the
@@ -299,17 +331,17 @@ class Node:
             while self.mine is not None and (self.miner is None or not self.miner.ready.is_set()):
                 await (self.miner.ready.wait() if self.miner else trio.sleep(0.05))
         with trio.move_on_after(WAIT_PEERS_S):
-            while len(host.connected_peers()) < self.wait_peers:
+            while len(host.connected_peers()) < self.production.wait_peers:
                 await trio.sleep(0.1)
         self.producer = Producer(self.service, key, self.clock,
-                                 interval_ms=self.block_interval_ms, report=self.report)
+                                 interval_ms=self.production.block_interval_ms, report=self.report)
         if self.production_held:
             self.producer.hold()
         await self.producer.run()
 
     async def _register_after(self, joined: trio.Event, key, identity) -> None:
         """Register the served span once the first syncs are over (see `Registrar`)."""
-        with trio.move_on_after(self.catch_up_s):
+        with trio.move_on_after(self.network.catch_up_s):
             await joined.wait()
         layers = self.server.inference.layers
         self.registrar = Registrar(self.service, self.txs, self.wallet_key, self.address, key,
@@ -322,12 +354,12 @@ class Node:
         from node.errors import MinerError
         from node.mine import Miner  # torch loads with it
 
-        with trio.move_on_after(self.catch_up_s):
+        with trio.move_on_after(self.network.catch_up_s):
             await joined.wait()
-        self.miner = Miner(self.service, self.txs, key, self.mine,
+        self.miner = Miner(self.service, self.txs, key, self.mine.job,
                            log_file=self.datadir.path / TRAIN_LOG,
-                           average_every=self.average_every, report=self.report,
-                           device=self.mine_device)
+                           average_every=self.mine.average_every, report=self.report,
+                           device=self.mine.device)
         try:
             await self.miner.run()
         except MinerError as exc:  # a job this node cannot mine: the node goes on without
@@ -335,15 +367,15 @@ class Node:
 
     async def _join(self, addr: str) -> None:
         """Dial ``addr`` (retrying with backoff) and sync from it once."""
-        delay = self.first_backoff_s
-        for attempt in range(1, self.dial_attempts + 1):
+        delay = self.network.first_backoff_s
+        for attempt in range(1, self.network.dial_attempts + 1):
             try:
                 peer = await self.service.host.connect(addr)
                 break
             except DialError as exc:
                 log.warning("peer %s unreachable (try %d of %d): %s",
-                            addr, attempt, self.dial_attempts, exc)
-                if attempt == self.dial_attempts:
+                            addr, attempt, self.network.dial_attempts, exc)
+                if attempt == self.network.dial_attempts:
                     self.report(f"giving up on peer {addr}")
                     return
                 await trio.sleep(delay)
@@ -353,7 +385,7 @@ class Node:
     async def _follow(self) -> None:
         """Sync again from every connected peer now and then (missed gossip)."""
         while True:
-            await trio.sleep(self.resync_s)
+            await trio.sleep(self.network.resync_s)
             for peer in self.service.host.connected_peers():
                 if self.service.host.is_trusted(peer):
                     await self._sync(peer)

@@ -209,6 +209,17 @@ def datadir(path: str) -> DataDir:
     return DataDir(path)
 
 
+def parse_layers(text: str) -> tuple[int, int]:
+    """A layer span ``START:END`` (0 <= START < END), or click.BadParameter."""
+    try:
+        start, end = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not START:END") from None
+    if not 0 <= start < end:
+        raise click.BadParameter(f"layers {text!r}: need 0 <= START < END")
+    return start, end
+
+
 def read_peer_list(path: str) -> list[str]:
     """The peer ids (base58) listed in a trusted-peers file.
 

@@ -22,17 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ledger.chaindb import ChainDB
 from ledger.state import ACCOUNT, JAIL, KEY_SUPPLY
-from ledger.store import LevelDBStore
 from ledger.types import COIN, Receipt
-from node.control import ControlError, NodeNotRunning, control_call
-from node.datadir import DataDir, write_genesis_file
-from node.mine import config_json, devnet_genesis, devnet_job, DevnetKeys
-from node.errors import NodeError
 from node.clock import now_ms
+from node.control import ControlError, NodeNotRunning, control_call
+from node.datadir import DataDir
+from node.errors import NodeError
+from node.keys import read_public_key
+from node.mine import DevnetKeys, config_json, devnet_genesis, devnet_job
 from node.node import ADDR_FILE, TRAIN_LOG
-from node.keys import read_public_key, write_key_file, write_seed_file
 
 _ROOT = Path(__file__).resolve().parents[2]  # the repository root (node/cli/ is two down)
 STOP_AGREE_S = 15.0  # the most `Devnet.stop` waits for the held nodes to share a tip
@@ -61,13 +59,7 @@ def create(root: Path, n_nodes: int, steps: int, passphrase: str, *,
     dirs = []
     for i, k in enumerate(keys):
         dd = DataDir(root / f"node{i}")
-        dd.path.mkdir(parents=True)
-        write_seed_file(dd.node_key_file, k.node)
-        write_seed_file(dd.peer_key_file, k.peer)
-        write_key_file(dd.wallet_file, k.wallet.seed(), passphrase)
-        write_genesis_file(dd.genesis_file, genesis)
-        with LevelDBStore(dd.chain_dir) as store:
-            ChainDB.create(store, genesis)
+        dd.initialise(genesis, k.node, k.peer, k.wallet.seed(), passphrase)
         dirs.append(dd.path)
     return dirs, job_file
 

@@ -24,7 +24,7 @@ from node.control import (
 )
 from node.errors import DataDirError
 from node.net.framing import read_frame, write_frame
-from node.node import Node
+from node.node import Node, ProduceConfig
 from tests.node.netkit import run
 from tests.node.prockit import ROOT
 from node.keys import read_key_file
@@ -54,7 +54,7 @@ def test_status_account_and_submit_tx(data_dir):
     bob = SigningKey(b"\x05" * 32).public
 
     async def main():
-        node = Serving(data_dir, now_ms, produce=False)
+        node = Serving(data_dir, now_ms, produce=ProduceConfig(enabled=False))
         async with trio.open_nursery() as nursery:
             addr = await nursery.start(node.run)
             status = await control_request(data_dir, "status")
@@ -121,7 +121,7 @@ class _Conn:
 def test_a_malformed_request_gets_an_error_and_the_node_lives_on(data_dir, payload, error):
     async def main():
         async with trio.open_nursery() as nursery:
-            await nursery.start(Node(data_dir, now_ms, produce=False).run)
+            await nursery.start(Node(data_dir, now_ms, produce=ProduceConfig(enabled=False)).run)
             reply = await ask_raw(data_dir / "node.sock", payload)
             assert reply["ok"] is False and error in reply["error"], reply
             assert (await control_request(data_dir, "status"))["height"] == 0

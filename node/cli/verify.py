@@ -1,0 +1,144 @@
+"""`pnode proof` and `pnode verify chain|block|proof`: proofs written and checked, exit 1 when wrong."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ledger.chaindb import ChainDB
+from ledger.codec import from_json, to_json
+from ledger.errors import DecodeError, StoreError, ValidationError
+from ledger.proofs import ReceiptProof, verify_receipt_proof
+from node.cli import common as cliutil
+from node.cli.common import EXIT_CHECK_FAILED, data_dir_option, emit, json_option
+from node.datadir import DataDir
+from node.errors import ChainCorruptError, ProofError
+
+
+@click.command()
+@click.argument("receipt_id")
+@data_dir_option
+def proof(receipt_id, data_dir) -> None:
+    """Write the inclusion proof of a receipt (JSON) to stdout.
+
+    \b
+    Example:
+      pnode proof 3fa1...c9 --data-dir D > receipt.proof
+      pnode verify proof receipt.proof
+    """
+    receipt_hash = cliutil.parse_address(receipt_id)
+    with DataDir(data_dir).open_chain() as db:
+        try:
+            doc = to_json(db.receipt_proof(receipt_hash))
+        except KeyError:
+            raise ProofError(f"receipt {receipt_id} is not in this chain's log") from None
+    click.echo(json.dumps(doc, indent=2))
+
+
+
+
+@click.group()
+def verify() -> None:
+    """Check the ledger or a proof; exit 0 if it holds, 1 if it does not."""
+
+
+@verify.command("chain")
+@data_dir_option
+@json_option
+def verify_chain(data_dir, as_json) -> None:
+    """Re-validate every block from genesis, the supply and the stored state.
+
+    \b
+    Example:
+      pnode verify chain --data-dir D && echo ok
+    """
+    _verify(data_dir, as_json, upto=None)
+
+
+def _verify(data_dir: str, as_json: bool, upto: int | None) -> None:
+    try:
+        db = DataDir(data_dir).open_chain()
+    except ChainCorruptError as exc:
+        db, result = None, {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
+    if db is not None:
+        with db:
+            try:
+                if upto is not None and upto > db.height:
+                    raise click.BadParameter(f"no block at height {upto}: the tip is {db.height}")
+                _verify_with_progress(db, as_json, upto)
+                height = db.height if upto is None else upto
+                result = {"ok": True, "height": height, "tip": db.hash_at(height).hex()}
+            except (ValidationError, StoreError) as exc:
+                result = {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
+    _report(as_json, result, lambda: f"ok: {result['height'] + 1} blocks valid, up to "
+                                     f"{result['tip'][:16]}")
+
+
+def _report(as_json: bool, result: dict, ok_text) -> None:
+    """Print a check's result; exit 1 when it failed."""
+    if result["ok"]:
+        emit(as_json, result, ok_text)
+        return
+    emit(as_json, result, f"FAIL {result['error']}: {result['reason']}")
+    sys.exit(EXIT_CHECK_FAILED)
+
+
+def _verify_with_progress(db: ChainDB, quiet: bool, upto: int | None) -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    total = db.height if upto is None else upto
+    with Progress(console=Console(stderr=True), transient=True,
+                  disable=quiet or not sys.stderr.isatty()) as bar:
+        task = bar.add_task("verifying blocks", total=max(total, 1))
+        db.verify_chain(progress=lambda h: bar.update(task, completed=h), upto=upto)
+
+
+@verify.command("block")
+@click.argument("height", type=click.IntRange(0))
+@data_dir_option
+@json_option
+def verify_block(height, data_dir, as_json) -> None:
+    """Re-validate the chain from genesis up to block HEIGHT.
+
+    \b
+    Example:
+      pnode verify block 42 --data-dir D
+    """
+    _verify(data_dir, as_json, upto=height)
+
+
+@verify.command("proof")
+@click.argument("proof_file", type=click.Path(dir_okay=False))
+@click.option("--block-hash", help="Also require the proof's header to be this block.")
+@click.option("--data-dir", type=click.Path(file_okay=False),
+              help="Also require the proof's header to be on this node's main chain.")
+@json_option
+def verify_proof(proof_file, block_hash, data_dir, as_json) -> None:
+    """Check a receipt proof written by `pnode proof`.
+
+    \b
+    Examples:
+      pnode verify proof receipt.proof
+      pnode verify proof receipt.proof --data-dir D   # header must be on our chain
+    """
+    try:
+        proof_obj = from_json(json.loads(Path(proof_file).read_text()), ReceiptProof)
+    except (OSError, ValueError, DecodeError) as exc:
+        raise ProofError(f"cannot read proof file {proof_file}: {exc}") from None
+    trusted = cliutil.parse_address(block_hash) if block_hash else None
+    if data_dir:
+        with DataDir(data_dir).open_chain() as db:
+            trusted = db.hash_at(proof_obj.header.height)
+        if trusted is None:
+            trusted = b"\x00" * 32  # above our tip: cannot be on our chain
+    try:
+        verify_receipt_proof(proof_obj, trusted)
+        result = {"ok": True, "height": proof_obj.header.height, "index": proof_obj.index}
+    except ValidationError as exc:
+        result = {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
+    _report(as_json, result, lambda: f"ok: receipt is leaf {proof_obj.index} of the log at "
+                                     f"height {proof_obj.header.height}")
