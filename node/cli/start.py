@@ -226,13 +226,13 @@ def _serve_config(layers, auto, num_layers, no_serve, device, threads, max_sessi
         return None
     if layers and (auto or num_layers):
         raise click.UsageError("--layers fixes the span: drop --auto/--num-layers")
-    from node.serve import ServerConfig
+    from node.serve import SessionConfig
     from node.serve import ServeConfig
 
     return ServeConfig(layers=parse_layers(layers) if layers else None, span_len=num_layers,
                        model_path=model_file, device=device,
                        price=_price(price),
-                       threads=threads, server=ServerConfig(max_sessions=max_sessions))
+                       threads=threads, sessions=SessionConfig(max_sessions=max_sessions))
 
 
 def _price(text: str) -> int:

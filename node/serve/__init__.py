@@ -12,6 +12,6 @@ from node.lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.serve.placement": ("choose_span", "should_move"),
     "node.serve.swarm": ("Announcer", "SwarmView", "announce_peer", "fetch_view"),
-    "node.serve.sessions": ("InferenceServer", "ServerConfig", "measure_throughput"),
+    "node.serve.sessions": ("InferenceServer", "SessionConfig", "measure_throughput"),
     "node.serve.layer_server": ("LayerServer", "ServeConfig"),
 })

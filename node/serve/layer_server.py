@@ -36,7 +36,7 @@ from ledger.errors import DecodeError
 from node import torch_thread
 from node.net import Host, PeerIdentity, RequestError
 from node.serve.placement import choose_span, should_move
-from node.serve.sessions import InferenceServer, ServerConfig, measure_throughput
+from node.serve.sessions import InferenceServer, SessionConfig, measure_throughput
 from node.serve.swarm import Announcer, announce_peer
 from node.wire import Announce, ServerInfo, sign_announce
 
@@ -53,6 +53,9 @@ class ServeConfig:
     device: "cpu", "cuda:0", ...
     price: per token, in base coin units, announced.
     threads: torch threads for the forward passes.
+    rebalance_s, discover_s: how often an ``--auto`` server reconsiders its
+        span, and how long it listens to the swarm before choosing one.
+    sessions: the inference sessions' limits and timeouts.
     """
 
     layers: tuple[int, int] | None = None
@@ -63,7 +66,7 @@ class ServeConfig:
     threads: int = 2
     rebalance_s: float = 30.0
     discover_s: float = 2.0
-    server: ServerConfig = ServerConfig()
+    sessions: SessionConfig = SessionConfig()
 
 
 class LayerServer:
@@ -199,7 +202,7 @@ class LayerServer:
             measure_throughput, model, layers, self.config.device)
         if self.inference is None:
             self.inference = InferenceServer(self.host, model, layers, self.model_id,
-                                             device=self.config.device, config=self.config.server)
+                                             device=self.config.device, config=self.config.sessions)
             self.inference.start()
         else:
             self.inference.swap(model, layers)

@@ -64,8 +64,8 @@ class SessionRefused(InferenceError):
 
 
 @dataclass(frozen=True)
-class ServerConfig:
-    """Tunables of an inference server."""
+class SessionConfig:
+    """The limits and timeouts of an inference server's sessions."""
 
     max_sessions: int = 8
     max_sessions_per_peer: int = 4  # one client cannot hold every slot
@@ -135,7 +135,7 @@ class InferenceServer:
     """
 
     def __init__(self, host: Host, model: Transformer, layers: range, model_id: str, *,
-                 device: torch.device | str = "cpu", config: ServerConfig = ServerConfig()):
+                 device: torch.device | str = "cpu", config: SessionConfig = SessionConfig()):
         self.host, self.model, self.layers, self.model_id = host, model, layers, model_id
         self.device, self.config = torch.device(device), config
         self.sessions: dict[int, _Session] = {}

@@ -16,7 +16,7 @@ import trio
 from compute.generate import generate
 from compute.gguf import model_id
 from node.net.host import open_host
-from node.serve.sessions import ServerConfig
+from node.serve.sessions import SessionConfig
 from node.serve.layer_server import LayerServer, ServeConfig
 from node.serve.swarm import Announcer
 from tests.node.netkit import ident, run
@@ -60,7 +60,7 @@ async def swarm(stack: AsyncExitStack, reader, spans, configs=None):
         stack.callback(nursery.cancel_scope.cancel)
         announcer = Announcer(host, clock_ms, interval=0.3)
         server = LayerServer(host, ident(i), announcer, clock_ms,
-                             ServeConfig(layers=span, server=(configs or {}).get(i, ServerConfig())),
+                             ServeConfig(layers=span, sessions=(configs or {}).get(i, SessionConfig())),
                              reader=reader)
         announcer.make_announce = server.announce
         await nursery.start(announcer.run)
@@ -218,7 +218,7 @@ def test_trusted_peers_only_and_a_clear_error_when_they_cannot_cover(gguf_reader
 def test_a_busy_server_is_routed_around(gguf_reader, parts, local_tokens):
     async def main():
         async with AsyncExitStack() as stack:
-            one_session = {1: ServerConfig(max_sessions=1), 2: ServerConfig(max_sessions=1)}
+            one_session = {1: SessionConfig(max_sessions=1), 2: SessionConfig(max_sessions=1)}
             hosts, servers = await swarm(stack, gguf_reader, [(0, 30), (0, 30)], one_session)
             async with open_remote([hosts[0].addrs[0]], parts) as a, \
                     open_remote([hosts[0].addrs[0]], parts) as b:

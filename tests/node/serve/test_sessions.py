@@ -16,7 +16,7 @@ from compute.kvcache import KVCache
 from compute.quant import decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node.net.framing import FrameEOF, FramingError, read_frame, write_frame
-from node.serve.sessions import InferenceServer, ServerConfig
+from node.serve.sessions import InferenceServer, SessionConfig
 from node.wire.serve import (
     INFERENCE_PROTOCOL, Busy, OpenSession, SessionAccepted, SessionError, Step, StepResult,
 )
@@ -35,7 +35,7 @@ def hidden(seed: int, t: int) -> torch.Tensor:
     return torch.randn(1, t, TINY.dim, generator=torch.Generator().manual_seed(seed))
 
 
-async def serving(nursery, model, config=ServerConfig()):
+async def serving(nursery, model, config=SessionConfig()):
     """A server host with the tiny model's layers 0..1 and a client host, connected."""
     from node.net.host import open_host  # noqa: PLC0415 (kept next to its use)
 
@@ -191,7 +191,7 @@ def test_budget_is_enforced_before_any_work(model):
 
 
 def test_a_full_server_answers_busy_with_a_retry_hint(model):
-    config = ServerConfig(max_sessions=2, busy_retry_ms=750)
+    config = SessionConfig(max_sessions=2, busy_retry_ms=750)
 
     async def body(stack):
         server, sh, ch = await serving(stack, model, config)
@@ -256,7 +256,7 @@ def test_garbage_first_frame_resets_the_stream_and_scores_the_peer(model, payloa
 
 def test_an_idle_session_is_closed_and_its_cache_freed(model):
     async def body(stack):
-        server, sh, ch = await serving(stack, model, ServerConfig(idle_timeout=0.3))
+        server, sh, ch = await serving(stack, model, SessionConfig(idle_timeout=0.3))
         stream, _ = await open_session(ch, sh)
         assert len(server.sessions) == 1
         await eventually(lambda: not server.sessions, "the idle session to close", limit=5)
@@ -271,7 +271,7 @@ def test_measured_throughput_is_positive(model):
 
 
 def test_one_peer_cannot_hold_every_slot(model):
-    config = ServerConfig(max_sessions=4, max_sessions_per_peer=2)
+    config = SessionConfig(max_sessions=4, max_sessions_per_peer=2)
 
     async def body(stack):
         from node.net.host import open_host
