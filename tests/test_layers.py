@@ -97,8 +97,10 @@ def imports_of(source: str, module: str) -> set[str]:
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)
+            imported = {f"{base}.{alias.name}" for alias in node.names}
+            names.update(imported)
+            if not all(is_module(name) for name in imported):  # ``from pkg import mod``: mod
+                names.add(base)
     return names
 
 
@@ -207,10 +209,7 @@ def module_graph() -> dict[str, set[str]]:
                 and (ROOT / name.replace(".", "/") / "__init__.py").is_file() else name
             if name and name.split(".")[0] in PACKAGES and name != module:
                 deps.add(name)
-        # ``from pkg import mod`` names pkg too, but a module of pkg importing
-        # pkg's modules that way is no circle through pkg's __init__.
-        graph[module] = {d for d in deps
-                         if not (module.startswith(d + ".") and any(e.startswith(d + ".") for e in deps))}
+        graph[module] = deps
     return graph
 
 

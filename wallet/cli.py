@@ -20,7 +20,7 @@ from ledger.codec import encode, to_json
 from ledger.crypto import SigningKey
 from ledger.state import NODE
 from ledger.types import ZERO_SIG, InferencePayment, Register, Transfer, sign, tx_hash
-import node.cli.common as cliutil
+from node.cli import common
 from node import torch_thread
 from node.cli.common import (
     account_info, data_dir_option, emit, format_coins, json_option, parse_address, parse_coins,
@@ -82,7 +82,7 @@ def create(data_dir, name, passphrase_file, as_json) -> None:
     path = dd.wallet_path(name)
     path.parent.mkdir(exist_ok=True)
     key = SigningKey(os.urandom(32))
-    write_key_file(path, key.seed(), cliutil.passphrase(passphrase_file, confirm=True))
+    write_key_file(path, key.seed(), common.passphrase(passphrase_file, confirm=True))
     emit(as_json, {"name": name, "address": key.public.hex(), "file": str(path)},
          f"created wallet {name}: {key.public.hex()}")
 
@@ -126,7 +126,7 @@ def send(recipient, amount, data_dir, wallet_name, passphrase_file, as_json) -> 
     to, units = parse_address(recipient), parse_coins(amount)
     dd = DataDir(data_dir)
     key = SigningKey(read_key_file(dd.wallet_path(wallet_name),
-                                   cliutil.passphrase(passphrase_file)))
+                                   common.passphrase(passphrase_file)))
     view = account_info(dd, key.public)
     nonce = view["next_nonce"]
     tx = sign(Transfer(view["chain_id"], key.public, to, units, nonce, ZERO_SIG), key)
@@ -275,7 +275,7 @@ def _infer_remote(request, peers, trusted, wire, push, model_file, show) -> dict
                                       ) as model:
             return await model.generate(request, show)
 
-    result = cliutil.run_trio_interruptibly(run)
+    result = common.run_trio_interruptibly(run)
     route = sorted(result.route, key=lambda s: s.start)  # stable: a failed hop before its heir
     return {"token_ids": result.token_ids, "route": [s.as_json() for s in route],
             "failovers": result.failovers, "wire": wire, "wire_bytes": result.wire_bytes}
@@ -323,7 +323,7 @@ def _row(tx, account: bytes, nodes: set[bytes]) -> dict:
 
 def main() -> None:
     """Console entry point."""
-    cliutil.run(main_group, expected=(WalletError,))
+    common.run(main_group, expected=(WalletError,))
 
 
 if __name__ == "__main__":

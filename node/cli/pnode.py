@@ -20,7 +20,7 @@ from ledger.codec import to_json
 from ledger.genesis import DEFAULT_PARAMS, chain_params, new_genesis, node_registration
 from ledger.types import block_hash
 from node.chain import node_status_view
-from node.cli import common as cliutil
+from node.cli import common
 from node.cli.common import (
     ask_node_or_store, data_dir_option, emit, format_coins, json_option, parse_layers,
     passphrase_option,
@@ -88,7 +88,7 @@ def init(data_dir, genesis_file, chain_id, premine, alloc, bond, layers, slot_ms
         raise click.UsageError("--chain-id and --alloc make a new chain; not with --genesis")
     layer_range = parse_layers(layers)
     joined = read_genesis_file(Path(genesis_file)) if genesis_file else None
-    secret = cliutil.passphrase(passphrase_file, confirm=True)
+    secret = common.passphrase(passphrase_file, confirm=True)
     node_key, peer_key, wallet = (crypto.SigningKey(os.urandom(32)) for _ in range(3))
     genesis = joined or _new_genesis(chain_id, premine, alloc, bond, layer_range, slot_ms,
                                      node_key, peer_key, wallet)
@@ -101,19 +101,19 @@ def init(data_dir, genesis_file, chain_id, premine, alloc, bond, layers, slot_ms
 
 
 def _new_genesis(chain_id, premine, alloc, bond, layers, slot_ms, node_key, peer_key, wallet):
-    allocations = {wallet.public: cliutil.parse_coins(premine)}
+    allocations = {wallet.public: common.parse_coins(premine)}
     for item in alloc:
         address, _, coins = item.partition("=")
-        account = cliutil.parse_address(address)
+        account = common.parse_address(address)
         if account in allocations:
             raise click.BadParameter(f"{address} is allocated twice")
-        allocations[account] = cliutil.parse_coins(coins)
+        allocations[account] = common.parse_coins(coins)
     chain_id = chain_id or f"pnode-{os.urandom(4).hex()}"
     if len(chain_id) > 64:
         raise click.BadParameter("--chain-id is at most 64 characters")
     params = chain_params(DEFAULT_PARAMS, wallet.public, slot_ms=slot_ms)
     reg = node_registration(chain_id, wallet, node_key, libp2p_peer_id(peer_key.public), layers,
-                            cliutil.parse_coins(bond))
+                            common.parse_coins(bond))
     return new_genesis(chain_id, now_ms(), params, allocations.items(), (reg,))
 
 
@@ -237,7 +237,7 @@ def _status_text(info: dict) -> str:
 
 def main() -> None:
     """Console entry point."""
-    cliutil.run(main_group)
+    common.run(main_group)
 
 
 if __name__ == "__main__":

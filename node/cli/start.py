@@ -11,7 +11,7 @@ import click
 
 from ledger import crypto
 from node import torch_thread
-from node.cli import common as cliutil
+from node.cli import common
 from node.cli.common import (
     data_dir_option, format_coins, parse_coins, parse_layers, parse_multiaddr, parse_peer_addr,
     read_peer_list,
@@ -146,7 +146,7 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
         else:
             trio.run(run)
     except BaseExceptionGroup as group:
-        raise cliutil.single_leaf(group) from None
+        raise common.single_leaf(group) from None
 
 
 class _StatusLine:
@@ -214,7 +214,7 @@ def _unlocked_wallet(data_dir: str, passphrase_file: str | None):
     dd = DataDir(data_dir)
     if not dd.wallet_file.exists():
         return None
-    return crypto.SigningKey(read_key_file(dd.wallet_file, cliutil.passphrase(passphrase_file)))
+    return crypto.SigningKey(read_key_file(dd.wallet_file, common.passphrase(passphrase_file)))
 
 
 def _serve_config(layers, auto, num_layers, no_serve, device, threads, max_sessions, price,

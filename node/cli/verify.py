@@ -12,7 +12,7 @@ from ledger.chaindb import ChainDB
 from ledger.codec import from_json, to_json
 from ledger.errors import DecodeError, StoreError, ValidationError
 from ledger.proofs import ReceiptProof, verify_receipt_proof
-from node.cli import common as cliutil
+from node.cli import common
 from node.cli.common import EXIT_CHECK_FAILED, data_dir_option, emit, json_option
 from node.datadir import DataDir
 from node.errors import ChainCorruptError, ProofError
@@ -29,7 +29,7 @@ def proof(receipt_id, data_dir) -> None:
       pnode proof 3fa1...c9 --data-dir D > receipt.proof
       pnode verify proof receipt.proof
     """
-    receipt_hash = cliutil.parse_address(receipt_id)
+    receipt_hash = common.parse_address(receipt_id)
     with DataDir(data_dir).open_chain() as db:
         try:
             doc = to_json(db.receipt_proof(receipt_hash))
@@ -129,7 +129,7 @@ def verify_proof(proof_file, block_hash, data_dir, as_json) -> None:
         proof_obj = from_json(json.loads(Path(proof_file).read_text()), ReceiptProof)
     except (OSError, ValueError, DecodeError) as exc:
         raise ProofError(f"cannot read proof file {proof_file}: {exc}") from None
-    trusted = cliutil.parse_address(block_hash) if block_hash else None
+    trusted = common.parse_address(block_hash) if block_hash else None
     if data_dir:
         with DataDir(data_dir).open_chain() as db:
             trusted = db.hash_at(proof_obj.header.height)

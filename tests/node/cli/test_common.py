@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 import pytest
 
-from node.cli import common as cliutil
+from node.cli import common
 from wallet.errors import WalletError
 
 
@@ -28,7 +28,7 @@ def test_a_nursery_wrapped_error_prints_one_line(monkeypatch, capsys, raised, co
 
     monkeypatch.setattr("sys.argv", ["prog", "fail"])
     with pytest.raises(SystemExit) as exit_:
-        cliutil.run(group, expected=(WalletError,))
+        common.run(group, expected=(WalletError,))
     assert exit_.value.code == code
     assert capsys.readouterr().err.strip() == line
 
@@ -36,7 +36,7 @@ def test_a_nursery_wrapped_error_prints_one_line(monkeypatch, capsys, raised, co
 def test_several_errors_in_a_group_are_not_hidden():
     """Two leaves: no single line would be true, so the group goes up whole."""
     group = ExceptionGroup("g", [ValueError("a"), WalletError("b")])
-    assert cliutil.single_leaf(group) is group
+    assert common.single_leaf(group) is group
 
 
 def test_ctrl_c_cancels_a_trio_run_even_where_a_task_swallows_it():
@@ -69,7 +69,7 @@ def test_ctrl_c_cancels_a_trio_run_even_where_a_task_swallows_it():
     assert ended == ["swallowed"]
     ended.clear()
     with pytest.raises(KeyboardInterrupt):
-        cliutil.run_trio_interruptibly(generation)
+        common.run_trio_interruptibly(generation)
     assert ended == ["swallowed"]  # cancelled, not interrupted
 
 
@@ -83,6 +83,6 @@ def test_a_trio_run_without_ctrl_c_returns_or_raises_as_itself():
     async def fail() -> None:
         raise WalletError("no route")
 
-    assert cliutil.run_trio_interruptibly(answer, 21) == 42
+    assert common.run_trio_interruptibly(answer, 21) == 42
     with pytest.raises(WalletError, match="no route"):
-        cliutil.run_trio_interruptibly(fail)
+        common.run_trio_interruptibly(fail)
