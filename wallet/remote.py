@@ -35,7 +35,9 @@ route planning), and runs each generation's hops through a
 `wallet.session.RouteRun` (sessions, push links and failover), which is
 given the directory, never the model. The client's tunables and results live
 in `wallet.generation` (re-exported here). Torch work (embedding, head, wire
-encoding) runs in worker threads, never on the trio loop.
+encoding) runs on the process's one torch thread (`node.torch_thread`), never
+on the trio loop, except a few rows' embedding or wire coding, which
+`node.torch_thread.tensor_work` runs inline (cheaper than the thread hop).
 """
 
 from __future__ import annotations

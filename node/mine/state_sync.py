@@ -53,7 +53,7 @@ class StateSync:
         wait_s: most seconds one request waits for its answer.
 
     Attributes:
-        weights_version: the updates in the weights as the compute thread
+        weights_version: the updates in the weights as the torch thread
             has them (what a served state is at); whoever steps the
             optimizers sets it, on the torch thread.
     """

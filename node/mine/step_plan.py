@@ -206,7 +206,7 @@ class StepPlan:
             return {n: shapes[n] for n in names}
         raise BadPush(f"a {name} push for section {section} does not fit this job")
 
-    # -- running a phase (worker thread) ----------------------------------------------
+    # -- running a phase (on the torch thread) ----------------------------------------
 
     def run(self, phase: Phase, t: int, inputs: dict[Key, Tensors], ids: torch.Tensor,
             targets: torch.Tensor) -> PhaseResult:

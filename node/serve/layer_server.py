@@ -7,8 +7,9 @@ layers (specs/network.md section 9.1):
 2. it takes its span: the one given (``--layers A:B``), or with ``auto`` the
    window of ``span_len`` layers the swarm serves least (`node.serve.placement`),
    after asking its peers for their views of the swarm;
-3. it loads only those layers (`compute.model.ModelPart`) in a worker
-   thread, on the chosen device, measures its decode throughput, and serves
+3. it loads only those layers (`compute.model.ModelPart`) on the process's
+   torch thread (`node.torch_thread`), on the chosen device, measures its
+   decode throughput there, and serves
    sessions (`node.serve.sessions.InferenceServer`);
 4. its announcement (span, throughput, load, price, addresses), signed with
    the node's peer key, goes out through the node's `Announcer`;
@@ -187,7 +188,8 @@ class LayerServer:
         """Load ``span``, measure it, and serve it in place of any earlier span.
 
         A move swaps the span in the same `InferenceServer`: open sessions
-        finish on the old weights; limits and the FIFO limiter stay shared.
+        finish on the old weights; the limits stay shared, and old and new
+        forwards queue on the same torch thread.
         """
         began = time.monotonic()
         layers = range(*span)

@@ -9,9 +9,10 @@ it serves are in memory):
   for ``idle_timeout`` seconds, or an error;
 - a server at ``max_sessions`` answers `Busy` with a retry hint at once
   rather than queueing the client behind an unknown wait;
-- every forward call runs in a worker thread under one FIFO
-  `trio.CapacityLimiter`: sessions take turns step by step in arrival order
-  (fair queueing), and the trio loop stays free for the network;
+- every forward call runs as a job on the process's one torch thread
+  (`node.torch_thread.run_sync`, first in, first out): sessions take turns
+  step by step in arrival order (fair queueing), and the trio loop stays
+  free for the network;
 - push routing: a client may `Link` a session to the next hop's session
   (its peer and secret token); the server then sends each step's outputs
   to that hop over ``/pnode/inference-push/1.0.0`` instead of to the
@@ -98,10 +99,9 @@ class _Session:
     steps: int = 0
 
 
-#: Rows of hidden states below which tensor work runs on the trio loop.
 def measure_throughput(model: Transformer, layers: range, device: torch.device | str = "cpu",
                        tokens: int = 8) -> float:
-    """Decode tokens/s of ``model`` through ``layers`` (blocking: call from a worker thread).
+    """Decode tokens/s of ``model`` through ``layers`` (blocking: run it on the torch thread).
 
     One warm-up token, then the median of ``tokens`` single-token steps,
     the same calls a session makes; what `Announce` reports.
@@ -153,9 +153,10 @@ class InferenceServer:
     def swap(self, model: Transformer, layers: range) -> None:
         """Serve ``layers`` of ``model`` from now on (a move).
 
-        Open sessions keep the model they opened on until they end; sessions,
-        the FIFO limiter and the limits stay shared, so a move never runs
-        two forward calls at once nor admits more than ``max_sessions``.
+        Open sessions keep the model they opened on until they end; sessions
+        and the limits stay shared, and every forward call of either model is
+        a job on the one torch thread, so a move never runs two forward calls
+        at once nor admits more than ``max_sessions``.
         """
         self.model, self.layers = model, layers
 
@@ -167,7 +168,7 @@ class InferenceServer:
                 "pushed_steps": self.pushed_steps}
 
     def measure_throughput(self, tokens: int = 8) -> float:
-        """Decode tokens/s through the served span (run in a worker thread)."""
+        """Decode tokens/s through the served span (blocking: run it on the torch thread)."""
         return measure_throughput(self.model, self.layers, self.device, tokens)
 
     # -- one stream = one session --------------------------------------------------------
@@ -375,7 +376,7 @@ class InferenceServer:
         return await tensor_work(encode_tensor, out, s.codec, rows=out.shape[1])
 
     def _run(self, s: _Session, chunk: torch.Tensor, pos: int) -> torch.Tensor:
-        """One forward call (worker thread); the output back on the CPU."""
+        """One forward call (on the torch thread); the output back on the CPU."""
         with torch.inference_mode():
             out = s.model.run_layers(chunk.to(self.device), s.start, s.end, pos=pos,
                                      cache=s.cache)

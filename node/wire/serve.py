@@ -6,8 +6,8 @@ and the ``/pnode/swarm/1.0.0`` request that returns a node's view of them),
 the inference session stream ``/pnode/inference/2.1.0`` and the
 server-to-server push stream ``/pnode/inference-push/1.0.0`` that carries a
 hop's outputs straight into the next hop's session. Messages are frozen,
-slotted dataclasses on the ledger codec under tags 57-65 and 72-74 (chain
-sync and transactions use 50-56), so decode refuses anything unexpected.
+slotted dataclasses on the ledger codec (tags in `node.wire`'s table), so
+decode refuses anything unexpected.
 
 Announcements are signed by the announcing peer's libp2p Ed25519 key (the
 key its peer id is made of), so any node may relay them in a `SwarmResponse`

@@ -1,9 +1,11 @@
-"""The training protocol's message: `/pnode/train/1.0.0` (specs/consensus.md section 5.3).
+"""The training protocols' messages: `/pnode/train/1.0.0` and `/pnode/train-state/1.0.0`.
 
 Owns `StepTensors`, the one message nodes push to each other while they run a
-job's step: the activations entering a section, the gradient leaving one, and
-the weight gradients every holder of a section applies. A push is one frame
-on a fresh stream, which the receiver closes; there is no reply.
+job's step (specs/consensus.md section 5.3): the activations entering a
+section, the gradient leaving one, and the weight gradients every holder of a
+section applies. A push is one frame on a fresh stream, which the receiver
+closes; there is no reply. Also `StateRequest` and `StateReply`, a late
+miner's ask for a holder's weights and AdamW state (section 5.5).
 """
 
 from __future__ import annotations
