@@ -5,22 +5,23 @@ and the control socket, under one nursery.
 
 1. opens the data dir's chain (exclusively: a second node on the same data
    dir fails here with `DataDirError`) and loads ``peer.key`` and ``node.key``;
-2. opens the host on the listen multiaddr (with ``trusted``: an allow-list)
+2. opens the host on ``network.listen`` (with ``network.trusted``: an allow-list)
    and starts `ChainService` (sync and block gossip), `TxGossip`
    (transaction gossip), the `ControlServer` on ``D/node.sock`` (the CLIs
    talk to it while the node holds the store) and the `Announcer` (the
    swarm's announcements);
-3. dials each ``peers`` address and syncs from it; a peer that cannot be
+3. dials each of ``network.peers`` and syncs from it; a peer that cannot be
    reached is logged and retried with backoff, never fatal; every
-   ``resync_s`` it syncs again from every connected (trusted) peer;
+   ``network.resync_s`` it syncs again from every connected (trusted) peer;
 4. with ``serve``, starts the `LayerServer` (after the first joins when it
    places itself): loads its layers, serves sessions, announces them;
 5. writes ``D/node.addr``, the full listen multiaddr with ``/p2p/<peer id>``
    (atomically: temp file + ``os.replace``), once listening and serving;
 6. once those first syncs are over and, when mining, its miner is set up
-   for the job (``catch_up_s`` at most in all), starts the `Producer` if
-   ``produce``: it seals blocks at this node's slots, or says once that the
-   node is no producer and just follows the chain.
+   for the job (``network.catch_up_s`` at most in all), starts the
+   `Producer` if ``produce.enabled``: it seals blocks at this node's slots,
+   or says once that the node is no producer and just follows the chain.
+   With ``mine``, the `Miner` runs the units the chain assigns this node.
 
 Cancelling `run` (SIGINT/SIGTERM in `pnode start`) stops the host, removes
 ``node.addr`` and ``node.sock`` and closes the store. ChainDB writes are
