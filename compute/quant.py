@@ -52,9 +52,9 @@ import struct
 import numpy as np
 import torch
 
+from compute.codecs import CODECS
 from compute.errors import ComputeError
 
-CODECS = ("raw", "fp16", "bf16", "int8")
 BLOCK = 64
 MAX_DIMS = 8
 MAX_ELEMENTS = 1 << 28  # 1 GiB of float32: far above any hidden state or gradient we send

@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from compute.blocks import (
-    HALVES, BlockError, Grads, Partial, add_grads, aggregate_grads, aggregate_heads,
-    aggregate_mlp, backward_block, forward_block, mlp_slices_of, model_partition, piece_of,
+    HALVES, BlockError, Grads, Partial, add_grads, aggregate_grads, aggregate_heads, aggregate_mlp,
+    backward_block, forward_block, mlp_slices_of, model_partition, piece_of,
 )
 from compute.data import DEFAULT_MODEL, Corpus, JobConfig, batch, load_corpus, make_model
 from compute.errors import ShapeError

@@ -20,15 +20,18 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ledger import merkle, schema
 from ledger.codec import decode, encode
-from ledger.types import encode_block
-from ledger.errors import DecodeError, ForkTooDeep, StoreCorruptError, UnknownParent, ValidationError
+from ledger.errors import (
+    DecodeError, ForkTooDeep, StoreCorruptError, UnknownParent, ValidationError,
+)
 from ledger.proofs import ReceiptProof
+from ledger.rules import apply_tx
 from ledger.schedule import is_better_tip
 from ledger.state import MemoryState, Overlay, StateReader, decode_record, flatten, state_root
 from ledger.store import KeyValueStore
-from ledger.rules import apply_tx
 from ledger.transition import Applied, Context, build_block, genesis_block, validate_block
-from ledger.types import TX_TYPES, Block, Genesis, Header, Receipt, block_hash, tx_hash
+from ledger.types import (
+    TX_TYPES, Block, Genesis, Header, Receipt, block_hash, encode_block, tx_hash,
+)
 
 EXTENDED, REORG, SIDE, KNOWN = "extended", "reorg", "side", "known"
 

@@ -26,14 +26,19 @@ from ledger import merkle, schedule
 from ledger.codec import encode
 from ledger.crypto import ZERO32, SigningKey
 from ledger.errors import (
-    BadGenesis, BadLogRoot, BadStateRoot, BadTime, BadTxsRoot, TimeInFuture, TooManyTxs,
-    ValidationError, WrongChainId, WrongHeight, WrongPrevHash, WrongProducer, BadSignature,
+    BadGenesis, BadLogRoot, BadSignature, BadStateRoot, BadTime, BadTxsRoot, TimeInFuture,
+    TooManyTxs, ValidationError, WrongChainId, WrongHeight, WrongPrevHash, WrongProducer,
 )
-from ledger.rules import U64_MAX, apply_tx, candidates, finalize_rewards, open_steps, reassign_timeouts
-from ledger.state import NODE, KEY_LOG, KEY_PARAMS, KEY_SUPPLY, MemoryState, Overlay, StateReader, check_supply, state_root
+from ledger.rules import (
+    U64_MAX, apply_tx, candidates, finalize_rewards, open_steps, reassign_timeouts,
+)
+from ledger.state import (
+    KEY_LOG, KEY_PARAMS, KEY_SUPPLY, NODE, MemoryState, Overlay, StateReader, check_supply,
+    state_root,
+)
 from ledger.types import (
-    MAX_BLOCK_BYTES,
-    ZERO_SIG, Block, Genesis, Header, LogState, Supply, block_hash, sign, signature_ok,
+    MAX_BLOCK_BYTES, ZERO_SIG, Block, Genesis, Header, LogState, Supply, block_hash, sign,
+    signature_ok,
 )
 
 

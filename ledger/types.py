@@ -14,8 +14,8 @@ from typing import Annotated, Sequence, Union
 
 from ledger import crypto
 from ledger.codec import (
-    U8, U32, U64, ChainId, Hash32, Key32, MaxLen, Sig64, concat_array, encode,
-    encode_from_parts, encode_unsigned, wire,
+    U8, U32, U64, ChainId, Hash32, Key32, MaxLen, Sig64, concat_array, encode, encode_from_parts,
+    encode_unsigned, wire,
 )
 
 COIN = 1_000_000

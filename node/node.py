@@ -43,11 +43,13 @@ from libp2p.peer.id import ID
 from ledger.codec import decode
 from ledger.crypto import SigningKey
 from ledger.types import TX_TYPES
+from node.chain import (
+    ChainService, Producer, Registrar, SyncError, SyncResult, TxGossip, account_view,
+    node_status_view,
+)
+from node.clock import Clock
 from node.control import BadRequest, ControlOp, ControlServer, socket_path
 from node.datadir import DataDir
-from node.chain import (ChainService, Producer, Registrar, SyncError, SyncResult, TxGossip,
-                        account_view, node_status_view)
-from node.clock import Clock
 from node.keys import read_public_key, write_private
 from node.net import DialError, PeerIdentity, open_host
 from node.serve import Announcer, LayerServer, ServeConfig, announce_peer

@@ -16,12 +16,13 @@ import sys
 import click
 from click.core import ParameterSource
 
+from compute.codecs import CODECS
 from ledger.codec import encode, to_json
 from ledger.crypto import SigningKey
 from ledger.state import NODE
 from ledger.types import ZERO_SIG, InferencePayment, Register, Transfer, sign, tx_hash
-from node.cli import common
 from node import torch_thread
+from node.cli import common
 from node.cli.common import (
     account_info, data_dir_option, emit, format_coins, json_option, parse_address, parse_coins,
     parse_peer_addr, passphrase_option, read_peer_list,
@@ -30,22 +31,6 @@ from node.control import control_call
 from node.datadir import DataDir
 from node.keys import read_key_file, read_public_key, write_key_file
 from wallet.errors import WalletError
-
-class WireCodec(click.Choice):
-    """A choice of `compute.quant.CODECS`, read only when needed (torch loads with it)."""
-
-    def __init__(self) -> None:
-        super().__init__(())
-
-    @property
-    def choices(self) -> tuple[str, ...]:
-        from compute.quant import CODECS
-        return CODECS
-
-    @choices.setter
-    def choices(self, _: object) -> None:
-        pass
-
 
 wallet_option = click.option("--wallet", "wallet_name", metavar="NAME",
                              help="Use wallets/NAME.json instead of the default wallet.")
@@ -175,7 +160,7 @@ def history(address, data_dir, wallet_name, as_json) -> None:
 @click.option("--trusted-peers", "trusted_file", type=click.Path(dir_okay=False),
               help="Route only through the servers listed in this file (peer ids or "
                    "multiaddrs, one per line).")
-@click.option("--wire", type=WireCodec(), default="raw",
+@click.option("--wire", type=click.Choice(CODECS), default="raw",
               show_default=True, help="Encoding of hidden states on the wire (raw: output "
                                       "identical to --local; fp16: half the bytes).")
 @click.option("--push/--no-push", default=True, show_default=True,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from compute.quant import CODECS
+from compute.codecs import CODECS
 from wallet.errors import RemoteError
 
 

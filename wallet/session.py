@@ -25,13 +25,13 @@ from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError, EncodeError
 from node.net import (
-    DialError, FrameReader, FramingError, Host, read_frame, RequestError, write_frame,
+    DialError, FrameReader, FramingError, Host, RequestError, read_frame, write_frame,
 )
+from node.torch_thread import tensor_work
 from node.wire import (
     INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, Busy, Link, Linked, OpenSession, SessionAccepted,
     SessionError, Step, StepResult,
 )
-from node.torch_thread import tensor_work
 from wallet.directory import SwarmDirectory
 from wallet.errors import HopFailed, NoRoute, RemoteError, ServerBusy
 from wallet.generation import ClientConfig, Generation, Served

@@ -21,7 +21,8 @@ import trio
 from ledger.crypto import SigningKey
 from ledger.errors import ValidationError
 from ledger.state import ACCOUNT, KEY_PARAMS, NODE
-from ledger.types import ZERO_SIG, Register, binding_signature, format_coins, sign
+from ledger.genesis import node_registration
+from ledger.types import Register, format_coins
 from node.chain.sync import ChainService
 from node.chain.txgossip import TxGossip
 
@@ -104,12 +105,8 @@ class Registrar:
                       f"bond of {format_coins(look.bond)}; send coins to "
                       f"{self.address.hex()} and it registers by itself")
             return
-        chain_id = look.chain_id
-        register = sign(Register(
-            chain_id, self.wallet.public, self.node_key.public, self.peer_id, self.layers[0],
-            self.layers[1], look.bond, look.nonce,
-            binding_signature(self.node_key, chain_id, self.wallet.public, self.peer_id),
-            ZERO_SIG), self.wallet)
+        register = node_registration(look.chain_id, self.wallet, self.node_key, self.peer_id,
+                                     self.layers, look.bond, look.nonce)
         try:
             txid = await self.txs.submit(register)
         except ValidationError as exc:

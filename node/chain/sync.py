@@ -41,13 +41,13 @@ from ledger.codec import decode, encode
 from ledger.errors import DecodeError, ForkTooDeep, TimeInFuture, UnknownParent, ValidationError
 from ledger.schedule import is_better_tip
 from ledger.types import Block, block_hash
-from node.errors import NodeError
 from node.clock import Clock
+from node.errors import NodeError
 from node.net import GossipError, Host, RequestError
 from node.wire import (
     BLOCKS_TOPIC, MAX_BLOCKS_PER_REQUEST, MAX_BLOCKS_RESPONSE_BYTES, MAX_SYNC_REQUEST_FRAME,
-    MAX_SYNC_RESPONSE_FRAME, SYNC_PROTOCOL, BlocksRequest, BlocksResponse,
-    encode_blocks_response, SyncRequest, TipRequest, TipResponse,
+    MAX_SYNC_RESPONSE_FRAME, SYNC_PROTOCOL, BlocksRequest, BlocksResponse, SyncRequest, TipRequest,
+    TipResponse, encode_blocks_response,
 )
 
 log = logging.getLogger(__name__)

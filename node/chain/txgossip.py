@@ -31,9 +31,9 @@ from ledger import schema
 from ledger.codec import decode, encode
 from ledger.errors import BadAmount, BadSignature, DecodeError, ValidationError, WrongChainId
 from ledger.types import TX_TYPES, tx_hash
+from node.chain.sync import ChainService
 from node.net import GossipError
 from node.wire import TXS_TOPIC
-from node.chain.sync import ChainService
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from typing import Any, Callable
 import click
 
 from compute.errors import ComputeError
+from ledger.chaindb import ChainDB
 from ledger.errors import LedgerError
 from ledger.types import COIN, format_coins  # noqa: F401 (re-exported for the CLIs)
-from ledger.chaindb import ChainDB
 from node.datadir import DEFAULT_DATA_DIR, DataDir
 from node.errors import NodeError
 

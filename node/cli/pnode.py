@@ -15,8 +15,8 @@ from pathlib import Path
 import click
 
 from ledger import crypto
-from ledger.crypto import libp2p_peer_id
 from ledger.codec import to_json
+from ledger.crypto import libp2p_peer_id
 from ledger.genesis import DEFAULT_PARAMS, chain_params, new_genesis, node_registration
 from ledger.types import block_hash
 from node.chain import node_status_view

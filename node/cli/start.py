@@ -10,7 +10,6 @@ from pathlib import Path
 import click
 
 from ledger import crypto
-from node import torch_thread
 from node.cli import common
 from node.cli.common import (
     data_dir_option, format_coins, parse_coins, parse_layers, parse_multiaddr, parse_peer_addr,
@@ -95,6 +94,8 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
     """
     import logging
     import signal
+
+    from node import torch_thread
 
     torch_thread.share_cpus_politely()  # before torch loads (with node.node)
     import trio
@@ -226,8 +227,7 @@ def _serve_config(layers, auto, num_layers, no_serve, device, threads, max_sessi
         return None
     if layers and (auto or num_layers):
         raise click.UsageError("--layers fixes the span: drop --auto/--num-layers")
-    from node.serve import SessionConfig
-    from node.serve import ServeConfig
+    from node.serve import ServeConfig, SessionConfig
 
     return ServeConfig(layers=parse_layers(layers) if layers else None, span_len=num_layers,
                        model_path=model_file, device=device,

@@ -28,7 +28,6 @@ import logging
 import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Annotated
 
 import torch
 import trio
@@ -42,8 +41,9 @@ from ledger.errors import DecodeError
 from node import torch_thread
 from node.errors import NodeError
 from node.net import FramingError, Host, RequestError, read_frame, write_frame
-from node.wire import (AVERAGING_PROTOCOL, MAX_AVERAGING_FRAME, AverageOffer, AverageReply,
-                       NamedTensor)
+from node.wire import (
+    AVERAGING_PROTOCOL, MAX_AVERAGING_FRAME, AverageOffer, AverageReply, NamedTensor,
+)
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from dataclasses import asdict
 
 import torch
 
-from compute.data import DataSpec, JobConfig, load_corpus, make_model
 from compute.config import ModelConfig
+from compute.data import DataSpec, JobConfig, load_corpus, make_model
 from compute.partition import KIND_CODES, BlockSpec, Partition
 from ledger.crypto import SigningKey
 from ledger.types import ZERO_SIG, Job, UnitTemplate, sign

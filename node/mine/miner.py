@@ -61,14 +61,14 @@ from ledger.rules import candidates
 from ledger.state import JOB, NODE, UNIT, Overlay
 from ledger.types import ZERO_SIG, Receipt, sign, unit_id
 from node import torch_thread
-from node.mine.averaging import Averager
-from node.errors import BadPush, MinerError
 from node.chain import ChainService, TxGossip
-from node.wire import CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, TRAIN_PROTOCOL
-from node.mine.step_plan import Phase, PhaseResult, StepPlan
+from node.errors import BadPush, MinerError
+from node.mine.averaging import Averager
 from node.mine.jobs import commitments, job_units, matches
 from node.mine.state_sync import StateSync
+from node.mine.step_plan import Phase, PhaseResult, StepPlan
 from node.mine.transfer import Transfer
+from node.wire import CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, TRAIN_PROTOCOL
 
 log = logging.getLogger(__name__)
 

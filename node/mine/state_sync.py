@@ -17,7 +17,6 @@ import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
-import torch
 from libp2p.peer.id import ID
 
 from compute.errors import OptimizerStateError
@@ -25,9 +24,11 @@ from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError
 from node import torch_thread
+from node.mine.step_plan import Tensors
 from node.net import Host, RequestError
-from node.wire import (CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, NamedTensor, StateReply,
-                       StateRequest)
+from node.wire import (
+    CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, NamedTensor, StateReply, StateRequest,
+)
 
 if TYPE_CHECKING:
     from compute.optim import SliceAdamW
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["StateSync"]
 
-Tensors = dict[str, torch.Tensor]
 
 
 class StateSync:

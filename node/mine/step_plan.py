@@ -48,11 +48,11 @@ from compute.model import Transformer
 from compute.train import Sections, embed_backward, head_loss_block, stages
 from ledger.crypto import ZERO32
 from node.errors import BadPush
+from node.mine.jobs import tensor_digest, tensors_digest
 from node.wire import (
     ACTIVATION, ATTN_PARTIAL, ATTN_SHARE, CLIENT, EMBED_GRADS, GRADIENT, HEAD_GRADS, MLP_PARTIAL,
     MLP_SHARE, SECTION_GRADS, WHATS,
 )
-from node.mine.jobs import tensor_digest, tensors_digest
 
 Key = tuple[int, int, int, int]  # (step, replica, what, section): one pushed message
 StepReplica = tuple[int, int]  # (step, replica): the key prefix of a phase's messages

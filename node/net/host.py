@@ -34,9 +34,10 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE, Transport as N
 from libp2p.stream_muxer.exceptions import MuxedStreamError
 from libp2p.tools.anyio_service import background_trio_service
 
-from node.net.framing import DEFAULT_MAX_FRAME_SIZE as MAX_FRAME
-from node.net.framing import FrameStreamError, FramingError, read_frame, write_frame
 from node.net import yamux
+from node.net.framing import (
+    DEFAULT_MAX_FRAME_SIZE as MAX_FRAME, FrameStreamError, FramingError, read_frame, write_frame,
+)
 from node.net.identity import HostError, PeerIdentity
 
 __all__ = ["DialError", "GossipError", "Host", "HostConfig", "HostError", "PeerIdentity",

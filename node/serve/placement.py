@@ -2,13 +2,14 @@
 
 Owns the swarm's per-layer capacity (`layer_throughput`), the span a joining
 server takes (`choose_span`) and whether a running server should move
-(`should_move`). Pure core: stdlib only; the caller hands in the announced
-servers, so every server that sees the same announcements decides the same.
+(`should_move`). Pure core: no clock, file or randomness; the caller hands
+in the announced servers, so every server that sees the same announcements
+decides the same.
 
 Servers are `node.wire.ServerInfo` records, the span record the client's
 route planner reads too (only ``peer_id``, ``start``, ``end`` and
-``throughput`` matter here). A server holds layers [start, end); parts of a span outside [0, n_layers) are
-ignored. ``throughput`` is the server's tokens/s through all its layers; a
+``throughput`` matter here). A server holds layers [start, end); parts of a
+span outside [0, n_layers) are ignored. ``throughput`` is the server's tokens/s through all its layers; a
 layer's throughput is the sum over the servers that hold it, and the swarm's
 bottleneck is the least of these (0 when some layer is uncovered): a token
 goes through every layer, so the weakest layer bounds the whole swarm. A

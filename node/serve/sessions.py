@@ -40,17 +40,18 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
+from compute.codecs import CODECS
 from compute.kvcache import KVCache
 from compute.model import Transformer
-from compute.quant import CODECS, WireTensorError, decode_tensor, encode_tensor
+from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node import torch_thread
-from node.torch_thread import tensor_work
 from node.errors import NodeError
 from node.net import FrameEOF, FrameReader, FrameTimeout, Host, write_frame
+from node.torch_thread import tensor_work
 from node.wire import (
-    INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, PUSH_PROTOCOL, Busy, Link, Linked,
-    OpenSession, PushOpen, SessionAccepted, SessionError, Step, StepResult,
+    INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, PUSH_PROTOCOL, Busy, Link, Linked, OpenSession,
+    PushOpen, SessionAccepted, SessionError, Step, StepResult,
 )
 
 log = logging.getLogger(__name__)

@@ -31,10 +31,10 @@ import trio
 from libp2p.peer.id import ID
 
 from ledger.codec import decode, encode
-from ledger.errors import DecodeError
 from ledger.crypto import libp2p_peer_id
-from node.net import GossipError, Host, HostError, RequestError
+from ledger.errors import DecodeError
 from node.clock import Clock
+from node.net import GossipError, Host, HostError, RequestError
 from node.wire import (
     ANNOUNCE_TOPIC, MAX_ANNOUNCES, MAX_SWARM_FRAME, SWARM_PROTOCOL, Announce, SwarmRequest,
     SwarmResponse,

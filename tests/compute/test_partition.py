@@ -6,20 +6,12 @@ import itertools
 import time
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from compute.config import ModelConfig
 from compute.errors import ComputeError
 from compute.partition import (
-    KINDS,
-    BlockSpec,
-    Partition,
-    PartitionError,
-    Unit,
-    client_params,
-    model_units,
-    partition,
+    KINDS, BlockSpec, Partition, PartitionError, Unit, client_params, model_units, partition,
 )
 
 SMOL = dict(n_layers=30, dim=576, n_heads=9, n_kv_heads=3, ffn_dim=1536, vocab_size=49152)

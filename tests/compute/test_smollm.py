@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from compute.config import ModelConfig
 from compute.generate import generate
 from compute.kvcache import KVCache
-from compute.config import ModelConfig
 
 # Max abs logit difference measured against transformers, float32, 2 threads:
 # <= 9.1e-5 (full forward and cached decoding, prompts of 5 to 301 tokens,

@@ -23,33 +23,17 @@ import torch
 import torch.nn.functional as F
 
 from compute.blocks import add_grads, model_partition
+from compute.config import ModelConfig
 from compute.data import (
-    DataError,
-    DataSpec,
-    batch_at,
-    corpus_from_bytes,
-    data_from_file,
-    load_corpus,
-    synthetic_text,
+    DataError, DataSpec, batch_at, corpus_from_bytes, data_from_file, load_corpus, synthetic_text,
 )
 from compute.device import apply_settings, deterministic
 from compute.errors import ConfigError, OptimizerStateError
 from compute.optim import SliceAdamW
-from compute.config import ModelConfig
 from compute.partition import client_params
 from compute.train import (
-    JobConfig,
-    backward_chain,
-    batch,
-    client_slices,
-    embed_backward,
-    forward_chain,
-    head_loss_block,
-    make_model,
-    make_sections,
-    owned_slices,
-    train_local,
-    train_step_decomposed,
+    JobConfig, backward_chain, batch, client_slices, embed_backward, forward_chain,
+    head_loss_block, make_model, make_sections, owned_slices, train_local, train_step_decomposed,
 )
 
 SMALL = ModelConfig(

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from ledger.chaindb import ChainDB
 from ledger.crypto import SigningKey
 from ledger.genesis import TEST_PARAMS, chain_params, new_genesis, node_registration
+from ledger.state import UNIT
 from ledger.store import MemoryStore
 from ledger.transition import producer_rank
 from ledger.types import (
     BACKWARD, COIN, FORWARD, ZERO_SIG, Genesis, Job, Params, Receipt, Register, Transfer,
     UnitTemplate, sign,
 )
-from ledger.state import UNIT
 
 CHAIN = "pnode-test"
 

@@ -6,8 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from ledger import errors as E
-from ledger import schema
+from ledger import errors as E, schema
 from ledger.chaindb import EXTENDED, KNOWN, REORG, SIDE, ChainDB
 from ledger.codec import decode, encode
 from ledger.state import ACCOUNT, state_root

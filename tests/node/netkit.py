@@ -39,9 +39,9 @@ async def chain_node(n: int, chain, clock, *, txs: bool = True, producer_key=Non
     and a Producer for ``producer_key`` if asked. Yields a namespace:
     ``host``, ``service``, ``txs``, ``producer``."""
     from node.chain.producer import Producer
-    from node.wire.sync import BLOCKS_TOPIC, TXS_TOPIC
     from node.chain.sync import ChainService
     from node.chain.txgossip import TxGossip
+    from node.wire.sync import BLOCKS_TOPIC, TXS_TOPIC
 
     async with open_host(ident(n), gossip_topics=[BLOCKS_TOPIC, TXS_TOPIC]) as host:
         async with trio.open_nursery() as nursery:

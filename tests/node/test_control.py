@@ -23,11 +23,11 @@ from node.control import (
     MAX_REQUEST, ControlError, ControlServer, NodeNotRunning, control_call, control_request,
 )
 from node.errors import DataDirError
+from node.keys import read_key_file
 from node.net.framing import read_frame, write_frame
 from node.node import Node, ProduceConfig
 from tests.node.netkit import run
 from tests.node.prockit import ROOT
-from node.keys import read_key_file
 
 
 @pytest.fixture

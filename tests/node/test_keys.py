@@ -18,17 +18,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.errors import KeyFileError, WrongPassphraseError
-from node.keys import (
-    decrypt_seed,
-    encrypt_seed,
-    read_key_file,
-    read_public_key,
-    write_key_file,
-)
+from node.keys import decrypt_seed, encrypt_seed, read_key_file, read_public_key, write_key_file
 
 FAST = 2**10
 FIXTURE_REUSE = HealthCheck.function_scoped_fixture

@@ -59,3 +59,19 @@ def test_every_exported_name_exists(package):
     pkg = importlib.import_module(package)
     for name in pkg.__all__:
         assert getattr(pkg, name) is not None, f"{package}.{name}"
+
+
+def test_pwallet_infer_parses_its_arguments_before_torch_loads():
+    """The client's OpenMP spin is set in infer's body: torch must not load while click parses.
+
+    (A ``--wire`` choice that read `compute.quant` loaded torch, and libgomp
+    read the default spin before the client could set its own.)
+    """
+    code = ("import sys\nfrom wallet.cli import main_group\n"
+            "try:\n    main_group.main(['infer', 'hi', '--peers', 'not-an-address'],"
+            " standalone_mode=False)\nexcept Exception as exc:\n    print(type(exc).__name__)\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["BadParameter", "False"]

@@ -6,11 +6,10 @@ directly, as `SwarmDirectory.refresh` would after asking a peer.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import trio
 
+from node.clock import now_ms
 from node.wire.serve import Announce, sign_announce
 from tests.node.netkit import ident
 from wallet.directory import SwarmDirectory
@@ -26,7 +25,7 @@ def announce(n: int, start: int, end: int, *, model: str = MODEL, load: int = 0,
     if addrs is None:
         addrs = (f"/ip4/127.0.0.1/tcp/{4000 + n}/p2p/{me.peer_id}",)
     unsigned = Announce(me.public_key, addrs, model, start, end, 10_000, load, 8, 0,
-                        time.time_ns() // 1_000_000, bytes(64))
+                        now_ms(), bytes(64))
     return sign_announce(unsigned, me.key_pair.private_key.sign)
 
 
@@ -34,7 +33,7 @@ def directory_of(*announces: Announce, trusted=None) -> SwarmDirectory:
     """A directory (no host: nothing here dials) whose view holds ``announces``."""
     directory = SwarmDirectory(None, MODEL, trusted=trusted)
     for a in announces:
-        assert directory.view.add(a, trio.current_time(), time.time_ns() // 1_000_000)
+        assert directory.view.add(a, trio.current_time(), now_ms())
     return directory
 
 

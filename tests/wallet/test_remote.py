@@ -7,7 +7,6 @@ tests/node/serve/test_serve_processes.py.
 
 from __future__ import annotations
 
-import time
 from contextlib import AsyncExitStack
 
 import pytest
@@ -15,9 +14,10 @@ import trio
 
 from compute.generate import generate
 from compute.gguf import model_id
+from node.clock import now_ms
 from node.net.host import open_host
-from node.serve.sessions import SessionConfig
 from node.serve.layer_server import LayerServer, ServeConfig
+from node.serve.sessions import SessionConfig
 from node.serve.swarm import Announcer
 from tests.node.netkit import ident, run
 from wallet.client import InferRequest
@@ -26,10 +26,6 @@ from wallet.remote import ClientConfig, ClientParts, RemoteError, open_remote
 
 PROMPT = "What is the capital of France?"
 LONG_PROMPT = "Write a short poem about the sea."
-
-
-def clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +54,8 @@ async def swarm(stack: AsyncExitStack, reader, spans, configs=None):
         host = await stack.enter_async_context(open_host(ident(i)))
         nursery = await stack.enter_async_context(trio.open_nursery())
         stack.callback(nursery.cancel_scope.cancel)
-        announcer = Announcer(host, clock_ms, interval=0.3)
-        server = LayerServer(host, ident(i), announcer, clock_ms,
+        announcer = Announcer(host, now_ms, interval=0.3)
+        server = LayerServer(host, ident(i), announcer, now_ms,
                              ServeConfig(layers=span, sessions=(configs or {}).get(i, SessionConfig())),
                              reader=reader)
         announcer.make_announce = server.announce

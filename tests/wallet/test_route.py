@@ -6,11 +6,10 @@ import math
 import time
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from wallet.errors import NoRoute, RouteError, WalletError
 from node.wire import ServerInfo, SpanError
+from wallet.errors import NoRoute, RouteError, WalletError
 from wallet.route import Hop, hop_cost, plan_route, replan
 
 A = ServerInfo("A", 0, 10, 10.0)

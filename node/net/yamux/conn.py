@@ -44,14 +44,13 @@ from typing import Any
 import trio
 from libp2p.abc import IMuxedConn, ISecureConn
 from libp2p.peer.id import ID
-from libp2p.stream_muxer.exceptions import (MuxedConnUnavailable, MuxedStreamError,
-                                            MuxedStreamReset)
+from libp2p.stream_muxer.exceptions import MuxedConnUnavailable, MuxedStreamError, MuxedStreamReset
 from libp2p.stream_muxer.muxer_multistream import MuxerMultistream
 
-from node.net.yamux.frames import (ACK, DATA, FIN, GO_AWAY, GO_AWAY_NORMAL,
-                                   GO_AWAY_PROTOCOL_ERROR, HEADER, INITIAL_WINDOW, PING,
-                                   PROTOCOL_ID, RST, SYN, VERSION, WINDOW_UPDATE,
-                                   YamuxProtocolError, take)
+from node.net.yamux.frames import (
+    ACK, DATA, FIN, GO_AWAY, GO_AWAY_NORMAL, GO_AWAY_PROTOCOL_ERROR, HEADER, INITIAL_WINDOW, PING,
+    PROTOCOL_ID, RST, SYN, VERSION, WINDOW_UPDATE, YamuxProtocolError, take,
+)
 from node.net.yamux.stream import YamuxStream
 
 __all__ = ["INITIAL_WINDOW", "PROTOCOL_ID", "YamuxConnection", "YamuxStream", "install"]

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import trio
 from libp2p.abc import IMuxedStream
-from libp2p.stream_muxer.exceptions import (MuxedStreamClosed, MuxedStreamEOF,
-                                            MuxedStreamError, MuxedStreamReset)
+from libp2p.stream_muxer.exceptions import (
+    MuxedStreamClosed, MuxedStreamEOF, MuxedStreamError, MuxedStreamReset,
+)
 
-from node.net.yamux.frames import (DATA, FIN, INITIAL_WINDOW, MAX_CHUNK, RST, WINDOW_UPDATE,
-                                   StreamOwner, YamuxProtocolError, take)
+from node.net.yamux.frames import (
+    DATA, FIN, INITIAL_WINDOW, MAX_CHUNK, RST, WINDOW_UPDATE, StreamOwner, YamuxProtocolError,
+    take,
+)
+
 
 class YamuxStream(IMuxedStream):
     """One yamux stream: a byte stream each way, half-closable, resettable."""

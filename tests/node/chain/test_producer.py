@@ -13,8 +13,8 @@ import trio
 from ledger.crypto import SigningKey
 from ledger.state import ACCOUNT
 from ledger.types import COIN
-from node.clock import now_ms
 from node.chain.producer import Producer, earliest_slot_ms, seal_block
+from node.clock import now_ms
 from node.wire.sync import BLOCKS_TOPIC
 from tests.ledger.chainkit import make_net, new_db
 from tests.node.netkit import chain_node, eventually, meshed, run

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from node.datadir import DataDir
-from tests.node.prockit import live_status, node_addr, read, stop, wait_for
 from node.keys import read_public_key
+from tests.node.prockit import live_status, node_addr, read, stop, wait_for
 
 
 def test_a_serving_node_registers_itself_once_funded(tmp_path, pnode, pwallet, spawn):

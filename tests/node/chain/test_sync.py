@@ -18,12 +18,12 @@ from ledger.schedule import is_better_tip
 from ledger.state import state_root
 from ledger.store import LevelDBStore
 from ledger.types import COIN, Block, sign
+from node.chain.sync import ChainService, PeerMisbehaved, SyncFailed
 from node.net.host import RequestError, open_host
 from node.wire.sync import (
     BLOCKS_TOPIC, SYNC_PROTOCOL, BlocksRequest, BlocksResponse, SyncRequest, TipRequest,
     TipResponse,
 )
-from node.chain.sync import ChainService, PeerMisbehaved, SyncFailed
 from tests.ledger.chainkit import copy_chain, make_net, new_db, next_block
 from tests.node.netkit import eventually, ident, run
 

@@ -12,9 +12,7 @@ import pytest
 
 from ledger.types import COIN
 from node.datadir import DataDir
-from tests.node.prockit import (
-    ROOT, live_status, node_addr, read, stop, wait_for,
-)
+from tests.node.prockit import ROOT, live_status, node_addr, read, stop, wait_for
 
 
 @pytest.fixture

@@ -8,27 +8,26 @@ reference: training the same job locally, block by block.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 import trio
 
 from compute.data import batch
+from compute.quant import encode_tensor
 from compute.train import train_local
+from ledger.chaindb import ChainDB
+from ledger.codec import encode
+from ledger.crypto import SigningKey
 from ledger.state import ACCOUNT, JOB
 from ledger.store import MemoryStore
-from ledger.chaindb import ChainDB
-from ledger.crypto import SigningKey
 from ledger.types import Receipt
 from node.clock import now_ms
-from node.mine.devnet import DevnetKeys, devnet_genesis, devnet_job
-from compute.quant import encode_tensor
-from ledger.codec import encode
 from node.mine.averaging import NamedTensor
-from node.net.framing import write_frame
+from node.mine.devnet import DevnetKeys, devnet_genesis, devnet_job
 from node.mine.miner import Miner
-from node.wire.train import ACTIVATION, TRAIN_PROTOCOL, StepTensors
+from node.net.framing import write_frame
 from node.wire.sync import BLOCKS_TOPIC
+from node.wire.train import ACTIVATION, TRAIN_PROTOCOL, StepTensors
 from tests.node.netkit import chain_node, eventually, ident, meshed, run
 
 

@@ -15,8 +15,8 @@ import torch
 from compute.blocks import add_grads
 from compute.data import batch, load_corpus, make_model
 from compute.train import average_replicas, make_sections, train_step_replicas
-from node.mine.devnet import devnet_job
 from node.errors import BadPush
+from node.mine.devnet import devnet_job
 from node.mine.step_plan import StepPlan
 from node.wire.train import ACTIVATION, ATTN_SHARE, CLIENT, GRADIENT, MLP_PARTIAL
 

@@ -9,22 +9,14 @@ from __future__ import annotations
 import struct
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 import trio
+from hypothesis import given, settings, strategies as st
 from libp2p.network.stream.exceptions import StreamEOF, StreamReset
 
 from node.errors import NodeError
 from node.net.framing import (
-    FrameEOF,
-    FrameStreamError,
-    FrameTimeout,
-    FrameTooLarge,
-    FrameTruncated,
-    FramingError,
-    iter_frames,
-    read_frame,
-    write_frame,
+    FrameEOF, FrameStreamError, FrameTimeout, FrameTooLarge, FrameTruncated, FramingError,
+    iter_frames, read_frame, write_frame,
 )
 
 DEADLINE = 5.0

@@ -15,22 +15,14 @@ import trio.testing
 from libp2p import new_host
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
-from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
-from libp2p.stream_muxer.yamux.yamux import Yamux
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID, Yamux
 
-from ledger.crypto import SigningKey
-from ledger.crypto import libp2p_peer_id
-from node.keys import read_seed_file, write_seed_file
+from ledger.crypto import SigningKey, libp2p_peer_id
 from node.errors import DataDirError, NodeError
+from node.keys import read_seed_file, write_seed_file
 from node.net.framing import FrameEOF, FramingError, iter_frames, read_frame, write_frame
 from node.net.host import (
-    DialError,
-    GossipError,
-    HostConfig,
-    HostError,
-    PeerIdentity,
-    RequestError,
-    RequestTimeout,
+    DialError, GossipError, HostConfig, HostError, PeerIdentity, RequestError, RequestTimeout,
     open_host,
 )
 from tests.node.netkit import eventually, ident, run

@@ -12,14 +12,14 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from libp2p.crypto.x25519 import create_new_key_pair as noise_key_pair
 from libp2p.io.trio import TrioTCPStream
 from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.security.noise.transport import Transport as NoiseTransport
-from libp2p.stream_muxer.exceptions import (MuxedConnUnavailable, MuxedStreamClosed,
-                                            MuxedStreamEOF, MuxedStreamError, MuxedStreamReset)
+from libp2p.stream_muxer.exceptions import (
+    MuxedConnUnavailable, MuxedStreamClosed, MuxedStreamEOF, MuxedStreamError, MuxedStreamReset,
+)
 from libp2p.stream_muxer.muxer_multistream import MuxerMultistream
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
@@ -27,8 +27,10 @@ from node.net.framing import read_frame, write_frame
 from node.net.host import Host, HostError, open_host
 from node.net.yamux import conn as yamux
 from node.net.yamux.conn import ACCEPT_BACKLOG, YamuxConnection
-from node.net.yamux.frames import (ACK, DATA, FIN, GO_AWAY, GO_AWAY_PROTOCOL_ERROR, HEADER,
-                                   INITIAL_WINDOW, PING, PROTOCOL_ID, RST, SYN, WINDOW_UPDATE)
+from node.net.yamux.frames import (
+    ACK, DATA, FIN, GO_AWAY, GO_AWAY_PROTOCOL_ERROR, HEADER, INITIAL_WINDOW, PING, PROTOCOL_ID,
+    RST, SYN, WINDOW_UPDATE,
+)
 from tests.node.netkit import ident, run
 
 ECHO = "/pnode/test-yamux-echo/1.0.0"

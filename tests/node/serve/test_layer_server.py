@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import time
 from contextlib import AsyncExitStack
 
 import trio
 
+from node.clock import now_ms
 from node.net.host import open_host
 from node.serve.layer_server import LayerServer, ServeConfig
 from node.serve.swarm import Announcer
 from tests.node.netkit import eventually, ident, run
 
 
-def clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 async def server(stack: AsyncExitStack, n: int, reader, config: ServeConfig, peer=None):
     host = await stack.enter_async_context(open_host(ident(n)))
     nursery = await stack.enter_async_context(trio.open_nursery())
     stack.callback(nursery.cancel_scope.cancel)
-    announcer = Announcer(host, clock_ms, interval=0.2)
-    layer_server = LayerServer(host, ident(n), announcer, clock_ms, config, reader=reader)
+    announcer = Announcer(host, now_ms, interval=0.2)
+    layer_server = LayerServer(host, ident(n), announcer, now_ms, config, reader=reader)
     announcer.make_announce = layer_server.announce
     await nursery.start(announcer.run)
     if peer is not None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from node.serve.placement import choose_span, layer_throughput, should_move
 from node.errors import BalanceError, NodeError
+from node.serve.placement import choose_span, layer_throughput, should_move
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,7 @@ import trio
 
 from compute.generate import generate
 from tests.node.netkit import run
-from tests.node.prockit import (
-    live_status, node_addr, wait_for,
-)
+from tests.node.prockit import live_status, node_addr, wait_for
 from wallet.client import InferRequest
 from wallet.remote import ClientParts, open_remote
 

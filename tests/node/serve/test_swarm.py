@@ -8,8 +8,9 @@ import pytest
 import trio
 
 from ledger.codec import decode, encode
-from node.wire.serve import SWARM_PROTOCOL, Announce, SwarmRequest, SwarmResponse, sign_announce
+from node.clock import now_ms
 from node.serve.swarm import Announcer, SwarmView, announce_peer
+from node.wire.serve import SWARM_PROTOCOL, Announce, SwarmRequest, SwarmResponse, sign_announce
 from tests.node.netkit import eventually, ident, run
 
 NOW_MS = 1_700_000_000_000
@@ -74,8 +75,8 @@ def test_a_full_view_makes_room_by_its_stalest_entry():
 
 
 def test_a_swarm_response_fits_its_limits_and_puts_live_peers_first():
-    from node.wire.serve import MAX_ANNOUNCES, MAX_SWARM_FRAME
     from node.serve.swarm import encode_swarm_response
+    from node.wire.serve import MAX_ANNOUNCES, MAX_SWARM_FRAME
 
     flood = [announce(n % 250 + 1, time_ms=NOW_MS + n) for n in range(600)]
     live = announce(251, time_ms=NOW_MS - 10_000)  # older, but a connected peer
@@ -93,14 +94,9 @@ def test_view_drop_removes_a_peer_at_once():
     assert [announce_peer(a) for a in view.fresh(0.5)] == [ident(2).peer_id]
 
 
-def clock_ms() -> int:
-    import time
-    return time.time_ns() // 1_000_000
-
-
 def own(n: int, start: int, end: int):
     def make():
-        return announce(n, start=start, end=end, time_ms=clock_ms())
+        return announce(n, start=start, end=end, time_ms=now_ms())
     return make
 
 
@@ -112,11 +108,11 @@ def test_announcements_spread_by_gossip_served_on_request_and_dropped_on_disconn
                 open_host(ident(3)) as h3, trio.open_nursery() as n:
             # Refreshes an hour apart: what a node that joins learns, it learns by
             # asking its new neighbours (the first gossip went out to nobody).
-            a1 = await n.start(Announcer(h1, clock_ms, own(1, 0, 10), interval=0.2,
+            a1 = await n.start(Announcer(h1, now_ms, own(1, 0, 10), interval=0.2,
                                          refresh=3600).run)
-            a2 = await n.start(Announcer(h2, clock_ms, own(2, 10, 30), interval=0.2,
+            a2 = await n.start(Announcer(h2, now_ms, own(2, 10, 30), interval=0.2,
                                          refresh=3600).run)
-            a3 = await n.start(Announcer(h3, clock_ms, interval=0.2).run)  # serves nothing
+            a3 = await n.start(Announcer(h3, now_ms, interval=0.2).run)  # serves nothing
             await trio.sleep(4.0)  # past gossipsub's window (3 heartbeats) for re-sending it
             await h2.connect(h1.addrs[0])
             await eventually(lambda: len(a1.fresh()) == len(a2.fresh()) == 2, "nodes 1, 2 to meet")
@@ -155,14 +151,14 @@ def test_an_announcement_is_gossiped_when_what_it_says_changes_not_on_every_tick
     state = {"end": 10, "load": 0}
 
     def make():  # max_sessions is 8
-        return announce(1, end=state["end"], load=state["load"], time_ms=clock_ms())
+        return announce(1, end=state["end"], load=state["load"], time_ms=now_ms())
 
     async def main():
         async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
                 trio.open_nursery() as n:
             heard = await listening(h2, h1)
             await trio.sleep(1.5)  # a heartbeat or so: node 2 in node 1's mesh
-            await n.start(Announcer(h1, clock_ms, make, interval=0.05, refresh=3600).run)
+            await n.start(Announcer(h1, now_ms, make, interval=0.05, refresh=3600).run)
 
             async def next_one(limit: float) -> Announce | None:
                 with trio.move_on_after(limit):
@@ -188,7 +184,7 @@ def test_an_unchanged_announcement_is_gossiped_again_every_refresh():
         async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
                 trio.open_nursery() as n:
             heard = await listening(h2, h1)
-            await n.start(Announcer(h1, clock_ms, own(1, 0, 10), interval=0.05, refresh=0.5).run)
+            await n.start(Announcer(h1, now_ms, own(1, 0, 10), interval=0.05, refresh=0.5).run)
             times = []
             with trio.move_on_after(3.0):
                 async for _ in heard:
@@ -209,7 +205,7 @@ def test_a_neighbour_answering_garbage_for_its_view_scores_a_point():
     async def main():
         async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
                 trio.open_nursery() as n:
-            a1 = await n.start(Announcer(h1, clock_ms, own(1, 0, 10), interval=0.05).run)
+            a1 = await n.start(Announcer(h1, now_ms, own(1, 0, 10), interval=0.05).run)
             h2.set_request_handler(SWARM_PROTOCOL, garbage, max_request_size=64, public=True)
             await h2.connect(h1.addrs[0])
             await h2.join(ANNOUNCE_TOPIC)  # a new neighbour on the topic: its view is asked
@@ -224,10 +220,10 @@ def test_an_allow_list_keeps_only_trusted_announcements():
 
     async def main():
         async with open_host(ident(1)) as h1:
-            announcer = Announcer(h1, clock_ms, allowed={ident(2).peer_id})
-            assert announcer.take(announce(2, time_ms=clock_ms()))
-            assert not announcer.take(announce(3, time_ms=clock_ms()))
-            assert announcer.take(announce(1, time_ms=clock_ms()))  # its own, always
+            announcer = Announcer(h1, now_ms, allowed={ident(2).peer_id})
+            assert announcer.take(announce(2, time_ms=now_ms()))
+            assert not announcer.take(announce(3, time_ms=now_ms()))
+            assert announcer.take(announce(1, time_ms=now_ms()))  # its own, always
             assert sorted(str(announce_peer(a)) for a in announcer.fresh()) == sorted(
                 [str(ident(1).peer_id), str(ident(2).peer_id)])
     run(main)
@@ -240,11 +236,11 @@ def test_garbage_on_the_announce_topic_scores_the_sender():
     async def main():
         async with open_host(ident(1)) as h1, open_host(ident(2)) as h2, \
                 trio.open_nursery() as n:
-            a1 = await n.start(Announcer(h1, clock_ms, interval=0.2).run)
+            a1 = await n.start(Announcer(h1, now_ms, interval=0.2).run)
             await h2.connect(h1.addrs[0])
             await h2.join(ANNOUNCE_TOPIC)
             await eventually(lambda: h2.peer_id in h1.topic_peers(ANNOUNCE_TOPIC), "subscription")
-            forged = replace(announce(3, time_ms=clock_ms()), layer_end=30)
+            forged = replace(announce(3, time_ms=now_ms()), layer_end=30)
             await h2.publish(ANNOUNCE_TOPIC, b"garbage")
             await h2.publish(ANNOUNCE_TOPIC, encode(forged))
             await eventually(lambda: h1.misbehaving.get(h2.peer_id, 0) >= 2, "two points")
