@@ -14,9 +14,11 @@ are the client.
   each payload is one UTF-8 JSON object. A request is ``{"op": NAME,
   ...args}``; the answer ``{"ok": true, ...}`` or ``{"ok": false, "error":
   TEXT}``. A connection may carry several requests, one at a time.
-- A malformed request (not JSON, not an object, no string ``op``, an unknown
-  op, bad arguments, a frame over `MAX_REQUEST`) gets an error answer; no
-  request, however bad, stops the node.
+- A malformed request (not JSON, JSON nested too deeply, not an object, no
+  string ``op``, an unknown op, bad arguments, a frame over `MAX_REQUEST`)
+  gets an error answer; no request, however bad, stops the node. The client
+  refuses to send a request over `MAX_REQUEST` itself ("request too large"),
+  and the socket queues up to `LISTEN_BACKLOG` connections not yet accepted.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ MAX_REQUEST = 4 * 1024 * 1024  # a request frame (a transaction in hex fits)
 MAX_RESPONSE = 16 * 1024 * 1024
 IDLE_TIMEOUT_S = 300.0  # a connection with no request for this long is closed
 _SUN_PATH_MAX = 100  # sockaddr_un holds 108 bytes on Linux (104 elsewhere)
+# Connections waiting to be accepted: a burst of CLI calls (a script polling
+# `pnode status` from many shells) must queue, not fail with EAGAIN.
+LISTEN_BACKLOG = socket.SOMAXCONN
 
 #: An op: ``await handler(args) -> reply fields`` (``args``: the request less ``op``).
 ControlOp = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -105,6 +110,8 @@ class ControlServer:
             msg = json.loads(request)
         except ValueError as exc:  # also bad UTF-8
             return _error(f"request is not JSON: {exc}")
+        except RecursionError:  # [[[[...]]]] a hundred thousand deep: an answer, not a hang-up
+            return _error("request is not JSON this node reads: nested too deeply")
         if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
             return _error('a request is a JSON object with a string "op"')
         name = msg.pop("op")
@@ -164,6 +171,9 @@ async def control_request(data_dir: str | os.PathLike[str], op: str, /, *,
             answer did not come or was not valid.
     """
     path = socket_path(data_dir)
+    request = json.dumps({**args, "op": op}).encode()
+    if len(request) > MAX_REQUEST:  # the node would hang up mid-frame: say why, here
+        raise ControlError(f"request too large: {len(request)} bytes, at most {MAX_REQUEST}")
     try:
         with _sockaddr(path) as addr:
             stream = await trio.open_unix_socket(addr)
@@ -174,7 +184,7 @@ async def control_request(data_dir: str | os.PathLike[str], op: str, /, *,
     conn = _Conn(stream)
     async with stream:
         try:
-            await write_frame(conn, json.dumps({**args, "op": op}).encode(), timeout=timeout_s)
+            await write_frame(conn, request, timeout=timeout_s)
             raw = await read_frame(conn, MAX_RESPONSE, timeout=timeout_s)
         except FramingError as exc:
             raise ControlError(f"no answer from the node on {path}: {exc}") from None
@@ -260,7 +270,7 @@ async def _listen(path: Path) -> trio.socket.SocketType:
         with _sockaddr(path) as addr:
             await sock.bind(addr)
         os.chmod(path, 0o600)  # before listen(): nobody can connect yet
-        sock.listen(16)
+        sock.listen(LISTEN_BACKLOG)
     except BaseException:
         sock.close()
         raise

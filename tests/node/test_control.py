@@ -117,6 +117,7 @@ class _Conn:
     (b'{"op": "account", "address": "zz"}', "address"),
     (b'{"op": "submit_tx", "tx": 7}', "hex"),
     (b'{"op": "submit_tx", "tx": "0001"}', "DecodeError"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
 ])
 def test_a_malformed_request_gets_an_error_and_the_node_lives_on(data_dir, payload, error):
     async def main():
@@ -208,3 +209,44 @@ def test_the_cli_side_of_the_channel_does_not_load_libp2p():
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_burst_of_clients_is_queued_and_answered(tmp_path):
+    """More clients at once than the old backlog of 16: every one gets its answer."""
+    path = tmp_path / "node.sock"
+
+    async def echo(args):
+        await trio.sleep(0.01)
+        return {"echo": args}
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(ControlServer(path, {"echo": echo}).run)
+            answers = []
+
+            async def client(i):
+                answers.append(await control_request(tmp_path, "echo", n=i))
+
+            async with trio.open_nursery() as clients:
+                for i in range(200):
+                    clients.start_soon(client, i)
+            assert sorted(a["echo"]["n"] for a in answers) == list(range(200))
+            nursery.cancel_scope.cancel()
+    run(main)
+
+
+def test_a_request_over_the_limit_is_refused_by_the_client(tmp_path):
+    path = tmp_path / "node.sock"
+
+    async def echo(args):
+        return {"echo": len(args["blob"])}
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(ControlServer(path, {"echo": echo}).run)
+            with pytest.raises(ControlError, match="request too large"):
+                await control_request(tmp_path, "echo", blob="x" * (MAX_REQUEST + 1))
+            assert (await control_request(tmp_path, "echo", blob="x" * 3_000_000))["echo"] \
+                == 3_000_000
+            nursery.cancel_scope.cancel()
+    run(main)
