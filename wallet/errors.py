@@ -33,6 +33,21 @@ class NoRoute(WalletError):
         super().__init__(message)
 
 
+class RouteBusy(NoRoute):
+    """Servers cover the layers, but every usable one stayed full (busy) for the client's wait.
+
+    Attributes:
+        retry_after_ms: the servers' hint (or a second when they only
+            announced themselves full).
+    """
+
+    def __init__(self, first: int, retry_after_ms: int):
+        WalletError.__init__(self, f"every server that covers layer {first} is busy; "
+                                   f"try again in {retry_after_ms / 1000:.1f} s")
+        self.first = self.last = first
+        self.trusted_only, self.retry_after_ms = False, retry_after_ms
+
+
 class RemoteError(WalletError):
     """Networked inference failed: no peer reachable, no route, too many failures."""
 

@@ -33,7 +33,7 @@ from node.wire import (
     SessionError, Step, StepResult,
 )
 from wallet.directory import SwarmDirectory
-from wallet.errors import HopFailed, NoRoute, RemoteError, ServerBusy
+from wallet.errors import HopFailed, NoRoute, RemoteError, RouteBusy, ServerBusy
 from wallet.generation import ClientConfig, Generation, Served
 from wallet.route import Hop
 
@@ -273,7 +273,9 @@ class RouteRun:
         """Sessions covering [start, end): planned, opened, replanned around busy or dead servers.
 
         Raises:
-            NoRoute: no usable servers cover the span (after waiting out busy ones).
+            RouteBusy: servers cover the span, but the usable ones stayed busy for
+                ``busy_wait``.
+            NoRoute: no usable servers cover the span.
             RemoteError: too many failures.
         """
         directory = self.directory
@@ -282,10 +284,12 @@ class RouteRun:
         while True:
             try:
                 hops = directory.plan(start, end, also_exclude=busy)
-            except NoRoute:
+            except NoRoute as exc:
                 waiting = busy or directory.announced_full(start, end)
-                if not waiting or trio.current_time() >= give_up_at:
+                if not waiting:
                     raise
+                if trio.current_time() >= give_up_at:  # busy, not absent: say so
+                    raise RouteBusy(exc.first, min(busy.values(), default=1000)) from None
                 # The servers' own hint, or a second for servers that announced themselves full.
                 await trio.sleep(min(busy.values(), default=1000) / 1000)
                 busy.clear()

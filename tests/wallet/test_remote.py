@@ -21,7 +21,7 @@ from node.serve.sessions import SessionConfig
 from node.serve.swarm import Announcer
 from tests.node.netkit import ident, run
 from wallet.client import InferRequest
-from wallet.errors import NoRoute
+from wallet.errors import NoRoute, RouteBusy
 from wallet.remote import ClientConfig, ClientParts, RemoteError, open_remote
 
 PROMPT = "What is the capital of France?"
@@ -229,6 +229,33 @@ def test_a_busy_server_is_routed_around(gguf_reader, parts, local_tokens):
             # Each server takes one session at a time: the two clients ran on both.
             used = {results["a"].route[0].peer_id, results["b"].route[0].peer_id}
             assert used == {str(h.peer_id) for h in hosts}
+    run(main, deadline=120)
+
+
+def test_a_full_swarm_says_busy_not_uncovered(gguf_reader, parts):
+    """The one server of the layers holds its one session: "busy, try again", not "no server"."""
+    async def main():
+        async with AsyncExitStack() as stack:
+            hosts, _ = await swarm(stack, gguf_reader, [(0, 30)],
+                                   {1: SessionConfig(max_sessions=1, busy_retry_ms=300)})
+            async with open_remote([hosts[0].addrs[0]], parts) as a, \
+                    open_remote([hosts[0].addrs[0]], parts,
+                                config=ClientConfig(busy_wait=0.2)) as b:
+                holding, done = trio.Event(), trio.Event()
+
+                async def hold():
+                    await a.generate(InferRequest(PROMPT, max_tokens=200),
+                                     lambda token: holding.set())
+                    done.set()
+                async with trio.open_nursery() as clients:
+                    clients.start_soon(hold)
+                    await holding.wait()
+                    with pytest.raises(RouteBusy, match=r"layer 0 is busy; try again in \d+\.\d s") \
+                            as refused:
+                        await b.generate(InferRequest(PROMPT, max_tokens=4))
+                    # The server's hint, or a second when its announcement said it was full.
+                    assert refused.value.retry_after_ms in (300, 1000)
+                    assert isinstance(refused.value, NoRoute) and not done.is_set()
     run(main, deadline=120)
 
 
