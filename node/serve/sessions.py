@@ -5,8 +5,9 @@ section 9.3) from a partial model (`compute.model.ModelPart`: only the layers
 it serves are in memory):
 
 - a client opens a session for a sub-span of the served layers; the server
-  keeps that session's KV cache until the stream ends, the client goes quiet
-  for ``idle_timeout`` seconds, or an error;
+  keeps that session's KV cache until the stream ends, the session runs no
+  forward for ``idle_timeout`` seconds (other frames do not count), or an
+  error;
 - a server at ``max_sessions`` answers `Busy` with a retry hint at once
   rather than queueing the client behind an unknown wait;
 - every forward call runs as a job on the process's one torch thread
@@ -72,7 +73,7 @@ class SessionConfig:
     max_sessions: int = 8
     max_sessions_per_peer: int = 4  # one client cannot hold every slot
     max_len: int = 2048  # most KV positions one session may ask for
-    idle_timeout: float = 60.0  # seconds a session may wait between frames
+    idle_timeout: float = 60.0  # seconds a session may go without a forward
     busy_retry_ms: int = 1000  # the hint given with `Busy`
     write_timeout: float = 30.0
     link_timeout: float = 5.0  # dialing the next hop for push routing
@@ -98,6 +99,7 @@ class _Session:
     pushes: list[trio.CancelScope] = field(default_factory=list)  # push streams reading
     tokens: int = 0
     steps: int = 0
+    last_forward: float = 0.0  # trio time of its last forward (or of its opening)
 
 
 def measure_throughput(model: Transformer, layers: range, device: torch.device | str = "cpu",
@@ -229,12 +231,23 @@ class InferenceServer:
         return session
 
     async def _run_session(self, stream: INetStream, reader: FrameReader, s: _Session) -> None:
+        """The client's frames until it hangs up, or the session runs no forward for a while.
+
+        Idle means no forward, whatever else comes: a `Link` frame now and then
+        must not hold a slot (and a cache) for free. A linked session's steps
+        may arrive over the previous hop's push stream instead, and count too.
+        """
+        s.last_forward = trio.current_time()
         while True:
+            left = s.last_forward + self.config.idle_timeout - trio.current_time()
+            if left <= 0:
+                return  # ran nothing for idle_timeout: free the slot and the cache
             try:
-                data = await reader.read_frame(MAX_INFERENCE_FRAME,
-                                               timeout=self.config.idle_timeout)
-            except (FrameEOF, FrameTimeout):
-                return  # the client is done (or gone quiet): free the cache
+                data = await reader.read_frame(MAX_INFERENCE_FRAME, timeout=left)
+            except FrameTimeout:
+                continue  # a pushed step may have run meanwhile: look again
+            except FrameEOF:
+                return  # the client is done
             msg = decode(data, (Step, Link))
             if isinstance(msg, Link):
                 async with s.lock:  # never between a pushed step's writes
@@ -252,6 +265,7 @@ class InferenceServer:
         goes on from the next hop itself and blames it if it fails again.
         """
         async with s.lock:
+            s.last_forward = trio.current_time()  # a long forward is not idleness either
             try:
                 hidden = await self._check_step(step, s)
                 out = await self._forward(s, step, hidden)
@@ -260,6 +274,7 @@ class InferenceServer:
                 s.scope.cancel()
                 return False
             s.steps += 1
+            s.last_forward = trio.current_time()
             s.tokens = step.pos + hidden.shape[1]
             self.served_tokens += hidden.shape[1]
             if s.link is not None:

@@ -18,7 +18,7 @@ from ledger.codec import decode, encode
 from node.net.framing import FrameEOF, FramingError, read_frame, write_frame
 from node.serve.sessions import InferenceServer, SessionConfig
 from node.wire.serve import (
-    INFERENCE_PROTOCOL, Busy, OpenSession, SessionAccepted, SessionError, Step, StepResult,
+    INFERENCE_PROTOCOL, Busy, Link, OpenSession, SessionAccepted, SessionError, Step, StepResult,
 )
 from tests.compute.helpers import TINY, tiny_model
 from tests.node.netkit import eventually, ident, run
@@ -260,6 +260,25 @@ def test_an_idle_session_is_closed_and_its_cache_freed(model):
         stream, _ = await open_session(ch, sh)
         assert len(server.sessions) == 1
         await eventually(lambda: not server.sessions, "the idle session to close", limit=5)
+    with_hosts(body)
+
+
+def test_link_frames_alone_do_not_keep_a_session(model):
+    """Idle means no forward: an empty `Link` every 0.1 s does not hold the slot."""
+    async def body(stack):
+        server, sh, ch = await serving(stack, model, SessionConfig(idle_timeout=0.5))
+        stream, _ = await open_session(ch, sh)
+        await step(stream, hidden(1, 3), 0)  # a forward: the clock starts again from here
+        began = trio.current_time()
+        with trio.move_on_after(5):
+            while server.sessions:
+                try:
+                    await write_frame(stream, encode(Link("", (), bytes(32))))
+                except Exception:  # the server closed the session
+                    break
+                await trio.sleep(0.1)
+        assert not server.sessions, "keepalive frames held an idle session"
+        assert trio.current_time() - began < 2.0
     with_hosts(body)
 
 
