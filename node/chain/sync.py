@@ -20,6 +20,8 @@ one reader or writer at a time, and the trio loop stays free. `call` also
 notices when the tip moves (`wait_tip_change`, what a block producer waits
 on). A peer that sends undecodable bytes, a broken chain or an invalid block
 scores one point (`Host.penalize`) and its sync stops with `PeerMisbehaved`;
+so does one that answers a request for blocks below the tip it just claimed
+with none, or answers with a frame over `MAX_SYNC_RESPONSE_FRAME`;
 blocks added before that stay (each one was fully validated).
 """
 
@@ -43,7 +45,7 @@ from ledger.schedule import is_better_tip
 from ledger.types import Block, block_hash
 from node.clock import Clock
 from node.errors import NodeError
-from node.net import GossipError, Host, RequestError
+from node.net import GossipError, Host, RequestError, ResponseTooLarge
 from node.wire import (
     BLOCKS_TOPIC, MAX_BLOCKS_PER_REQUEST, MAX_BLOCKS_RESPONSE_BYTES, MAX_SYNC_REQUEST_FRAME,
     MAX_SYNC_RESPONSE_FRAME, SYNC_PROTOCOL, BlocksRequest, BlocksResponse, SyncRequest, TipRequest,
@@ -290,8 +292,12 @@ class ChainService:
                     return result()
                 count = min(MAX_BLOCKS_PER_REQUEST, theirs.height - next_height + 1)
                 pending.extend(await self._fetch(peer, next_height, count))
-                if not pending:  # their chain got shorter since: done with it
-                    return result()
+                if not pending:
+                    # The peer just claimed a tip at height >= next_height. A reorg to a
+                    # shorter chain in between is possible but rare: one point, and
+                    # ten such answers (a peer stalling every sync for free) a ban.
+                    raise self._punish(peer, f"empty BlocksResponse for heights from "
+                                             f"{next_height}, under its tip {theirs.height}")
                 next_height += len(pending)
             outcome = await self.call(self._add_run, list(pending), self.clock())
             for _ in range(outcome.done):
@@ -332,6 +338,8 @@ class ChainService:
         try:
             data = await self.host.request(peer, SYNC_PROTOCOL, encode(msg), self.request_timeout,
                                            max_response_size=MAX_SYNC_RESPONSE_FRAME)
+        except ResponseTooLarge as exc:  # no honest answer is that large (one block fits)
+            raise self._punish(peer, f"oversized {expected.__name__}: {exc}") from None
         except RequestError as exc:
             raise SyncFailed(str(exc)) from None
         try:

@@ -13,6 +13,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "DEFAULT_MAX_FRAME_SIZE", "FrameEOF", "FrameReader", "FrameStreamError", "FrameTimeout",
         "FrameTooLarge", "FramingError", "read_frame", "write_frame",
     ),
-    "node.net.host": ("DialError", "GossipError", "Host", "RequestError", "open_host"),
+    "node.net.host": (
+        "DialError", "GossipError", "Host", "RequestError", "ResponseTooLarge", "open_host",
+    ),
     "node.net.identity": ("HostError", "PeerIdentity"),
 })

@@ -36,12 +36,13 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from node.net import yamux
 from node.net.framing import (
-    DEFAULT_MAX_FRAME_SIZE as MAX_FRAME, FrameStreamError, FramingError, read_frame, write_frame,
+    DEFAULT_MAX_FRAME_SIZE as MAX_FRAME, FrameStreamError, FrameTooLarge, FramingError, read_frame,
+    write_frame,
 )
 from node.net.identity import HostError, PeerIdentity
 
 __all__ = ["DialError", "GossipError", "Host", "HostConfig", "HostError", "PeerIdentity",
-           "RequestError", "RequestTimeout", "open_host"]
+           "RequestError", "RequestTimeout", "ResponseTooLarge", "open_host"]
 
 log = logging.getLogger(__name__)
 _QUEUE_HIGH_WATER = 8  # of py-libp2p's 32-RPC per-peer outbound gossip queue
@@ -62,6 +63,10 @@ class RequestError(HostError):
 
 class RequestTimeout(RequestError):
     """A request that got no answer within its timeout."""
+
+
+class ResponseTooLarge(RequestError):
+    """An answer longer than the requester allows (the answering peer is at fault)."""
 
 
 class GossipError(HostError):
@@ -369,6 +374,7 @@ class Host:
 
         Raises:
             RequestTimeout: no answer within ``timeout`` seconds (all included).
+            ResponseTooLarge: an answer over ``max_response_size``.
             RequestError: no stream, the peer closed it without an answer, or a
                 malformed answer.
         """
@@ -385,7 +391,8 @@ class Host:
         except FramingError as exc:
             if stream is not None:
                 await _quietly(stream.reset)
-            raise RequestError(f"{protocol_id} to {peer_id}: {exc}") from None
+            error = ResponseTooLarge if isinstance(exc, FrameTooLarge) else RequestError
+            raise error(f"{protocol_id} to {peer_id}: {exc}") from None
         await _quietly(stream.close)
         return response
 

@@ -21,7 +21,8 @@ from ledger.types import COIN, Block, sign
 from node.chain.sync import ChainService, PeerMisbehaved, SyncFailed
 from node.net.host import RequestError, open_host
 from node.wire.sync import (
-    BLOCKS_TOPIC, SYNC_PROTOCOL, BlocksRequest, BlocksResponse, SyncRequest, TipRequest,
+    BLOCKS_TOPIC, MAX_SYNC_RESPONSE_FRAME, SYNC_PROTOCOL, BlocksRequest, BlocksResponse,
+    SyncRequest, TipRequest,
     TipResponse,
 )
 from tests.ledger.chainkit import copy_chain, make_net, new_db, next_block
@@ -261,6 +262,10 @@ def test_hostile_peer_is_scored_and_honest_sync_still_works():
             tip = honest_db.tip_hash
             return encode(TipResponse(honest_db.height, tip, honest_db.meta(tip).total_weight,
                                       honest_db.hash_at(0)))
+        if mode[0] == "empty":  # claims the honest tip, then has no block of it
+            return encode(BlocksResponse(()))
+        if mode[0] == "oversized":
+            return b"\x00" * (MAX_SYNC_RESPONSE_FRAME + 1)
         blocks = [honest_db.block_at(msg.start_height)]
         if mode[0] == "unlinked":
             blocks.append(honest_db.block_at(msg.start_height + 2))
@@ -277,7 +282,9 @@ def test_hostile_peer_is_scored_and_honest_sync_still_works():
             for i, (m, why) in enumerate([("bad signature", "BadSignature"),
                                           ("bad state root", "BadStateRoot"),
                                           ("garbage", "undecodable TipResponse"),
-                                          ("unlinked", "height")]):
+                                          ("unlinked", "height"),
+                                          ("empty", "empty BlocksResponse"),
+                                          ("oversized", "oversized BlocksResponse")]):
                 mode[0] = m
                 with pytest.raises(PeerMisbehaved, match=why):
                     await victim.sync_from(evil.peer_id)
@@ -288,7 +295,7 @@ def test_hostile_peer_is_scored_and_honest_sync_still_works():
             mode[0] = "bad signature"
             await evil.publish(BLOCKS_TOPIC, b"not a block")
             await evil.publish(BLOCKS_TOPIC, encode(forged(honest_db.block_at(6))))
-            await eventually(lambda: scores[evil.peer_id] == 6, "gossip misbehaviour scored")
+            await eventually(lambda: scores[evil.peer_id] == 8, "gossip misbehaviour scored")
             # The victim's validator refused both, so gossipsub relayed neither
             # to the honest node (validation is over: the victim scored them).
             assert evil.peer_id not in honest.host.misbehaving
