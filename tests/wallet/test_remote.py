@@ -22,7 +22,9 @@ from node.serve.swarm import Announcer
 from tests.node.netkit import ident, run
 from wallet.client import InferRequest
 from wallet.errors import NoRoute, RouteBusy
+from wallet.generation import Generation
 from wallet.remote import ClientConfig, ClientParts, RemoteError, open_remote
+from wallet.session import RouteRun
 
 PROMPT = "What is the capital of France?"
 LONG_PROMPT = "Write a short poem about the sea."
@@ -240,23 +242,22 @@ def test_a_full_swarm_says_busy_not_uncovered(gguf_reader, parts):
                                    {1: SessionConfig(max_sessions=1, busy_retry_ms=300)})
             async with open_remote([hosts[0].addrs[0]], parts) as a, \
                     open_remote([hosts[0].addrs[0]], parts,
-                                config=ClientConfig(busy_wait=0.2)) as b:
-                holding, done = trio.Event(), trio.Event()
-
-                async def hold():
-                    await a.generate(InferRequest(PROMPT, max_tokens=200),
-                                     lambda token: holding.set())
-                    done.set()
-                async with trio.open_nursery() as clients:
-                    clients.start_soon(hold)
-                    await holding.wait()
+                                config=ClientConfig(busy_wait=0.2)) as b, \
+                    trio.open_nursery() as readers:
+                # ``a`` holds the one slot with an open session (a generation could end
+                # early at the model's end-of-text token and free it).
+                held = RouteRun(a.directory, a.host, a.config, Generation(), 64, readers)
+                await held.open(0, 30)
+                try:
                     with pytest.raises(RouteBusy, match=r"layer 0 is busy; try again in \d+\.\d s") \
                             as refused:
                         await b.generate(InferRequest(PROMPT, max_tokens=4))
-                    # The server's hint, or a second when its announcement said it was full.
-                    assert refused.value.retry_after_ms in (300, 1000)
-                    assert isinstance(refused.value, NoRoute) and not done.is_set()
-                    clients.cancel_scope.cancel()  # a's long generation has served its purpose
+                finally:
+                    await held.close()
+                    readers.cancel_scope.cancel()
+                # The server's hint, or a second when its announcement said it was full.
+                assert refused.value.retry_after_ms in (300, 1000)
+                assert isinstance(refused.value, NoRoute)
     run(main, deadline=120)
 
 
