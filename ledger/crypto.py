@@ -19,6 +19,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from ledger.errors import PeerIdError
+
 # Hash domains.
 H_TX = b"pnode:tx:"
 H_HEADER = b"pnode:header:"
@@ -32,6 +34,7 @@ H_GENESIS = b"pnode:genesis:"
 S_TX = b"pnode:sign:tx:"
 S_HEADER = b"pnode:sign:header:"
 S_BIND = b"pnode:sign:bind:"
+S_BIND_PEER = b"pnode:sign:bind-peer:"
 S_USAGE = b"pnode:sign:usage:"
 S_CERT = b"pnode:sign:cert:"
 
@@ -144,6 +147,11 @@ def verify(public_key: bytes, domain: bytes, message: bytes, signature: bytes) -
     return True
 
 
+# PublicKey{Type: Ed25519, Data: 32 bytes}, and the identity-multihash prefix of it.
+_ED25519_PROTO = b"\x08\x01\x12\x20"
+_PEER_ID_PREFIX = b"\x00\x24" + _ED25519_PROTO
+
+
 def libp2p_peer_id(public_key: bytes) -> bytes:
     """The libp2p peer id of an Ed25519 key: identity multihash of its protobuf form.
 
@@ -151,5 +159,27 @@ def libp2p_peer_id(public_key: bytes) -> bytes:
     (36 bytes, under the 42-byte inlining limit), so the multihash is
     0x00 (identity) 0x24 (length) || that.
     """
-    proto = b"\x08\x01\x12\x20" + public_key
+    proto = _ED25519_PROTO + public_key
     return b"\x00" + bytes([len(proto)]) + proto
+
+
+def peer_public_key(peer_id: bytes) -> bytes:
+    """The Ed25519 public key inside a libp2p peer id (the inverse of `libp2p_peer_id`).
+
+    Args:
+        peer_id: peer id bytes, as a `Register` carries them.
+
+    Returns:
+        The raw 32-byte key.
+
+    Raises:
+        PeerIdError: not the identity multihash of an Ed25519 key: e.g. a
+            sha2-256 peer id (RSA, secp256k1 keys), whose key cannot be
+            recovered from the id and so can sign nothing the ledger checks.
+    """
+    if not isinstance(peer_id, bytes) or len(peer_id) != len(_PEER_ID_PREFIX) + 32 \
+            or not peer_id.startswith(_PEER_ID_PREFIX):
+        shown = peer_id[:8].hex() if isinstance(peer_id, bytes) else type(peer_id).__name__
+        raise PeerIdError(f"peer id {shown}.. is not a libp2p peer id with an inlined Ed25519 "
+                          "key (identity multihash 0024 080112 20 || 32-byte key)")
+    return peer_id[len(_PEER_ID_PREFIX):]

@@ -20,6 +20,10 @@ class DecodeError(LedgerError):
     """Bytes that are not a canonical encoding of the expected object."""
 
 
+class PeerIdError(LedgerError, ValueError):
+    """Bytes that are not a libp2p peer id with an inlined Ed25519 key."""
+
+
 class EncodeError(LedgerError):
     """An object that cannot be encoded (wrong field type or range)."""
 
@@ -41,6 +45,20 @@ class StoreClosedError(StoreError):
 
 class StoreCorruptError(StoreError):
     """The store's contents contradict themselves (a bug or a damaged disk)."""
+
+
+class StoreFailedError(StoreError):
+    """A write failed (a full disk, an I/O error): the handle was closed at once.
+
+    Attack note: LevelDB appends a failed write's bytes to its log anyway; a
+    later write that succeeds lands after that torn record, and recovery on the
+    next open drops everything from the tear on: blocks the node had already
+    announced. Closing the handle on the first failure means nothing can.
+    """
+
+
+class StoreRecoveryError(StoreCorruptError):
+    """Opening the store found damage that LevelDB's recovery would drop (strict mode)."""
 
 
 # -- validation -------------------------------------------------------------
@@ -119,7 +137,8 @@ class NotRegistered(ValidationError):
 
 
 class BadRegistration(ValidationError):
-    """A registration with bad layers, a too-small bond, or a taken node key."""
+    """A registration with bad layers, a too-small bond, a taken node key, or a peer id
+    whose key did not sign the binding."""
 
 
 class BadVerdict(ValidationError):

@@ -18,10 +18,11 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
-from ledger.crypto import SigningKey
+from ledger.crypto import SigningKey, libp2p_peer_id
 from ledger.errors import BadGenesis
 from ledger.types import (
-    COIN, ZERO_SIG, Allocation, Genesis, Job, Params, Register, binding_signature, sign,
+    COIN, ZERO_SIG, Allocation, Genesis, Job, Params, Register, binding_signature,
+    peer_binding_signature, sign,
 )
 
 #: A new chain made by `pnode init`: two-second slots, room for slow nodes.
@@ -57,29 +58,33 @@ def chain_params(preset: Mapping[str, int], job_authority: bytes, /, **overrides
     return replace(Params(**preset, job_authority=job_authority), **overrides)
 
 
-def node_registration(chain_id: str, wallet: SigningKey, node_key: SigningKey, peer_id: bytes,
-                      layers: tuple[int, int], bond: int, nonce: int = 0) -> Register:
+def node_registration(chain_id: str, wallet: SigningKey, node_key: SigningKey,
+                      peer_key: SigningKey, layers: tuple[int, int], bond: int,
+                      nonce: int = 0) -> Register:
     """The signed transaction that registers a node and bonds ``bond`` for it.
 
-    The node key signs the binding of itself and ``peer_id`` to the wallet's
-    account, and the wallet signs the whole.
+    The node key and the peer key each sign the binding of the node key and
+    the peer id to the wallet's account, and the wallet signs the whole.
 
     Args:
         chain_id: the chain the registration is for.
         wallet: the account's key, which pays the bond and signs.
         node_key: the node's block-producing and receipt-signing key.
-        peer_id: the node's libp2p peer id bytes (``ledger.crypto.libp2p_peer_id``
-            of its peer key); taken as given, so a test may bind any bytes.
+        peer_key: the node's libp2p identity key; the peer id bound is
+            ``ledger.crypto.libp2p_peer_id(peer_key.public)``.
         layers: the model layers served, (start, end).
         bond: base units locked as the node's bond.
         nonce: the wallet's account nonce (0 in a genesis).
 
     Returns:
-        The Register, with both signatures filled in.
+        The Register, with its three signatures filled in.
     """
     start, end = layers
+    peer_id = libp2p_peer_id(peer_key.public)
     reg = Register(chain_id, wallet.public, node_key.public, peer_id, start, end, bond, nonce,
-                   binding_signature(node_key, chain_id, wallet.public, peer_id), ZERO_SIG)
+                   binding_signature(node_key, chain_id, wallet.public, peer_id),
+                   peer_binding_signature(peer_key, chain_id, wallet.public, node_key.public),
+                   ZERO_SIG)
     return sign(reg, wallet)
 
 

@@ -13,18 +13,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ledger import merkle, schedule
+from ledger import crypto, merkle, schedule
 from ledger.codec import encode
 from ledger.errors import (
     BadAmount, BadJob, BadNonce, BadRegistration, BadSignature, BadVerdict, InsufficientFunds,
-    NotRegistered, UnassignedReceipt, UnchainedReceipt, WrongChainId,
+    NotRegistered, PeerIdError, UnassignedReceipt, UnchainedReceipt, WrongChainId,
 )
 from ledger.state import JAIL, JOB, NODE, PENDING, UNIT, KEY_LOG, KEY_SUPPLY, Overlay
 from ledger.crypto import ZERO32
 from ledger.types import (
-    BACKWARD, FORWARD, UNIT_KINDS, Assignment, InferencePayment, Jail, Job, JobRecord, NodeRecord,
-    Pending, Receipt, Register, Transfer, UnitTemplate, Verdict, binding_ok, signature_ok,
-    tx_hash, unit_id, usage_ok,
+    BACKWARD, FORWARD, UNIT_KINDS, Account, Assignment, InferencePayment, Jail, Job, JobRecord,
+    NodeRecord, Pending, Receipt, Register, Transfer, UnitTemplate, Verdict, binding_ok,
+    peer_binding_ok, signature_ok, tx_hash, unit_id, usage_ok,
 )
 
 U64_MAX = 2**64 - 1
@@ -55,18 +55,36 @@ def apply_tx(st: Overlay, ctx: Any, tx: Any, encoded: bytes | None = None) -> No
     handler(st, ctx, tx, encoded)
 
 
-def candidates(st: Overlay) -> list[schedule.Candidate]:
-    """Registered nodes whose account holds at least the minimum bond (with any jail term)."""
+def bonded_nodes(st: Overlay) -> list[tuple[bytes, NodeRecord, Account]]:
+    """Registered nodes whose account holds at least the minimum bond, in node-key order.
+
+    The nodes that may be assigned work, and the servers a client routes
+    inference through (`node.chain.views.registry_view`).
+
+    Args:
+        st: the state (to read a `ChainDB`'s: ``Overlay(chain.state)``).
+
+    Returns:
+        (node key, its record, its account) for each such node.
+    """
     min_bond = st.params().min_bond
     out = []
     for node_key in st.ids(NODE):
         node = st.get(NODE + node_key)
         account = st.account(node.account)
         if account.bond >= min_bond:
-            jail = st.get(JAIL + node.account)
-            out.append(schedule.Candidate(node_key, account.last_served_height,
-                                          node.layer_start, node.layer_end,
-                                          0 if jail is None else jail.until))
+            out.append((node_key, node, account))
+    return out
+
+
+def candidates(st: Overlay) -> list[schedule.Candidate]:
+    """`bonded_nodes`, as the schedule ranks them (with any jail term)."""
+    out = []
+    for node_key, node, account in bonded_nodes(st):
+        jail = st.get(JAIL + node.account)
+        out.append(schedule.Candidate(node_key, account.last_served_height,
+                                      node.layer_start, node.layer_end,
+                                      0 if jail is None else jail.until))
     return out
 
 
@@ -135,6 +153,15 @@ def _apply_register(st: Overlay, ctx: Any, tx: Register, raw: bytes) -> None:
     _check_nonce(st, tx.account, tx.nonce)
     if not binding_ok(tx):
         raise BadSignature("node key did not sign the binding to this account")
+    try:
+        crypto.peer_public_key(tx.peer_id)
+    except PeerIdError as exc:
+        raise BadRegistration(f"cannot bind this peer id: {exc}") from None
+    # Without the peer key's own signature an account could claim another
+    # node's peer id, and clients would route to that node as this account's.
+    if not peer_binding_ok(tx):
+        raise BadRegistration("peer signature is missing or wrong: the key inside the peer id "
+                              "did not sign the binding to this account and node key")
     if not tx.layer_start < tx.layer_end:
         raise BadRegistration(f"layers [{tx.layer_start}, {tx.layer_end}) are empty")
     account = st.account(tx.account)

@@ -5,6 +5,14 @@ This module owns the `KeyValueStore` contract and its two backends:
 plyvel). Keys and values are opaque bytes; what they mean belongs to the
 layers above. Every write is an atomic, ordered batch, and every iteration
 reads one consistent snapshot, so callers never see half a block.
+
+On disk faults `LevelDBStore` is strict (specs/ledger.md, "Storage faults"):
+a write that fails closes the handle for good (`StoreFailedError`), so no
+later write can land after a torn one; it opens with LevelDB's paranoid
+checks, so recovery that would drop damaged log records is noticed and
+reported (`recovery_loss`), or refused in strict mode; and every read checks
+block checksums, so a flipped byte reads as `StoreCorruptError`, never as
+other data.
 """
 
 from __future__ import annotations
@@ -12,12 +20,16 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, Self, runtime_checkable
 
 import plyvel
 
-from ledger.errors import StoreClosedError, StoreCorruptError, StoreError, StoreLockedError
+from ledger.errors import (
+    StoreClosedError, StoreCorruptError, StoreError, StoreFailedError, StoreLockedError,
+    StoreRecoveryError,
+)
 
 Op = tuple[bytes, bytes | None]  # value None means delete
 Item = tuple[bytes, bytes]
@@ -170,29 +182,57 @@ class MemoryStore(KeyValueStore):
 
 
 class LevelDBStore(KeyValueStore):
-    """A store in a LevelDB directory, one process at a time."""
+    """A store in a LevelDB directory, one process at a time.
 
-    __slots__ = ("_path", "_db")
+    Attributes:
+        recovery_loss: None when the store opened cleanly; else one line
+            saying what LevelDB's recovery dropped (damaged log records) to
+            open it, which the owner must report.
+    """
 
-    def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
+    __slots__ = ("_path", "_db", "_failed", "recovery_loss")
+
+    def __init__(self, path: str | os.PathLike[str], *, create: bool = True,
+                 strict: bool = False) -> None:
         """Open (or create) the database at `path`.
 
         Args:
             path: the LevelDB directory.
             create: create the database when it does not exist.
+            strict: refuse to open a store whose recovery would drop data,
+                rather than open it and report the loss in `recovery_loss`.
 
         Raises:
             StoreLockedError: another process (or handle) has it open.
             StoreError: it does not exist and create is False, or cannot open.
-            StoreCorruptError: its files are damaged.
+            StoreRecoveryError: strict, and recovery would drop damaged records.
+            StoreCorruptError: its files are damaged beyond what recovery skips.
         """
         self._path = os.fspath(path)
-        # LevelDB leaves a LOCK and LOG behind even when it refuses to create
-        # the database; CURRENT is the file every LevelDB database has.
-        if not create and not os.path.exists(os.path.join(self._path, "CURRENT")):
-            raise StoreError(f"store {self._path} does not exist")
-        with self._translate():
-            self._db = plyvel.DB(self._path, create_if_missing=create)
+        self._failed: str | None = None
+        self.recovery_loss: str | None = None
+        if not os.path.exists(os.path.join(self._path, "CURRENT")):
+            # Without CURRENT, create_if_missing would start an empty database
+            # over the old one and delete its tables as obsolete.
+            lost = _lost_current_message(self._path)
+            if lost or not create:
+                raise StoreError(lost or f"store {self._path} does not exist")
+        try:
+            with self._translate():
+                self._db = plyvel.DB(self._path, create_if_missing=create, paranoid_checks=True)
+            return
+        except StoreCorruptError as exc:
+            damage = str(exc)
+        if strict:
+            raise StoreRecoveryError(f"{damage}; opening it would drop what is damaged "
+                                     "(refused in strict mode)")
+        with self._translate():  # what a non-paranoid open skips, LOG tells
+            plyvel.DB(self._path, paranoid_checks=False).close()
+        dropped = _dropped_bytes(os.path.join(self._path, "LOG"))
+        what = f"{dropped} bytes of damaged records" if dropped else "damaged records"
+        self.recovery_loss = f"{damage}: LevelDB recovery dropped {what} to open it"
+        with self._translate():  # recovered: from here on, paranoid again
+            self._db = plyvel.DB(self._path, paranoid_checks=True)
 
     @contextlib.contextmanager
     def _translate(self) -> Iterator[None]:
@@ -213,6 +253,9 @@ class LevelDBStore(KeyValueStore):
             raise
 
     def _require_open(self) -> plyvel.DB:
+        if self._failed is not None:
+            raise StoreFailedError(f"store {self._path} was closed when a write failed "
+                                   f"({self._failed}): open it again once the cause is fixed")
         if self._db.closed:
             raise StoreClosedError(f"store {self._path} is closed")
         return self._db
@@ -222,22 +265,30 @@ class LevelDBStore(KeyValueStore):
         db = self._require_open()
         _check_bytes("key", key)
         with self._translate():
-            return db.get(key)
+            return db.get(key, verify_checksums=True)
 
     def write(self, ops: Iterable[Op], *, sync: bool = True) -> None:
         """See KeyValueStore.write; `sync` fsyncs LevelDB's log.
 
         Raises:
-            StoreError: LevelDB failed; the batch is not applied.
+            StoreFailedError: LevelDB failed to write (the batch may be torn
+                in its log); the store is closed from now on, see the class.
         """
         db = self._require_open()
         batch = _validated(ops)
-        with self._translate(), db.write_batch(transaction=True, sync=sync) as wb:
-            for key, value in batch:
-                if value is None:
-                    wb.delete(key)
-                else:
-                    wb.put(key, value)
+        try:
+            with db.write_batch(transaction=True, sync=sync) as wb:
+                for key, value in batch:
+                    if value is None:
+                        wb.delete(key)
+                    else:
+                        wb.put(key, value)
+        except plyvel.Error as e:
+            self._failed = _msg(e)
+            db.close()
+            raise StoreFailedError(f"store {self._path}: a write failed ({self._failed}); "
+                                   "the store is closed so that no later write lands "
+                                   "after a torn one") from e
 
     def iterate(self, prefix: bytes = b"", *, reverse: bool = False) -> Iterator[Item]:
         """See KeyValueStore.iterate; reads a LevelDB snapshot."""
@@ -251,7 +302,7 @@ class LevelDBStore(KeyValueStore):
         # A raw iterator, not iterator(prefix=..., reverse=True): plyvel 1.5.1
         # yields nothing in reverse when exactly one key lies in the range.
         try:
-            with self._translate(), snapshot.raw_iterator() as it:
+            with self._translate(), snapshot.raw_iterator(verify_checksums=True) as it:
                 _seek_first(it, prefix, reverse)
                 step = it.prev if reverse else it.next
                 while it.valid() and (key := it.key()).startswith(prefix):
@@ -263,7 +314,8 @@ class LevelDBStore(KeyValueStore):
 
     def close(self) -> None:
         """Close the database; calling it again does nothing."""
-        self._db.close()
+        if getattr(self, "_db", None) is not None:
+            self._db.close()
 
 
 def _seek_first(it: Any, prefix: bytes, reverse: bool) -> None:
@@ -287,6 +339,33 @@ def _prefix_end(prefix: bytes) -> bytes | None:
     if not stripped:
         return None
     return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+_DROPPED = re.compile(rb"\(ignoring error\).*dropping (\d+) bytes")
+
+
+def _dropped_bytes(log_file: str) -> int:
+    """The bytes LevelDB's last open says it dropped ("(ignoring error) ... dropping N bytes")."""
+    try:
+        with open(log_file, "rb") as f:
+            return sum(int(m.group(1)) for m in _DROPPED.finditer(f.read()))
+    except OSError:
+        return 0
+
+
+def _lost_current_message(path: str) -> str | None:
+    """What to do about a store whose CURRENT file is gone but whose data is there; None if no data."""
+    try:
+        manifests = sorted(n for n in os.listdir(path) if n.startswith("MANIFEST-"))
+    except OSError:
+        manifests = []
+    if not manifests:
+        return None
+    # CURRENT names the live manifest; the newest one is it unless a crash
+    # came mid-switch, which LevelDB's own repair also assumes.
+    return (f"store {path} has lost its CURRENT file, though its data is there "
+            f"({len(manifests)} manifest(s)): restore it with "
+            f"`echo {manifests[-1]} > {os.path.join(path, 'CURRENT')}` and start again")
 
 
 def _msg(e: Exception) -> str:

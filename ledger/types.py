@@ -57,8 +57,16 @@ class Register:
     """Bind a node key and libp2p peer id to an account, and lock a bond.
 
     The account (wallet key) signs the whole; the node key proves it agrees
-    with ``node_signature`` over a ``Binding``. Re-registering the same account
-    updates its layers / peer id and adds ``bond`` to the bond.
+    with ``node_signature`` over a ``Binding``, and the peer key (the Ed25519
+    key inside ``peer_id``) with ``peer_signature`` over the same ``Binding``
+    under its own domain. Re-registering the same account updates its layers
+    / peer id and adds ``bond`` to the bond.
+
+    Attack note: clients route inference only through peer ids bound on the
+    chain. Were the peer id signed by the node key alone, any bonded account
+    could bind another node's peer id and pass as it (or vouch for a peer it
+    does not run); with the peer key's signature, only the holder of the
+    peer key can bind its peer id.
     """
 
     chain_id: ChainId
@@ -70,6 +78,7 @@ class Register:
     bond: U64
     nonce: U64
     node_signature: Sig64
+    peer_signature: Sig64
     signature: Sig64
 
 
@@ -171,7 +180,7 @@ TX_TYPES = (Transfer, Register, Receipt, Verdict, InferencePayment, Job)
 @wire(9)
 @dataclass(frozen=True, slots=True)
 class Binding:
-    """What a node key signs to agree to serve an account (``Register``)."""
+    """What a node key and a peer key sign to agree to serve an account (``Register``)."""
 
     chain_id: ChainId
     account: Key32
@@ -423,12 +432,40 @@ def signature_ok(obj: Tx | Header, encoded: bytes | None = None) -> bool:
 
 
 def binding_signature(key: crypto.SigningKey, chain_id: str, account: bytes, peer_id: bytes) -> bytes:
+    """``Register.node_signature``: node key ``key`` binds itself and ``peer_id`` to ``account``."""
     return key.sign(crypto.S_BIND, encode(Binding(chain_id, account, key.public, peer_id)))
 
 
 def binding_ok(reg: Register) -> bool:
+    """Whether ``reg.node_signature`` is the node key's signature of the binding."""
     binding = Binding(reg.chain_id, reg.account, reg.node_key, reg.peer_id)
     return crypto.verify(reg.node_key, crypto.S_BIND, encode(binding), reg.node_signature)
+
+
+def peer_binding_signature(peer_key: crypto.SigningKey, chain_id: str, account: bytes,
+                           node_key: bytes) -> bytes:
+    """The peer key's ``Register.peer_signature``: its peer id agrees to serve ``account``.
+
+    Args:
+        peer_key: the libp2p identity key; the peer id bound is
+            ``crypto.libp2p_peer_id(peer_key.public)``.
+        chain_id, account, node_key: the rest of the ``Binding``.
+    """
+    peer_id = crypto.libp2p_peer_id(peer_key.public)
+    return peer_key.sign(crypto.S_BIND_PEER, encode(Binding(chain_id, account, node_key, peer_id)))
+
+
+def peer_binding_ok(reg: Register) -> bool:
+    """Whether ``reg.peer_signature`` is the binding's signature by the key inside ``peer_id``.
+
+    False (never raises) for a peer id with no inlined Ed25519 key.
+    """
+    try:
+        peer_key = crypto.peer_public_key(reg.peer_id)
+    except ValueError:
+        return False
+    binding = Binding(reg.chain_id, reg.account, reg.node_key, reg.peer_id)
+    return crypto.verify(peer_key, crypto.S_BIND_PEER, encode(binding), reg.peer_signature)
 
 
 def usage_signature(key: crypto.SigningKey, usage: Usage) -> bytes:

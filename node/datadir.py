@@ -2,6 +2,7 @@
 
     D/genesis.json     the chain's genesis (JSON form of ledger.types.Genesis)
     D/chain/           LevelDB store of the chain (ledger.chaindb)
+    D/chain.tip        the last tip the running node stored: {"height", "hash"}
     D/node.key         the node key (hex seed, mode 0600): signs blocks and receipts
     D/peer.key         the libp2p identity key (hex seed, mode 0600)
     D/wallet.json      the default wallet key, encrypted (node.keys)
@@ -14,17 +15,21 @@ coins belong to the wallet key, which stays encrypted at rest.
 from __future__ import annotations
 
 import json
+import logging
 import os
+from dataclasses import fields
 from pathlib import Path
 
 from ledger.chaindb import ChainDB
 from ledger.codec import from_json, to_json
 from ledger.crypto import SigningKey
-from ledger.errors import DecodeError, LedgerError
+from ledger.errors import DecodeError, LedgerError, StoreCorruptError
 from ledger.store import LevelDBStore
 from ledger.types import Genesis
 from node.errors import ChainCorruptError, DataDirError
 from node.keys import read_seed_file, write_key_file, write_private, write_seed_file
+
+log = logging.getLogger(__name__)
 
 DEFAULT_DATA_DIR = Path(os.environ.get("PNODE_DATA_DIR", Path.home() / ".pnode"))
 
@@ -40,6 +45,7 @@ class DataDir:
     node_key_file = property(lambda self: self.path / "node.key")
     peer_key_file = property(lambda self: self.path / "peer.key")
     wallet_file = property(lambda self: self.path / "wallet.json")
+    tip_file = property(lambda self: self.path / "chain.tip")
 
     def wallet_path(self, name: str | None) -> Path:
         """The key file of wallet ``name`` (None: the default wallet)."""
@@ -59,22 +65,81 @@ class DataDir:
         if not self.exists():
             raise DataDirError(f"{self.path} is not an initialised data dir (run `pnode init`)")
 
-    def open_chain(self) -> ChainDB:
+    def open_chain(self, *, strict: bool = False) -> ChainDB:
         """Open the chain store (a node holds it exclusively).
 
+        When LevelDB's recovery had to drop damaged records to open it, one
+        warning line says so (the blocks lost come again from peers).
+
+        Args:
+            strict: refuse such a store instead (`pnode start --strict`).
+
         Raises:
-            DataDirError: not initialised, locked by a running node, or corrupt.
+            DataDirError: not initialised, locked by a running node, or
+                genesis.json is not the genesis the store was made with.
+            ChainCorruptError: the store is damaged, or (strict) recovery
+                would drop records.
         """
         self.require()
+        genesis = self.read_genesis()
         try:
-            store = LevelDBStore(self.chain_dir, create=False)
+            store = LevelDBStore(self.chain_dir, create=False, strict=strict)
+        except StoreCorruptError as exc:
+            raise ChainCorruptError(f"the chain in {self.chain_dir} is damaged: {exc}") from None
         except LedgerError as exc:
             raise DataDirError(f"cannot open the chain in {self.chain_dir}: {exc}") from None
         try:
-            return ChainDB(store)
+            chain = ChainDB(store)
         except LedgerError as exc:
             store.close()
             raise ChainCorruptError(f"the chain in {self.chain_dir} is damaged: {exc}") from None
+        if chain.genesis != genesis:
+            differ = [f.name for f in fields(Genesis)
+                      if getattr(genesis, f.name) != getattr(chain.genesis, f.name)]
+            chain.close()
+            raise DataDirError(
+                f"{self.genesis_file} is not the genesis of the chain stored in {self.chain_dir} "
+                f"({', '.join(differ)} differ; chain id {genesis.chain_id!r} in the file, "
+                f"{chain.genesis.chain_id!r} in the store): restore the file, or `pnode init` "
+                "a fresh data dir for that chain")
+        lost = store.recovery_loss or self._tip_lost(chain)
+        if lost and strict:
+            chain.close()
+            raise ChainCorruptError(f"{lost} (refused in strict mode)")
+        if lost:
+            log.warning("%s; the chain now ends at height %d (later blocks come again from "
+                        "peers)", lost, chain.height)
+        return chain
+
+    def write_tip_marker(self, height: int, tip_hash: bytes) -> None:
+        """Note the tip the store just made durable in ``chain.tip`` (see `open_chain`).
+
+        Written after the store's own durable write and not fsynced itself,
+        so it may lag the store but never lead it: a marker whose block the
+        store lacks means the store lost blocks. Best effort: a failure to
+        write it (a full disk) is the store's to report.
+        """
+        tmp = self.tip_file.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps({"height": height, "hash": tip_hash.hex()}) + "\n")
+            os.replace(tmp, self.tip_file)
+        except OSError as exc:
+            log.debug("tip marker not written: %s", exc)
+
+    def _tip_lost(self, chain: ChainDB) -> str | None:
+        """What the store lost since the tip marker was written; None when nothing."""
+        try:
+            doc = json.loads(self.tip_file.read_text())
+            height, tip_hash = int(doc["height"]), bytes.fromhex(doc["hash"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring the unreadable tip marker %s: %s", self.tip_file, exc)
+            return None
+        if chain.has_block(tip_hash):
+            return None
+        return (f"the chain store lost blocks: it held block {height} "
+                f"{tip_hash.hex()[:16]} when last written ({self.tip_file}), and no longer does")
 
     def initialise(self, genesis: Genesis, node_key: SigningKey, peer_key: SigningKey,
                    wallet_seed: bytes, passphrase: str) -> bytes:
@@ -101,6 +166,7 @@ class DataDir:
         write_seed_file(self.peer_key_file, peer_key)
         write_key_file(self.wallet_file, wallet_seed, passphrase)
         write_genesis_file(self.genesis_file, genesis)
+        self.tip_file.unlink(missing_ok=True)  # a marker of another chain would cry loss
         # The store's own `with`: it must close even when create() refuses the genesis.
         with LevelDBStore(self.chain_dir) as store:
             return ChainDB.create(store, genesis).tip_hash

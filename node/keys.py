@@ -12,6 +12,7 @@ on systems that compose accents differently opens the same file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from node.errors import DataDirError, KeyFileError, WrongPassphraseError
 VERSION, KDF_NAME, CIPHER_NAME = "pnode-keystore-1", "scrypt", "chacha20-poly1305"
 DEFAULT_N, R, P = 2**15, 8, 1
 SEED_LEN = KEY_LEN = PUBLIC_KEY_LEN = 32
-SALT_LEN, NONCE_LEN, TAG_LEN = 16, 12, 16
+SALT_LEN, NONCE_LEN, TAG_LEN, CHECKSUM_LEN = 16, 12, 16, 32
 # A file names its own cost, so it could ask for gigabytes: cap what we obey.
 MAX_N, MAX_R, MAX_P = 2**20, 32, 16
 # n * r * p bounds both time and memory (128 * n * r bytes, 1 GiB here);
@@ -65,7 +66,20 @@ class _Envelope:
             },
             "cipher": {"name": CIPHER_NAME, "nonce": self.nonce.hex()},
             "ciphertext": self.ciphertext.hex(),
+            "checksum": self.checksum().hex(),
         }
+
+    def checksum(self) -> bytes:
+        """SHA-256 of every other field: tells a damaged file from a wrong passphrase.
+
+        It keeps nothing secret (all of it is public in the file) and proves
+        nothing against a forger, who can recompute it; the AEAD tag does that.
+        """
+        h = hashlib.sha256(VERSION.encode("ascii"))
+        for part in (self.public_key, self.salt, self.nonce, self.ciphertext):
+            h.update(len(part).to_bytes(2, "big") + part)
+        h.update(b"".join(v.to_bytes(4, "big") for v in (self.n, self.r, self.p)))
+        return h.digest()
 
 
 def _check_kdf(n: object, r: object, p: object) -> str | None:
@@ -170,15 +184,24 @@ def _parse(doc: object) -> _Envelope:
         raise KeyFileError(f"cipher.name must be {CIPHER_NAME!r}")
     nonce = _hex_field(cipher, "nonce", NONCE_LEN, "cipher")
     ciphertext = _hex_field(doc, "ciphertext", SEED_LEN + TAG_LEN)
-    return _Envelope(public_key, n, r, p, salt, nonce, ciphertext)
+    env = _Envelope(public_key, n, r, p, salt, nonce, ciphertext)
+    # Files written before checksums have none: a damaged one of them can
+    # only read as a wrong passphrase.
+    if "checksum" in doc and _hex_field(doc, "checksum", CHECKSUM_LEN) != env.checksum():
+        raise KeyFileError("key file is damaged: its checksum does not match its contents "
+                           "(a byte changed on disk); restore it from a backup")
+    return env
 
 
 def decrypt_seed(doc: dict[str, Any], passphrase: str) -> bytes:
     """Recover the seed from a key-file document.
 
-    A wrong passphrase and a tampered public_key, salt, nonce or ciphertext
-    look the same to the AEAD, so all raise WrongPassphraseError; fields that
-    are missing, mistyped or the wrong length raise KeyFileError first.
+    A wrong passphrase and a changed public_key, salt, nonce or ciphertext
+    look the same to the AEAD; the file's checksum (of every other field)
+    tells them apart, so a damaged file raises KeyFileError and only a
+    wrong passphrase (or a forger's edit with the checksum redone) raises
+    WrongPassphraseError. Fields that are missing, mistyped or the wrong
+    length raise KeyFileError first.
 
     Args:
         doc: the parsed JSON document.
@@ -188,8 +211,8 @@ def decrypt_seed(doc: dict[str, Any], passphrase: str) -> bytes:
         The 32-byte seed.
 
     Raises:
-        KeyFileError: a malformed document, naming the bad field.
-        WrongPassphraseError: the passphrase (or the sealed data) is wrong.
+        KeyFileError: a malformed or damaged document, naming the bad field.
+        WrongPassphraseError: the passphrase is wrong.
         TypeError: passphrase is not str.
         ValueError: passphrase holds a lone surrogate.
     """

@@ -25,7 +25,13 @@ and the control socket, under one nursery.
 
 Cancelling `run` (SIGINT/SIGTERM in `pnode start`) stops the host, removes
 ``node.addr`` and ``node.sock`` and closes the store. ChainDB writes are
-atomic batches, so a committed block is never lost, whenever the stop comes.
+atomic, durable batches, and a block is reported, gossiped or answered for
+only once its batch returned, so a block the node announced is never lost,
+whenever the stop comes. A store fault (a write that failed, say on a full
+disk, or damaged files) stops the node at once with `StoreFault`, one line
+saying what failed: after a failed write no other may land (the store's
+handle is closed), and a damaged store is served to no peer (after
+Bitcoin Core's AbortNode).
 """
 
 from __future__ import annotations
@@ -42,14 +48,16 @@ from libp2p.peer.id import ID
 
 from ledger.codec import decode
 from ledger.crypto import SigningKey
+from ledger.errors import StoreError, StoreFailedError
 from ledger.types import TX_TYPES
 from node.chain import (
     ChainService, Producer, Registrar, SyncError, SyncResult, TxGossip, account_view,
-    node_status_view,
+    node_status_view, registry_view,
 )
 from node.clock import Clock
 from node.control import BadRequest, ControlOp, ControlServer, socket_path
 from node.datadir import DataDir
+from node.errors import NodeError
 from node.keys import read_public_key, write_private
 from node.net import DialError, PeerIdentity, open_host
 from node.serve import Announcer, LayerServer, ServeConfig, announce_peer
@@ -117,6 +125,20 @@ class MineConfig:
     device: str = "cpu"
 
 
+class StoreFault(NodeError):
+    """The node stopped because its chain store failed (see the module docstring)."""
+
+
+def store_fault_line(exc: StoreError) -> str:
+    """The one line a node stopped by ``exc`` says: what failed and what to do."""
+    if isinstance(exc, StoreFailedError):
+        return (f"the chain store failed and the node stopped: {exc}. Every block it "
+                "announced is on disk; fix the cause (free disk space?) and start it again")
+    return (f"the chain store is damaged and the node stopped (it serves no peer from it): "
+            f"{exc}. Check it with `pnode verify chain`, or init a fresh data dir and sync "
+            "it from peers")
+
+
 class Node:
     """One node of a data dir, run by `run` until cancelled.
 
@@ -131,6 +153,8 @@ class Node:
             with it (None: it says it cannot).
         bond: base units to bond when registering (None: the chain's minimum).
         report: gets the lines `pnode start` prints.
+        strict: refuse a chain store whose recovery would drop records
+            (`DataDir.open_chain`).
     """
 
     def __init__(self, data_dir: str | os.PathLike[str], clock: Clock, *,
@@ -138,9 +162,9 @@ class Node:
                  produce: ProduceConfig = ProduceConfig(),
                  serve: ServeConfig | None = None, mine: MineConfig | None = None,
                  wallet_key: SigningKey | None = None, bond: int | None = None,
-                 report: Callable[[str], None] = lambda line: None):
+                 report: Callable[[str], None] = lambda line: None, strict: bool = False):
         self.datadir = DataDir(data_dir)
-        self.clock, self.report = clock, report
+        self.clock, self.report, self.strict = clock, report, strict
         self.network, self.production, self.serve, self.mine = network, produce, serve, mine
         self.trusted = None if network.trusted is None else {
             ID.from_base58(p) for p in network.trusted}
@@ -151,6 +175,7 @@ class Node:
         self.miner = None
         self.addr: str | None = None
         self.service: ChainService | None = None
+        self.fault_source: ChainService | None = None  # kept after run, to name the fault
         self.txs: TxGossip | None = None
         self.producer: Producer | None = None
         self.production_held = False  # the ``hold_production`` op was called
@@ -171,43 +196,63 @@ class Node:
         Raises:
             DataDirError: no data dir, or its chain is held by another node.
             HostError: the listen address cannot be used.
+            StoreFault: the chain store failed while running.
         """
-        chain = self.datadir.open_chain()  # before anything else: a locked store fails fast
+        # Before anything else: a locked store fails fast.
+        chain = self.datadir.open_chain(strict=self.strict)
         try:
-            identity = PeerIdentity.from_seed(self.datadir.peer_key().seed())
-            key = self.datadir.node_key()
-            self.node_key = key.public
-            self.address = read_public_key(self.datadir.wallet_file)
-            async with open_host(identity, self.network.listen, trusted=self.trusted) as host, \
-                    trio.open_nursery() as nursery:
-                service = ChainService(chain, host, self.clock, on_sync=self._synced)
-                self.service = await nursery.start(service.run)
-                self.txs = await nursery.start(TxGossip(self.service).run)
-                await nursery.start(ControlServer(self.sock_file, self.control_ops()).run)
-                self.announcer = await nursery.start(
-                    Announcer(host, self.clock, allowed=self.trusted).run)
-                joined = trio.Event()
-                nursery.start_soon(self._join_all, joined)
-                if self.serve is not None:
-                    await self._start_serving(nursery, host, identity, joined)
-                self.addr = host.addrs[0]
-                # Written once listening *and* serving (the scripting contract).
-                write_private(self.addr_file, self.addr + "\n", 0o644, overwrite=True)
-                try:
-                    task_status.started(self.addr)
-                    if self.production.enabled:
-                        nursery.start_soon(self._produce_after, joined, key, host)
-                    if self.server is not None:
-                        nursery.start_soon(self._register_after, joined, key, identity)
-                    if self.mine is not None:
-                        nursery.start_soon(self._mine_after, joined, key)
-                    nursery.start_soon(self._follow)
-                    await trio.sleep_forever()
-                finally:
-                    self.addr_file.unlink(missing_ok=True)
+            await self._run(chain, task_status)
+        except BaseException as exc:
+            fault = None if self.fault_source is None else self.fault_source.store_fault
+            if fault is not None and not isinstance(exc, (KeyboardInterrupt, trio.Cancelled)):
+                raise StoreFault(store_fault_line(fault)) from None
+            raise
         finally:
             self.service = self.txs = self.producer = self.announcer = self.server = None
             chain.close()
+
+    async def _run(self, chain, task_status: trio.TaskStatus[str]) -> None:
+        """`run` on an open chain."""
+        identity = PeerIdentity.from_seed(self.datadir.peer_key().seed())
+        key = self.datadir.node_key()
+        self.node_key = key.public
+        self.address = read_public_key(self.datadir.wallet_file)
+        async with open_host(identity, self.network.listen, trusted=self.trusted) as host, \
+                trio.open_nursery() as nursery:
+            service = ChainService(chain, host, self.clock, on_sync=self._synced,
+                                   on_tip=self.datadir.write_tip_marker)
+            self.fault_source = service
+            nursery.start_soon(self._stop_on_store_fault, service)
+            self.service = await nursery.start(service.run)
+            self.txs = await nursery.start(TxGossip(self.service).run)
+            await nursery.start(ControlServer(self.sock_file, self.control_ops()).run)
+            self.announcer = await nursery.start(
+                Announcer(host, self.clock, allowed=self.trusted).run)
+            joined = trio.Event()
+            nursery.start_soon(self._join_all, joined)
+            if self.serve is not None:
+                await self._start_serving(nursery, host, identity, joined)
+            self.addr = host.addrs[0]
+            # Written once listening *and* serving (the scripting contract).
+            write_private(self.addr_file, self.addr + "\n", 0o644, overwrite=True)
+            try:
+                task_status.started(self.addr)
+                if self.production.enabled:
+                    nursery.start_soon(self._produce_after, joined, key, host)
+                if self.server is not None:
+                    nursery.start_soon(self._register_after, joined, key, identity)
+                if self.mine is not None:
+                    nursery.start_soon(self._mine_after, joined, key)
+                nursery.start_soon(self._follow)
+                await trio.sleep_forever()
+            finally:
+                self.addr_file.unlink(missing_ok=True)
+
+    async def _stop_on_store_fault(self, service: ChainService) -> None:
+        """Stop the node once a chain call met a store error, whoever caught it."""
+        await service.store_broken.wait()
+        assert service.store_fault is not None
+        raise StoreFault(store_fault_line(service.store_fault))
 
     async def _start_serving(self, nursery: trio.Nursery, host, identity,
                              joined: trio.Event) -> None:
@@ -225,7 +270,7 @@ class Node:
     def control_ops(self) -> dict[str, ControlOp]:
         """The control socket's ops (a subclass or a later component may add some)."""
         return {"status": self.status, "account": self.account, "submit_tx": self.submit_tx,
-                "hold_production": self.hold_production}
+                "hold_production": self.hold_production, "registry": self.registry}
 
     def extra_status(self) -> dict[str, Any]:
         """The ``status`` op's serving fields: span, sessions, throughput, the swarm seen."""
@@ -277,6 +322,14 @@ class Node:
         if len(account_id) != 32:
             raise BadRequest('"address" must be an account id: 64 hex digits')
         return await self._running().call(self._account, account_id)
+
+    async def registry(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The ``registry`` op: the registered, bonded nodes (`node.chain.registry_view`).
+
+        What `pwallet infer` routes through by default (specs/network.md 9.4).
+        """
+        service = self._running()
+        return await service.call(registry_view, service.chain)
 
     async def submit_tx(self, args: dict[str, Any]) -> dict[str, Any]:
         """The ``submit_tx`` op: ``tx`` (hex of ``encode(tx)``) -> admitted and gossiped.
@@ -348,7 +401,7 @@ class Node:
             await joined.wait()
         layers = self.server.inference.layers
         self.registrar = Registrar(self.service, self.txs, self.wallet_key, self.address, key,
-                                   identity.peer_id_bytes, (layers.start, layers.stop),
+                                   self.datadir.peer_key(), (layers.start, layers.stop),
                                    bond=self.bond, report=self.report)
         await self.registrar.run()
 

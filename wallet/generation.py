@@ -34,10 +34,18 @@ class ClientConfig:
     max_failovers: int = 8
     busy_wait: float = 15.0  # most seconds spent waiting on busy servers per hop
     push: bool = True
+    # Spot checks (specs/network.md 9.5): the share of steps also run by other servers
+    # (the first step always, unless 0), the seed of the draw (None: random), and where
+    # the evidence of a mismatch is written (None: kept in memory only).
+    spot_check_rate: float = 0.02
+    spot_check_seed: int | None = None
+    evidence_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
             raise RemoteError(f"unknown wire codec {self.codec!r}: expected one of {CODECS}")
+        if not 0.0 <= self.spot_check_rate <= 1.0:
+            raise RemoteError(f"spot check rate {self.spot_check_rate} is not in [0, 1]")
 
 
 @dataclass(slots=True)
@@ -62,3 +70,21 @@ class Generation:
     route: list[Served] = field(default_factory=list)
     failovers: int = 0
     wire_bytes: int = 0  # hidden-state payload bytes sent and received
+    spot_checks: SpotReport = field(default_factory=lambda: SpotReport())
+
+
+@dataclass(slots=True)
+class SpotReport:
+    """What the generation's spot checks did (specs/network.md 9.5).
+
+    run: steps checked; skipped: steps drawn but not checked (no other
+    server holds the layers); mismatches: one dict per disagreement
+    (`wallet.spotcheck.Mismatch.as_json`).
+    """
+
+    run: int = 0
+    skipped: int = 0
+    mismatches: list[dict] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        return {"run": self.run, "skipped": self.skipped, "mismatches": list(self.mismatches)}

@@ -1,6 +1,6 @@
 """Inference over the swarm: embeddings and head here, the layers on servers.
 
-Owns `RemoteModel`, the client of ``/pnode/inference/2.1.0`` (specs/network.md
+Owns `RemoteModel`, the client of ``/pnode/inference/2.2.0`` (specs/network.md
 section 9.4), after Petals:
 
 1. discovery: dial the given peers and ask each for its view of the swarm
@@ -8,7 +8,8 @@ section 9.4), after Petals:
    (kept in a `wallet.directory.SwarmDirectory`);
 2. route: the cheapest chain of servers covering every layer
    (`wallet.route.plan_route`: announced throughput and load, measured RTT),
-   only trusted peers when an allow-list is given;
+   only trusted peers when an allow-list is given, only registered ones
+   when a registry is given (`pwallet infer` gives the chain's);
 3. one session per hop (the server keeps the KV cache); each step sends the
    hidden states entering the hop and gets those leaving it;
 4. push routing (``ClientConfig.push``): the client `Link`s each hop to the
@@ -27,6 +28,10 @@ section 9.4), after Petals:
    by replaying the first hop's through the hops before it. The generation
    goes on; greedy output does not change. A failure unlinks the route:
    the rest of the generation is driven by the client.
+6. spot checks (`wallet.spotcheck`): the first step and a drawn share of
+   the others are rerun by other servers; a server whose answer the
+   majority rejects is banned for the client's lifetime and replaced, and
+   the signed answers are kept as evidence.
 
 `RemoteModel` composes the parts, as Petals' client composes its sequence
 manager and its inference sessions: it holds the embeddings and head, the
@@ -43,7 +48,8 @@ on the trio loop, except a few rows' embedding or wire coding, which
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Collection
+import random
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -63,6 +69,7 @@ from wallet.errors import HopFailed, RemoteError, RouteError, ServerBusy  # noqa
 from wallet.generation import ClientConfig, Generation, Served  # noqa: F401
 from wallet.route import Hop
 from wallet.session import RouteRun
+from wallet.spotcheck import SpotChecker
 
 
 class RemoteModel:
@@ -74,15 +81,22 @@ class RemoteModel:
         model_id: the id servers must serve (`compute.gguf.model_id`).
         host: a running libp2p host of this client.
         trusted: when given, the only peer ids (base58) routed through.
+        registered: when given, the registered servers (peer id base58 ->
+            `wallet.registry.RegisteredNode`): no other is routed through.
+            None: any server (a private swarm).
         config: codec and timeouts.
     """
 
     def __init__(self, ends: Transformer, tokenizer: Tokenizer, model_id: str, host: Host, *,
-                 trusted: Collection[str] | None = None, config: ClientConfig = ClientConfig()):
+                 trusted: Collection[str] | None = None,
+                 registered: Mapping[str, object] | None = None,
+                 config: ClientConfig = ClientConfig()):
         self.ends, self.tokenizer, self.model_id, self.host = ends, tokenizer, model_id, host
         self.config = config
-        self.directory = SwarmDirectory(host, model_id, trusted=trusted)
+        self.directory = SwarmDirectory(host, model_id, trusted=trusted, registered=registered)
         self.route: list[Hop] = []  # the hops of the generation under way, in order
+        # The spot checks' draw: explicit and seedable, never the global random state.
+        self.rng = random.Random(config.spot_check_seed)
 
     # -- the swarm (the directory's) --------------------------------------------------
 
@@ -109,7 +123,11 @@ class RemoteModel:
         """Generate for ``request`` over the swarm, calling ``on_token`` per token.
 
         Raises:
-            NoRoute: the servers (or the trusted ones) do not cover the model.
+            NoRoute: the servers (or the trusted, or registered, ones) do not
+                cover the model.
+            SessionTooLong: the prompt plus new tokens is longer than every
+                server of some layer announces it takes per session (before
+                any session opens; a `RemoteError` and a `NoRoute`).
             RemoteError: failures beyond ``max_failovers``, or a server
                 refused the request itself (e.g. too long for its budget).
         """
@@ -129,12 +147,15 @@ class RemoteModel:
         async with trio.open_nursery() as readers:  # one per hop session
             run = RouteRun(self.directory, self.host, self.config, result, max_len, readers,
                            on_route=self._set_route)
+            spot = SpotChecker(run, self.rng, result.spot_checks)
             try:
                 await run.open(0, cfg.n_layers)
                 x = await torch_thread.run_sync(self._embed, ids)
                 pos = 0
                 for step in range(request.max_tokens):
                     h = await run.forward(x, pos)
+                    if spot.wants(step):  # others rerun it: a wrong answer is caught (9.5)
+                        h = await spot.check(pos, h)
                     tok = await torch_thread.run_sync(self._pick, h, sampling, gen)
                     result.token_ids.append(tok)
                     on_token(Token(tok, text.push(tok)))
@@ -190,8 +211,15 @@ def load_client_parts(path: str | None = None) -> ClientParts:
 @asynccontextmanager
 async def open_remote(peers: Collection[str], parts: ClientParts, *,
                       trusted: Collection[str] | None = None,
+                      registered: Mapping[str, object] | None = None,
                       config: ClientConfig = ClientConfig()) -> AsyncIterator[RemoteModel]:
     """A `RemoteModel` on a fresh client host (random identity) that knows ``peers``' swarm.
+
+    Args:
+        peers: multiaddrs (with /p2p/) of peers to ask for the swarm's view.
+        parts: the client's embeddings, head and tokenizer.
+        trusted, registered: as for `RemoteModel` (None: no such filter).
+        config: codec and timeouts.
 
     Raises:
         RemoteError: no peer reachable.
@@ -199,6 +227,6 @@ async def open_remote(peers: Collection[str], parts: ClientParts, *,
     identity = PeerIdentity.from_seed(os.urandom(32))
     async with open_host(identity) as host:
         client = RemoteModel(parts.ends, parts.tokenizer, parts.model_id, host,
-                             trusted=trusted, config=config)
+                             trusted=trusted, registered=registered, config=config)
         await client.discover(peers)
         yield client

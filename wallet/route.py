@@ -19,6 +19,13 @@ through all its layers, so one layer takes 1 / ((e - s) * throughput) s;
 new session's step waits on average behind the ``load`` sessions already
 there. A server at ``load >= max_sessions`` answers busy and is not used.
 
+Capacity. A route may also need every hop to hold ``min_session_positions``
+positions in one session (the generation's prompt plus new tokens) and to
+run forward calls of ``min_chunk_positions`` (the chunks its inputs went in,
+when a hop is replaced); servers whose announced caps are smaller are not
+used. When every known server of some layer is too small, waiting for
+another would not help: that is `SessionTooLong`, not `NoRoute`.
+
 Route search. Layer boundaries start..end are the nodes of a DAG; a usable
 server holding [s, e) gives an edge i -> j for every s <= i < j <= e. The route
 is the cheapest path from start to end, found by dynamic programming from the
@@ -37,12 +44,12 @@ fewer hops win); each appearance is its own session.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Collection, Mapping, Sequence
 
 from node.wire import ServerInfo
-from wallet.errors import NoRoute, RouteError
+from wallet.errors import NoRoute, RouteError, SessionTooLong
 
 _NO_RTT: Mapping[str, float] = MappingProxyType({})
 # Costs this close (relative) are a tie: rounding must not outvote "fewer hops".
@@ -92,6 +99,8 @@ def plan_route(
     default_rtt: float = 0.05,
     exclude: Collection[str] = (),
     allowed: Collection[str] | None = None,
+    min_session_positions: int = 1,
+    min_chunk_positions: int = 1,
 ) -> list[Hop]:
     """The cheapest chain of hops that covers layers [start, end) in order.
 
@@ -102,6 +111,10 @@ def plan_route(
         default_rtt: the round trip assumed for a peer missing from ``rtt``.
         exclude: peers not to use (e.g. ones that just failed).
         allowed: when given, only these peers are used (trusted peers only).
+        min_session_positions: only servers whose ``max_session_positions``
+            is at least this (the generation's length).
+        min_chunk_positions: only servers whose ``max_chunk_positions`` is
+            at least this (the longest forward call a replay will send).
 
     Returns:
         Hops whose spans are contiguous from start to end, each inside its
@@ -109,11 +122,17 @@ def plan_route(
 
     Raises:
         RouteError: start < 0 or end <= start, or a bad rtt.
+        SessionTooLong: every known server (not excluded, trusted if asked)
+            of some layer has a cap below the minimum (checked first).
         NoRoute: some layer of [start, end) has no usable server.
     """
     if not 0 <= start < end:
         raise RouteError(f"bad layer range [{start}, {end})")
-    usable = _usable(servers, exclude, allowed)
+    if min_session_positions > 1 or min_chunk_positions > 1:
+        _check_caps(_usable(servers, exclude, allowed, busy_too=True), start, end,
+                    min_session_positions, min_chunk_positions)
+    usable = [s for s in _usable(servers, exclude, allowed)
+              if _fits(s, min_session_positions, min_chunk_positions)]
     _check_coverage(usable, start, end, trusted_only=allowed is not None)
     costs = [_Cost(s, rtt.get(s.peer_id, default_rtt), _seconds_per_layer(s)) for s in usable]
     for c in costs:
@@ -193,21 +212,74 @@ def replan(
     return [*route[:failed_index], *patch, *route[failed_index + 1:]]
 
 
+def cap_throughput(servers: Sequence[ServerInfo], measured: Mapping[str, float]
+                   ) -> list[ServerInfo]:
+    """``servers`` with each one's throughput capped by what the client measured of it.
+
+    A server may announce any throughput; once the client has timed its
+    steps, the route counts min(announced, measured), so one that announces
+    a huge figure and is slow stops attracting routes (specs/network.md 10).
+
+    Args:
+        servers: the announcements.
+        measured: tokens/s through each timed server's whole span, by peer id.
+
+    Returns:
+        The servers, in order; a measured one with ``throughput`` at most
+        its measured figure (a non-positive or non-finite figure is ignored).
+    """
+    out = []
+    for s in servers:
+        m = measured.get(s.peer_id)
+        if m is not None and math.isfinite(m) and 0 < m < s.throughput:
+            s = replace(s, throughput=m)
+        out.append(s)
+    return out
+
+
 def _seconds_per_layer(server: ServerInfo) -> float:
     """One layer's share of a decode step on ``server``, queueing included."""
     return (1 + server.load) / ((server.end - server.start) * server.throughput)
 
 
 def _usable(
-    servers: Sequence[ServerInfo], exclude: Collection[str], allowed: Collection[str] | None
+    servers: Sequence[ServerInfo], exclude: Collection[str], allowed: Collection[str] | None,
+    *, busy_too: bool = False,
 ) -> list[ServerInfo]:
-    """The servers a route may use: not busy, not excluded, trusted if asked."""
+    """The servers a route may use: not busy (unless ``busy_too``), not excluded, trusted."""
     excluded = set(exclude)
     trusted = None if allowed is None else set(allowed)
     return [
         s for s in servers
-        if not s.busy and s.peer_id not in excluded and (trusted is None or s.peer_id in trusted)
+        if (busy_too or not s.busy) and s.peer_id not in excluded
+        and (trusted is None or s.peer_id in trusted)
     ]
+
+
+def _fits(server: ServerInfo, session_positions: int, chunk_positions: int) -> bool:
+    return (server.max_session_positions >= session_positions
+            and server.max_chunk_positions >= chunk_positions)
+
+
+def _check_caps(known: list[ServerInfo], start: int, end: int, session_positions: int,
+                chunk_positions: int) -> None:
+    """Raise SessionTooLong for the first layer of [start, end) whose known servers all fall short.
+
+    A layer no server covers at all is left to `_check_coverage` (`NoRoute`).
+    """
+    for layer in range(start, end):
+        covering = [s for s in known if s.start <= layer < s.end]
+        if not covering or any(_fits(s, session_positions, chunk_positions) for s in covering):
+            continue
+        longest = max(s.max_session_positions for s in covering)
+        if longest < session_positions:
+            raise SessionTooLong(layer, session_positions, longest)
+        widest = max(s.max_chunk_positions for s in covering)
+        if widest < chunk_positions:
+            raise SessionTooLong(layer, chunk_positions, widest, what="chunk")
+        # Some server is long enough and another wide enough, none both: name the length.
+        raise SessionTooLong(layer, session_positions, max(
+            s.max_session_positions for s in covering if s.max_chunk_positions >= chunk_positions))
 
 
 def _check_coverage(usable: list[ServerInfo], start: int, end: int, *, trusted_only: bool) -> None:

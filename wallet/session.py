@@ -2,10 +2,12 @@
 
 Owns what a client does with the servers of a route (specs/network.md
 sections 9.3a and 9.4): opening one session per hop (around busy and dead
-servers), reading every hop's frames through one inbox, sending steps and
-matching their results, linking the hops for push routing, and replacing a
-failed hop by replaying the inputs it was sent (rebuilt first when they
-were pushed), chunk by chunk, so the rebuilt KV caches are bit-identical.
+servers, and only on servers whose announced caps fit), reading every hop's
+frames through one inbox, sending steps (a long prompt in forward calls
+within every hop's ``max_chunk_positions``) and matching their results,
+linking the hops for push routing, and replacing a failed hop by replaying
+the inputs it was sent (rebuilt first when they were pushed), chunk by
+chunk, so the rebuilt KV caches are bit-identical.
 
 A run is given the swarm's `wallet.directory.SwarmDirectory` (whom to use,
 where they are, whom to exclude), the client's host and its `ClientConfig`;
@@ -29,11 +31,11 @@ from node.net import (
 )
 from node.torch_thread import tensor_work
 from node.wire import (
-    INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, Busy, Link, Linked, OpenSession, SessionAccepted,
-    SessionError, Step, StepResult,
+    INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, MAX_POSITIONS, Busy, Link, Linked, OpenSession,
+    SessionAccepted, SessionError, Step, StepResult,
 )
 from wallet.directory import SwarmDirectory
-from wallet.errors import HopFailed, NoRoute, RemoteError, RouteBusy, ServerBusy
+from wallet.errors import HopFailed, NoRoute, RemoteError, RouteBusy, ServerBusy, SessionTooLong
 from wallet.generation import ClientConfig, Generation, Served
 from wallet.route import Hop
 
@@ -51,6 +53,7 @@ class HopSession:
         self.reading = trio.CancelScope()  # the reader task's
         self.error: HopFailed | None = None
         self.steps = 0
+        self.last_reply: StepResult | None = None  # signed: a spot check's evidence
 
     async def close(self) -> None:
         self.reading.cancel()
@@ -100,9 +103,15 @@ class RouteRun:
         # complete (since position 0) for the hops whose start is in ``kept``.
         self.inputs: dict[int, list[torch.Tensor]] = {}
         self.kept: set[int] = set()
+        # Steps go in forward calls (chunks) of at most ``chunk`` positions: the smallest
+        # ``max_chunk_positions`` of the route's servers, so a pushed step fits every hop;
+        # ``widest`` is the longest call sent so far, which a replacement must run too.
+        self.chunk = MAX_POSITIONS
+        self.widest = 1
         self._inbox_in, self._inbox = trio.open_memory_channel(INBOX_SIZE)
 
     async def open(self, start: int, end: int) -> None:
+        """Open (and, pushing, link) the sessions over [start, end). Raises as `_open_span`."""
         self.sessions = await self._open_span(start, end)
         self.on_route([s.hop for s in self.sessions])
         if self.config.push and len(self.sessions) > 1:
@@ -123,8 +132,12 @@ class RouteRun:
                 await self._stop_pushing()
             except HopFailed as exc:
                 await self._stop_pushing()
-                i, x = await self._fail_over(self.sessions.index(exc.session), exc)
+                i, x = await self._fail_over(self.sessions.index(exc.session), exc, pos)
         return x
+
+    def _pieces(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """``x`` (1, T, C) as the forward calls it goes in: chunks of at most ``chunk``."""
+        return list(torch.split(x, self.chunk, dim=1))
 
     async def _run_from(self, i: int, x: torch.Tensor, pos: int) -> tuple[int, torch.Tensor]:
         """Send the step to hop ``i``; returns (the hop after the one that answered, its output).
@@ -134,12 +147,19 @@ class RouteRun:
         and goes on from the hop after it.
         """
         session = self.sessions[i]
-        self._record(session, x, pos)
+        pieces = self._pieces(x)  # a long prompt: several calls, each within every hop's cap
+        self.widest = max(self.widest, pieces[0].shape[1])
+        self._record(session, pieces, pos)
         last = len(self.sessions) - 1 if self.pushing else i
-        timeout, sent = await self._send(session, x, pos, ())
+        chunks = tuple(p.shape[1] for p in pieces) if len(pieces) > 1 else ()
+        began = trio.current_time()
+        timeout, sent = await self._send(session, x, pos, chunks)
         timeout += sum(self._chained(s, x.shape[1]) for s in self.sessions[i + 1: last + 1])
         answered, out = await self._await(self.sessions[: last + 1],
                                           self.sessions[i: last + 1], x, pos, timeout, sent)
+        if answered is session and x.shape[1] == 1:  # one hop's own decode step: time it
+            self.directory.record_step(session.hop.peer_id, session.hop.end - session.hop.start,
+                                       trio.current_time() - began)
         j = self.sessions.index(answered)
         if j < last:
             await self._stop_pushing()
@@ -175,12 +195,15 @@ class RouteRun:
                 except Exception:  # a dead hop: failover sees to it
                     pass
 
-    async def _fail_over(self, i: int, exc: Exception) -> tuple[int, torch.Tensor]:
+    async def _fail_over(self, i: int, exc: Exception, pos: int = 0
+                         ) -> tuple[int, torch.Tensor]:
         """Replace hop ``i`` and replay its inputs; returns (next hop index, its output).
 
         The replacement may be several servers; each replays the inputs in
         their original chunks, and its outputs are the next one's inputs
-        (and the next hop's, which are then complete).
+        (and the next hop's, which are then complete). The output returned
+        is the replacement's at positions ``pos..``: the step under way's,
+        which may have gone in several chunks.
         """
         i = await self._rebuild_inputs(i)
         failed = self.sessions[i]
@@ -212,7 +235,7 @@ class RouteRun:
             after = i + len(replacement)
             if after < len(self.sessions):
                 self._keep(self.sessions[after], history)
-            return after, history[-1]
+            return after, torch.cat(history, dim=1)[:, pos:]
 
     async def _rebuild_inputs(self, i: int) -> int:
         """Make hop ``i``'s kept inputs complete: replay the hops before it whose outputs are not.
@@ -239,15 +262,18 @@ class RouteRun:
             self._keep(self.sessions[k], history)
         return i
 
-    def _record(self, session: HopSession, x: torch.Tensor, pos: int) -> None:
-        """Keep ``x``, sent to ``session`` at ``pos``, unless its kept inputs hold it already."""
+    def _record(self, session: HopSession, pieces: list[torch.Tensor], pos: int) -> None:
+        """Keep a step's ``pieces`` (its chunks), sent to ``session`` at ``pos``, unless held.
+
+        Kept chunk by chunk: a replay repeats the original forward calls.
+        """
         if session.hop.start not in self.kept:
             return
         kept = self.inputs.setdefault(session.hop.start, [])
         held = sum(c.shape[1] for c in kept)
         if held == pos:
-            kept.append(x)
-        elif held != pos + x.shape[1]:  # cannot happen; never replay a gappy history
+            kept.extend(pieces)
+        elif held != pos + sum(p.shape[1] for p in pieces):  # cannot happen; never replay gaps
             self.kept.discard(session.hop.start)
 
     def _keep(self, session: HopSession, history: list[torch.Tensor]) -> None:
@@ -272,7 +298,14 @@ class RouteRun:
     async def _open_span(self, start: int, end: int) -> list[HopSession]:
         """Sessions covering [start, end): planned, opened, replanned around busy or dead servers.
 
+        Only servers that take ``max_len`` positions per session and run
+        forward calls as wide as the widest sent so far are planned (a
+        replacement replays the kept chunks as they went); the run's
+        ``chunk`` shrinks to the smallest cap of the servers opened.
+
         Raises:
+            SessionTooLong: a layer's servers all have smaller caps (waiting
+                would not help).
             RouteBusy: servers cover the span, but the usable ones stayed busy for
                 ``busy_wait``.
             NoRoute: no usable servers cover the span.
@@ -283,7 +316,10 @@ class RouteRun:
         give_up_at = trio.current_time() + self.config.busy_wait
         while True:
             try:
-                hops = directory.plan(start, end, also_exclude=busy)
+                hops = directory.plan(start, end, also_exclude=busy, positions=self.max_len,
+                                      chunk=self.widest)
+            except SessionTooLong:
+                raise
             except NoRoute as exc:
                 waiting = busy or directory.announced_full(start, end)
                 if not waiting:
@@ -299,6 +335,8 @@ class RouteRun:
             try:
                 for hop in hops:
                     opened.append(await self._open(hop))
+                caps = {s.peer_id: s.max_chunk_positions for s in directory.servers()}
+                self.chunk = min([self.chunk, *(caps.get(h.peer_id, 1) for h in hops)])
                 return opened
             except (ServerBusy, HopFailed) as exc:
                 if isinstance(exc, ServerBusy):
@@ -419,6 +457,7 @@ class RouteRun:
         if out.shape != x.shape:
             raise HopFailed(f"{session.hop.peer_id} answered shape {tuple(out.shape)} "
                             f"for {tuple(x.shape)}", session)
+        session.last_reply = reply
         self.result.wire_bytes += sent + len(reply.hidden)
         for done in answering[: answering.index(session) + 1]:
             if not done.steps:  # the route lists servers that actually served

@@ -3,7 +3,7 @@
 Sub-modules: `sync` (`ChainService`: the store, the mempool, sync with
 peers), `txgossip`, `producer` (blocks in this node's slots), `registrar`
 (registers a serving node once it is funded), `views` (an account and a
-node's status as the CLIs show them). No torch here.
+node's status and the registered nodes as the CLIs show them). No torch here.
 """
 
 from node.lazy import lazy_exports
@@ -13,5 +13,5 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.chain.registrar": ("Registrar",),
     "node.chain.sync": ("ChainService", "SyncError", "SyncResult"),
     "node.chain.txgossip": ("TxGossip",),
-    "node.chain.views": ("account_view", "node_status_view"),
+    "node.chain.views": ("account_view", "node_status_view", "registry_view"),
 })

@@ -28,7 +28,7 @@ import trio
 
 from ledger.chaindb import ChainDB
 from ledger.crypto import SigningKey
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, StoreError
 from ledger.state import KEY_PARAMS
 from ledger.transition import Applied, producer_rank
 
@@ -134,7 +134,9 @@ class Producer:
             if applied is None:
                 return
             result = await self.service.add_block(applied.block)
-        except LedgerError as exc:  # a bug or a broken store: say so, retry a slot later
+        except StoreError:
+            raise  # fatal: the node stops on it (`ChainService.store_broken`)
+        except LedgerError as exc:  # a bug: say so, retry a slot later
             log.error("could not produce on %s: %s: %s", tip.hex()[:16], type(exc).__name__, exc)
             slot_ms = await self.service.call(_slot_ms, self.service.chain)
             with trio.move_on_after(max(slot_ms, 100) / 1000):

@@ -4,10 +4,11 @@ Owns `Registrar`, the component `pnode start` runs for a serving node
 (specs/consensus.md section 4): at start and after every new tip it looks
 at the chain; when this node's key has no registration and none is queued,
 it either submits a signed `Register` (the wallet key signs it, the node key
-binds itself and the peer id, the served span is the registered layers, the
-bond is ``bond`` or the chain's ``min_bond``) or says once, clearly, why it
-cannot: the wallet is locked (no passphrase given), or its balance is below
-the bond (with the address to fund). Registered, it says so once and stops.
+and the peer key both sign the binding of the node key and the peer id to
+the account, the served span is the registered layers, the bond is ``bond``
+or the chain's ``min_bond``) or says once, clearly, why it cannot: the
+wallet is locked (no passphrase given), or its balance is below the bond
+(with the address to fund). Registered, it says so once and stops.
 """
 
 from __future__ import annotations
@@ -50,18 +51,19 @@ class Registrar:
         service, txs: the node's chain service and transaction gossip.
         wallet: the wallet's signing key, or None when it is locked.
         address: the wallet's account (known even when locked).
-        node_key: this node's key; peer_id: its libp2p peer id (ledger bytes).
+        node_key: this node's key; peer_key: its libp2p identity key (which
+            signs the binding of its peer id too).
         layers: the span to register (the one served).
         bond: base units to lock (None: the chain's ``min_bond``).
         report: where the one-line messages go.
     """
 
     def __init__(self, service: ChainService, txs: TxGossip, wallet: SigningKey | None,
-                 address: bytes, node_key: SigningKey, peer_id: bytes,
+                 address: bytes, node_key: SigningKey, peer_key: SigningKey,
                  layers: tuple[int, int], *, bond: int | None = None,
                  report: Callable[[str], None] = lambda line: None):
         self.service, self.txs, self.wallet, self.address = service, txs, wallet, address
-        self.node_key, self.peer_id, self.layers = node_key, peer_id, layers
+        self.node_key, self.peer_key, self.layers = node_key, peer_key, layers
         self.bond, self.report = bond, report
         self.registered = False
         self._said: str | None = None
@@ -105,7 +107,7 @@ class Registrar:
                       f"bond of {format_coins(look.bond)}; send coins to "
                       f"{self.address.hex()} and it registers by itself")
             return
-        register = node_registration(look.chain_id, self.wallet, self.node_key, self.peer_id,
+        register = node_registration(look.chain_id, self.wallet, self.node_key, self.peer_key,
                                      self.layers, look.bond, look.nonce)
         try:
             txid = await self.txs.submit(register)

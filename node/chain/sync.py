@@ -12,7 +12,9 @@ while the node runs (specs/network.md, "Chain sync"):
 - it gossips blocks on ``pnode/blocks/1`` and adds the ones it hears in the
   topic's validator (`Host.set_validator`), so gossipsub relays only blocks
   that this node added; a gossiped block whose parent is missing is not
-  relayed but pulls the chain from the peer that sent it.
+  relayed but pulls the chain from the peer that sent it (bounded: a peer
+  whose orphans' sync brought nothing sets off no other for a while, and at
+  most `MAX_BACKGROUND_SYNCS` background syncs run at once).
 
 The ChainDB is not thread-safe and validation is CPU work, so every ChainDB
 call runs in a worker thread under one `trio.CapacityLimiter(1)` (`call`):
@@ -23,11 +25,15 @@ scores one point (`Host.penalize`) and its sync stops with `PeerMisbehaved`;
 so does one that answers a request for blocks below the tip it just claimed
 with none, or answers with a frame over `MAX_SYNC_RESPONSE_FRAME`;
 blocks added before that stay (each one was fully validated).
+
+A store error in any chain call (a failed write, a damaged table) is this
+node's fault, never a peer's: it is kept in `store_fault`, `store_broken` is
+set (the node stops on it, specs/network.md section 5), and sync requests
+are no longer served (their streams reset, the asker unscored).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -40,12 +46,14 @@ from libp2p.peer.id import ID
 from ledger import schema
 from ledger.chaindb import EXTENDED, KNOWN, MAX_REORG_DEPTH, REORG, AddResult, ChainDB
 from ledger.codec import decode, encode
-from ledger.errors import DecodeError, ForkTooDeep, TimeInFuture, UnknownParent, ValidationError
+from ledger.errors import (
+    DecodeError, ForkTooDeep, StoreError, TimeInFuture, UnknownParent, ValidationError,
+)
 from ledger.schedule import is_better_tip
 from ledger.types import Block, block_hash
 from node.clock import Clock
 from node.errors import NodeError
-from node.net import GossipError, Host, RequestError, ResponseTooLarge
+from node.net import GossipError, Host, LocalFault, RequestError, ResponseTooLarge
 from node.wire import (
     BLOCKS_TOPIC, MAX_BLOCKS_PER_REQUEST, MAX_BLOCKS_RESPONSE_BYTES, MAX_SYNC_REQUEST_FRAME,
     MAX_SYNC_RESPONSE_FRAME, SYNC_PROTOCOL, BlocksRequest, BlocksResponse, SyncRequest, TipRequest,
@@ -56,6 +64,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _FIRST_STEP_BACK = 8  # blocks fetched below an unconnected block; doubles each time
+#: Background syncs (set off by gossip and by `sync_soon`) running at once.
+MAX_BACKGROUND_SYNCS = 4
+#: After a sync that an orphan block set off brought nothing from that peer,
+#: its next orphans set off none for this long, doubling up to the second
+#: figure. Attack note: a block with an unknown parent cannot be validated,
+#: so a peer can gossip them for free; each would cost a sync without this.
+ORPHAN_SYNC_GAP_S = (0.5, 30.0)
 
 
 class SyncError(NodeError):
@@ -98,7 +113,8 @@ class ChainService:
 
     def __init__(self, chain: ChainDB, host: Host, clock: Clock, *,
                  request_timeout: float = 30.0,
-                 on_sync: Callable[[SyncResult], None] = lambda result: None):
+                 on_sync: Callable[[SyncResult], None] = lambda result: None,
+                 on_tip: Callable[[int, bytes], None] = lambda height, tip_hash: None):
         """
         Args:
             chain: the node's chain (only touched through `call` from now on).
@@ -106,16 +122,24 @@ class ChainService:
             clock: local time in ms.
             request_timeout: seconds per sync request.
             on_sync: called after each sync that added blocks (background ones too).
+            on_tip: called with the new tip's height and hash whenever a chain
+                call moved it, in the worker thread, once the store made it
+                durable (the node's tip marker, `DataDir.write_tip_marker`).
         """
         self.chain, self.host, self.clock = chain, host, clock
         self.request_timeout = request_timeout
-        self.on_sync = on_sync
+        self.on_sync, self.on_tip = on_sync, on_tip
         self._db = trio.CapacityLimiter(1)
         self._peer_locks: defaultdict[ID, trio.Lock] = defaultdict(trio.Lock)
         self._queued: set[ID] = set()
         self._nursery: trio.Nursery | None = None
         self._tip_seen = chain.tip_hash
         self._tip_moved = trio.Event()
+        self.store_fault: StoreError | None = None  # the first store error met
+        self.store_broken = trio.Event()
+        self._background = trio.CapacityLimiter(MAX_BACKGROUND_SYNCS)
+        self._orphan_gap: dict[ID, tuple[float, float]] = {}  # peer -> (quiet until, gap)
+        self.background_syncs = 0  # started so far (a figure for tests and status)
 
     async def run(self, *, task_status: trio.TaskStatus[ChainService] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -143,9 +167,23 @@ class ChainService:
 
         The one way to touch the chain while the service runs (a block
         producer builds its blocks through it too).
+
+        Raises:
+            StoreError: the store failed (kept in `store_fault`, see the module).
         """
+        def alone() -> T:
+            before = self.chain.tip_hash
+            out = fn(*args)
+            if self.chain.tip_hash != before:
+                self.on_tip(self.chain.height, self.chain.tip_hash)
+            return out
         try:
-            return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=self._db)
+            return await trio.to_thread.run_sync(alone, limiter=self._db)
+        except StoreError as exc:
+            if self.store_fault is None:
+                self.store_fault = exc
+                self.store_broken.set()
+            raise
         finally:
             if self.chain.tip_hash != self._tip_seen:
                 self._tip_seen = self.chain.tip_hash
@@ -208,11 +246,16 @@ class ChainService:
 
     async def _serve(self, peer: ID, request: bytes) -> bytes:
         # A DecodeError (garbage, a count over the cap) makes the host reset
-        # the stream and score the peer.
+        # the stream and score the peer; a fault of our own store must not.
         msg = decode(request, SyncRequest)
-        if isinstance(msg, TipRequest):
-            return encode(await self.call(self._tip))
-        return await self.call(self._raw_blocks, msg.start_height, msg.count)
+        if self.store_fault is not None:
+            raise LocalFault(f"not serving sync: this node's store failed: {self.store_fault}")
+        try:
+            if isinstance(msg, TipRequest):
+                return encode(await self.call(self._tip))
+            return await self.call(self._raw_blocks, msg.start_height, msg.count)
+        except StoreError as exc:
+            raise LocalFault(f"not serving sync: this node's store failed: {exc}") from None
 
     # -- pulling ------------------------------------------------------------------------
 
@@ -240,21 +283,44 @@ class ChainService:
         self.sync_soon(peer)
         return peer
 
-    def sync_soon(self, peer: ID) -> None:
-        """Sync from ``peer`` in the background (at most one queued per peer)."""
+    def sync_soon(self, peer: ID, *, orphan: bool = False) -> None:
+        """Sync from ``peer`` in the background.
+
+        At most one sync per peer is queued, and `MAX_BACKGROUND_SYNCS` run
+        at once. With ``orphan`` (a block of ``peer``'s had an unknown
+        parent), nothing is queued while the peer is in its quiet gap
+        (`ORPHAN_SYNC_GAP_S`).
+        """
         if self._nursery is None or peer in self._queued or peer == self.host.peer_id:
             return
+        if orphan and trio.current_time() < self._orphan_gap.get(peer, (0.0, 0.0))[0]:
+            return
         self._queued.add(peer)
-        self._nursery.start_soon(self._background_sync, peer)
+        self._nursery.start_soon(self._background_sync, peer, orphan)
 
-    async def _background_sync(self, peer: ID) -> None:
+    async def _background_sync(self, peer: ID, orphan: bool) -> None:
+        added = 0
         try:
-            async with self._peer_locks[peer]:
+            async with self._background, self._peer_locks[peer]:
                 self._queued.discard(peer)
+                self.background_syncs += 1
                 result = await self._sync_locked(peer)
+                added = result.added
             log.debug("synced from %s: %s", peer, result)
         except SyncError as exc:
             log.info("sync from %s stopped: %s", peer, exc)
+        finally:
+            if orphan:
+                self._note_orphan_sync(peer, added)
+
+    def _note_orphan_sync(self, peer: ID, added: int) -> None:
+        """Open (or widen) ``peer``'s quiet gap when its orphans' sync brought nothing."""
+        if added:
+            self._orphan_gap.pop(peer, None)
+            return
+        first, most = ORPHAN_SYNC_GAP_S
+        gap = min(max(2 * self._orphan_gap.get(peer, (0.0, first / 2))[1], first), most)
+        self._orphan_gap[peer] = (trio.current_time() + gap, gap)
 
     async def _sync_locked(self, peer: ID) -> SyncResult:
         """`sync_from`, then gossip our new tip if it moved (neighbours may lack it)."""
@@ -390,7 +456,7 @@ class ChainService:
             return True
         except UnknownParent:
             source = origin if origin in self.host.connected_peers() else forwarder
-            self.sync_soon(source)
+            self.sync_soon(source, orphan=True)
         except (ForkTooDeep, TimeInFuture) as exc:
             log.info("gossiped block %d from %s dropped: %s", block.header.height, origin, exc)
         except ValidationError as exc:

@@ -1,9 +1,9 @@
-"""What the CLIs and the control socket show of the chain: an account, a node's status.
+"""What the CLIs and the control socket show of the chain: accounts, status, registry.
 
-Owns `account_view` and `node_status_view`, built in one place from a
-`ChainDB`, whether a running node answers over its control socket
-(`node.node`) or a command reads a stopped node's store (`node.cli`), so
-both answers have the same fields and meanings. Plain functions of the
+Owns `account_view`, `node_status_view` and `registry_view` (the registered,
+bonded nodes), built in one place from a `ChainDB`, whether a running node
+answers over its control socket (`node.node`) or a command reads a stopped
+node's store (`node.cli`), so both answers have the same fields and meanings. Plain functions of the
 store's state: call them where the store may be read (the chain service's
 thread while a node runs).
 """
@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from ledger.chaindb import ChainDB
-from ledger.state import ACCOUNT, JAIL, NODE
+from ledger.rules import bonded_nodes
+from ledger.state import ACCOUNT, JAIL, NODE, Overlay
 
 
 def account_view(chain: ChainDB, account_id: bytes) -> dict[str, Any]:
@@ -53,3 +54,26 @@ def node_status_view(chain: ChainDB, address: bytes, node_key: bytes) -> dict[st
             # Jailed for a missed unit deadline: last in line for units until then.
             "jailed_until": jail.until if jail and jail.until > chain.height else None,
             "mempool": len(chain.mempool())}
+
+
+def registry_view(chain: ChainDB) -> dict[str, Any]:
+    """The registered, bonded nodes: the servers `pwallet infer` may route through.
+
+    The same set the chain assigns work to (`ledger.rules.bonded_nodes`);
+    each node's peer id was signed by its own peer key when it registered
+    (specs/ledger.md section 4.1), so an entry vouches for that peer.
+
+    Returns:
+        chain_id, height, min_bond and ``nodes``: one entry per node, in
+        node-key order, with peer_id (base58, as libp2p prints it),
+        node_key and account (hex), bond (base units) and the registered
+        layers [start, end).
+    """
+    from libp2p.peer.id import ID  # here: `pwallet balance` reads views without libp2p
+
+    nodes = [{"peer_id": ID(record.peer_id).to_base58(), "node_key": node_key.hex(),
+              "account": record.account.hex(), "bond": account.bond,
+              "layers": [record.layer_start, record.layer_end]}
+             for node_key, record, account in bonded_nodes(Overlay(chain.state))]
+    return {"chain_id": chain.chain_id, "height": chain.height,
+            "min_bond": Overlay(chain.state).params().min_bond, "nodes": nodes}

@@ -323,3 +323,18 @@ def account_info(dd: DataDir, account_id: bytes) -> dict[str, Any]:
 
     return ask_node_or_store(dd, "account", lambda db: account_view(db, account_id),
                              address=account_id.hex())
+
+
+def registry_info(dd: DataDir) -> dict[str, Any]:
+    """The registered, bonded nodes as the running node sees them, else as the store holds them.
+
+    Returns:
+        `node.chain.registry_view`'s fields, and ``running``.
+
+    Raises:
+        DataDirError: no node runs and the store cannot be opened (e.g. the
+            data dir is not initialised).
+    """
+    from node.chain import registry_view
+
+    return ask_node_or_store(dd, "registry", registry_view)

@@ -5,9 +5,11 @@ sends it coins, seals the transfers into signed blocks, shows balances,
 history and a block, and re-verifies the whole chain from genesis. Then the
 main job: a local swarm on loopback, three `pnode start` processes each
 serving a third of SmolLM2's layers (the first also producing blocks), a
-transfer through the running node, a second server registering itself once
-its wallet is funded, and `pwallet infer --peers` generating
-over the three servers (the same text as the local run); then a short
+transfer through the running node, the other two servers registering
+themselves once their wallets are funded, and `pwallet infer --peers`
+generating over the three servers (the same text as the local run; the
+client routes only through servers registered on the chain it follows,
+Alice's); then a short
 training run of the default job, and the same job mined by a three-node
 devnet (`pnode devnet`), whose coins per node equal its accepted units. Each step runs the installed `pnode` /
 `pwallet` commands exactly as a user would.
@@ -80,6 +82,20 @@ def wait_for_addr(data: Path, proc: subprocess.Popen, log: Path) -> None:
         time.sleep(0.1)
 
 
+def wait_registered(data: Path, log: Path, limit: float = 60) -> None:
+    """Wait until the node on ``data`` is registered on the chain; stop the demo if it never is."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        result = subprocess.run([str(BIN / "pnode"), "status", "--data-dir", str(data), "--json"],
+                                capture_output=True, text=True)
+        if result.returncode == 0 and json.loads(result.stdout).get("registered"):
+            return
+        time.sleep(0.5)
+    console.print(f"[red]node on {data} did not register within {limit:.0f} s:\n"
+                  f"{log.read_text()}")
+    sys.exit(1)
+
+
 def stop_swarm(procs: list[subprocess.Popen]) -> None:
     console.rule("[bold]Stopping the swarm (SIGTERM: each node stops cleanly)")
     for proc in procs:
@@ -133,24 +149,27 @@ def main() -> None:
              "pnode", "status", "--data-dir", alice)
         step("A transfer through the running node, which gossips it and seals it",
              "pwallet", "send", bob, "1", "--data-dir", alice)
-        server1 = str(root / "server1")
-        address = step("", "pwallet", "balance", "--data-dir", server1, "--json",
-                       capture_json=True, quiet=True)["address"]
-        step("Fund server 1's wallet: the node registers itself once it can pay the bond",
-             "pwallet", "send", address, "12", "--data-dir", alice)
-        time.sleep(2.5)
+        for i in (1, 2):
+            server = str(root / f"server{i}")
+            address = step("", "pwallet", "balance", "--data-dir", server, "--json",
+                           capture_json=True, quiet=True)["address"]
+            step(f"Fund server {i}'s wallet: the node registers itself once it can pay the bond",
+                 "pwallet", "send", address, "12", "--data-dir", alice)
+        for i in (1, 2):
+            wait_registered(root / f"server{i}", root / f"node{i}.log")
+            for line in (root / f"node{i}.log").read_text().splitlines():
+                if "regist" in line:
+                    console.print(f"  server {i}: {line}", highlight=False, markup=False)
         step("", "pwallet", "balance", bob, "--data-dir", alice)
-        log = (root / "node1.log").read_text().splitlines()
-        for line in log:
-            if "regist" in line:
-                console.print(f"  server 1: {line}", highlight=False, markup=False)
         addr = (Path(alice) / "node.addr").read_text().strip()
+        # --data-dir alice: the client routes only through the servers registered
+        # on the chain that node follows (all three now).
         step("The same question over the swarm: layers 0-9, 10-19, 20-29 on three servers",
-             "pwallet", "infer", "What is the capital of France?", "--peers", addr, "--greedy",
-             "--max-tokens", "24")
+             "pwallet", "infer", "What is the capital of France?", "--peers", addr,
+             "--data-dir", alice, "--greedy", "--max-tokens", "24")
         doc = step("... and the route it took (--json)", "pwallet", "infer",
-                   "What is the capital of France?", "--peers", addr, "--greedy",
-                   "--max-tokens", "24", "--json", capture_json=True, quiet=True)
+                   "What is the capital of France?", "--peers", addr, "--data-dir", alice,
+                   "--greedy", "--max-tokens", "24", "--json", capture_json=True, quiet=True)
         for hop in doc["route"]:
             console.print(f"  layers {hop['start']:>2}..{hop['end'] - 1:<2} on {hop['peer_id']}")
     finally:

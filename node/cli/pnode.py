@@ -112,7 +112,7 @@ def _new_genesis(chain_id, premine, alloc, bond, layers, slot_ms, node_key, peer
     if len(chain_id) > 64:
         raise click.BadParameter("--chain-id is at most 64 characters")
     params = chain_params(DEFAULT_PARAMS, wallet.public, slot_ms=slot_ms)
-    reg = node_registration(chain_id, wallet, node_key, libp2p_peer_id(peer_key.public), layers,
+    reg = node_registration(chain_id, wallet, node_key, peer_key, layers,
                             common.parse_coins(bond))
     return new_genesis(chain_id, now_ms(), params, allocations.items(), (reg,))
 

@@ -70,9 +70,12 @@ from node.keys import read_key_file
                    "default job].")
 @click.option("--average-every", type=click.IntRange(1, 1_000_000), default=10,
               show_default=True, help="Training steps between the replicas' averaging rounds.")
+@click.option("--strict", is_flag=True,
+              help="Refuse to start when the chain store's recovery would drop damaged records "
+                   "(else it warns and the lost blocks come again from peers).")
 def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layers, auto,
           num_layers, no_serve, gpu, threads, max_sessions, price, model_file, trusted_file, bond,
-          passphrase_file, mine, job_file, average_every) -> None:
+          passphrase_file, mine, job_file, average_every, strict) -> None:
     """Run the node: sync and produce the chain, serve model layers, until SIGINT/SIGTERM.
 
     Prints its address (also written to DATA_DIR/node.addr once it listens
@@ -91,6 +94,7 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
       pnode start --data-dir D --no-serve --no-produce       # follow the chain only
       pnode start --data-dir D --trusted-peers friends.txt   # a private swarm
       pnode start --data-dir D/node1 --no-serve --job D/job.json   # mine a devnet's job
+      pnode start --data-dir D --strict      # refuse a store that lost records on recovery
     """
     import logging
     import signal
@@ -124,7 +128,7 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
                 produce=ProduceConfig(produce, block_interval_ms, wait_peers),
                 serve=serve, mine=None if job is None else MineConfig(job, average_every, device),
                 wallet_key=wallet_key, bond=parse_coins(bond) if bond else None,
-                report=status.print if status else click.echo)
+                report=status.print if status else click.echo, strict=strict)
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

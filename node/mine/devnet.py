@@ -75,7 +75,7 @@ def devnet_genesis(chain_id: str, keys: list[DevnetKeys], config: JobConfig, tim
     authority = authority or keys[0].wallet
     plan = model_partition(make_model(config), config.k, config.mlp_slices)
     sections = [(s.layer_start, s.layer_end) for s in plan.blocks()[:plan.k]]
-    regs = [node_registration(chain_id, k.wallet, k.node, k.peer_id, span, BOND)
+    regs = [node_registration(chain_id, k.wallet, k.node, k.peer, span, BOND)
             for k, span in zip(keys, spans or devnet_spans(len(keys), sections))]
     # The authority's job comes after its own registration when it runs a node.
     nonce = 1 if any(k.wallet.public == authority.public for k in keys) else 0

@@ -14,7 +14,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "FrameTooLarge", "FramingError", "read_frame", "write_frame",
     ),
     "node.net.host": (
-        "DialError", "GossipError", "Host", "RequestError", "ResponseTooLarge", "open_host",
+        "DialError", "GossipError", "Host", "LocalFault", "RequestError", "ResponseTooLarge",
+        "open_host",
     ),
     "node.net.identity": ("HostError", "PeerIdentity"),
 })

@@ -41,8 +41,8 @@ from node.net.framing import (
 )
 from node.net.identity import HostError, PeerIdentity
 
-__all__ = ["DialError", "GossipError", "Host", "HostConfig", "HostError", "PeerIdentity",
-           "RequestError", "RequestTimeout", "ResponseTooLarge", "open_host"]
+__all__ = ["DialError", "GossipError", "Host", "HostConfig", "HostError", "LocalFault",
+           "PeerIdentity", "RequestError", "RequestTimeout", "ResponseTooLarge", "open_host"]
 
 log = logging.getLogger(__name__)
 _QUEUE_HIGH_WATER = 8  # of py-libp2p's 32-RPC per-peer outbound gossip queue
@@ -73,11 +73,25 @@ class GossipError(HostError):
     """A publish refused: too large for gossipsub, or the host not running."""
 
 
+async def _no_auto_connect() -> None:
+    """Stands in for py-libp2p's `AutoConnector.maybe_connect` (see `Host.run`)."""
+
+
+class LocalFault(HostError):
+    """Raised by a stream handler for a fault of this node's own (a damaged store).
+
+    The stream is reset and the peer is not scored: an honest peer asking a
+    node with a broken disk must not be banned for it.
+    """
+
+
 @dataclass(frozen=True)
 class HostConfig:
     """Tunables of the host; the defaults suit a devnet and a small swarm."""
 
     gossip_max_message: int = 1_000_000  # under gossipsub's 1 MiB RPC, with headroom
+    redial_first_s: float = 1.0  # backoff after a failed dial in open_stream, doubling
+    redial_max_s: float = 60.0
     gossip_rate_limit: float = 1000.0  # msgs/s per peer and topic (py-libp2p: 10)
     gossip_degree: tuple[int, int, int] = (6, 4, 12)  # D, D_low, D_high
     heartbeat_interval: int = 1  # seconds (py-libp2p default 120: meshes form slowly)
@@ -134,6 +148,8 @@ class Host:
         # One scope per running stream handler: `stop` cancels them at once,
         # so a stopped host answers nothing more while its connections close.
         self._serving: set[trio.CancelScope] = set()
+        # peer -> (trio time before which it is not dialled again, its current backoff)
+        self._redial: dict[ID, tuple[float, float]] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[Host] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen, serve and gossip until `stop`; reports itself started when ready.
@@ -144,6 +160,12 @@ class Host:
         async with background_trio_service(self._pubsub), background_trio_service(self._gossipsub):
             await self._pubsub.wait_until_ready()
             async with self._host.run([self._listen]):
+                # py-libp2p's auto-connector keeps 50 to 150 connections by dialling
+                # every peer its peerstore ever held, departed ones too, every 10 s
+                # and on each disconnect: pnode dials whom it means to (its peers,
+                # servers of a route) and backs off from the departed (`open_stream`).
+                # (Its start may come after this line, so its entry point goes, not its flag.)
+                self._host.get_network().auto_connector.maybe_connect = _no_auto_connect
                 try:
                     async with trio.open_nursery() as nursery:
                         self._nursery = nursery
@@ -304,14 +326,42 @@ class Host:
     async def open_stream(self, peer_id: ID | str, protocol_id: str) -> INetStream:
         """Open a stream to a connected (or known) peer on ``protocol_id``.
 
+        A peer that is not connected is dialled at its known addresses; after
+        a failed dial it is not dialled again for a backoff that starts at
+        ``config.redial_first_s`` and doubles with each failure up to
+        ``config.redial_max_s`` (a departed peer would otherwise be redialled
+        by every caller, every time); a connection to it clears the backoff.
+
         Raises:
-            RequestError: no connection, or the peer does not speak the protocol.
+            RequestError: no connection (or one backing off), or the peer
+                does not speak the protocol.
         """
         try:
             peer = peer_id if isinstance(peer_id, ID) else ID.from_base58(peer_id)
-            return await self._host.new_stream(peer, [TProtocol(protocol_id)])
         except Exception as exc:
             raise RequestError(f"cannot open {protocol_id} to {peer_id}: {exc}") from None
+        dialling = peer not in self._host.get_connected_peers()
+        if dialling and (wait := self._redial_wait(peer)) > 0:
+            raise RequestError(f"cannot open {protocol_id} to {peer}: unreachable at the last "
+                               f"dial; not dialled again for {wait:.1f} s")
+        try:
+            stream = await self._host.new_stream(peer, [TProtocol(protocol_id)])
+        except Exception as exc:
+            if dialling and peer not in self._host.get_connected_peers():
+                self._dial_failed(peer)
+            raise RequestError(f"cannot open {protocol_id} to {peer_id}: {exc}") from None
+        self._redial.pop(peer, None)
+        return stream
+
+    def _redial_wait(self, peer: ID) -> float:
+        """Seconds before ``peer`` may be dialled again (0: now)."""
+        at = self._redial.get(peer)
+        return 0.0 if at is None else max(at[0] - trio.current_time(), 0.0)
+
+    def _dial_failed(self, peer: ID) -> None:
+        _, backoff = self._redial.get(peer, (0.0, self.config.redial_first_s / 2))
+        backoff = min(2 * backoff, self.config.redial_max_s)
+        self._redial[peer] = (trio.current_time() + backoff, backoff)
 
     def set_handler(self, protocol_id: str, handler: StreamHandler, *,
                     public: bool = False) -> None:
@@ -319,7 +369,8 @@ class Host:
 
         The stream is closed when the handler returns. If it raises, the stream
         is reset and the peer scores a point in `misbehaving` (unless the peer
-        broke the stream, as a client that gave up does); all else carries on.
+        broke the stream, as a client that gave up does, or the handler raised
+        `LocalFault`: the fault is this node's); all else carries on.
         A banned peer's stream is reset at once; so is an untrusted peer's
         unless the protocol is ``public`` (what clients use).
         """
@@ -343,6 +394,9 @@ class Host:
                 await handler(stream, peer)
             except FrameStreamError as exc:
                 log.debug("%s stream from %s broke: %s", protocol_id, peer, exc)
+                await _quietly(stream.reset)
+            except LocalFault as exc:
+                log.debug("%s stream from %s not served: %s", protocol_id, peer, exc)
                 await _quietly(stream.reset)
             except Exception as exc:
                 self.penalize(peer, 1, f"{protocol_id} stream: {type(exc).__name__}: {exc}")

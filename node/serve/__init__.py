@@ -2,9 +2,11 @@
 
 Sub-modules: `placement` (which span a server takes: pure), `swarm`
 (announcements and the view of who serves what: `SwarmView`, `fetch_view`,
-`announce_peer` are what a client reads), `sessions` (`InferenceServer`: the
-KV-cached sessions of `/pnode/inference`), `layer_server` (`LayerServer`:
-loads the span, serves it, moves it). Never imports the chain or the miner.
+`announce_peer` are what a client reads), `admission` (`SessionConfig`:
+who may open a session, fair order of the forward calls, compute metering),
+`sessions` (`InferenceServer`: the KV-cached sessions of
+`/pnode/inference`), `layer_server` (`LayerServer`: loads the span, serves
+it, moves it). Never imports the chain or the miner.
 """
 
 from node.lazy import lazy_exports
@@ -12,6 +14,7 @@ from node.lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.serve.placement": ("choose_span", "should_move"),
     "node.serve.swarm": ("Announcer", "SwarmView", "announce_peer", "fetch_view"),
-    "node.serve.sessions": ("InferenceServer", "SessionConfig", "measure_throughput"),
+    "node.serve.admission": ("SessionConfig",),
+    "node.serve.sessions": ("InferenceServer", "measure_throughput"),
     "node.serve.layer_server": ("LayerServer", "ServeConfig"),
 })

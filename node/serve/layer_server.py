@@ -115,8 +115,9 @@ class LayerServer:
         unsigned = Announce(
             self.identity.public_key, tuple(self.host.addrs[:8]), self.model_id,
             server.layers.start, server.layers.stop, int(self.throughput * 1000),
-            len(server.sessions), server.config.max_sessions, self.config.price, self.clock(),
-            bytes(64))
+            len(server.sessions), server.config.max_sessions,
+            server.config.max_chunk_positions, server.max_session_positions, self.config.price,
+            self.clock(), bytes(64))
         return sign_announce(unsigned, self.identity.key_pair.private_key.sign)
 
     def status(self) -> dict:

@@ -1,6 +1,6 @@
 """The server side of inference sessions: a span of layers, a KV cache per session.
 
-Owns `InferenceServer`, which serves ``/pnode/inference/2.1.0`` (specs/network.md
+Owns `InferenceServer`, which serves ``/pnode/inference/2.2.0`` (specs/network.md
 section 9.3) from a partial model (`compute.model.ModelPart`: only the layers
 it serves are in memory):
 
@@ -8,12 +8,18 @@ it serves are in memory):
   keeps that session's KV cache until the stream ends, the session runs no
   forward for ``idle_timeout`` seconds (other frames do not count), or an
   error;
-- a server at ``max_sessions`` answers `Busy` with a retry hint at once
-  rather than queueing the client behind an unknown wait;
+- a server at ``max_sessions``, or a client at its share (per peer id, per
+  address: `node.serve.admission`), answers `Busy` with a retry hint at
+  once rather than queueing the client behind an unknown wait;
+- a forward call runs at most ``max_chunk_positions`` positions and a
+  session holds at most ``max_len`` (both announced); longer steps are
+  refused with a `SessionError`;
 - every forward call runs as a job on the process's one torch thread
-  (`node.torch_thread.run_sync`, first in, first out): sessions take turns
-  step by step in arrival order (fair queueing), and the trio loop stays
-  free for the network;
+  (`node.torch_thread.run_sync`), one call of this server at a time, in
+  fair order (`node.serve.admission.FairScheduler`: the session that used
+  less compute since it arrived goes first), and the trio loop stays free
+  for the network; each session's compute (positions, forward seconds) is
+  metered and shown in `status`;
 - push routing: a client may `Link` a session to the next hop's session
   (its peer and secret token); the server then sends each step's outputs
   to that hop over ``/pnode/inference-push/1.0.0`` instead of to the
@@ -34,6 +40,7 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -49,13 +56,19 @@ from ledger.codec import decode, encode
 from node import torch_thread
 from node.errors import NodeError
 from node.net import FrameEOF, FrameReader, FrameTimeout, Host, write_frame
+from node.serve.admission import (  # noqa: F401 (SessionConfig: re-exported)
+    FairScheduler, Meter, SessionConfig, address_key, refusal, remote_ip,
+)
 from node.torch_thread import tensor_work
 from node.wire import (
     INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, PUSH_PROTOCOL, Busy, Link, Linked, OpenSession,
-    PushOpen, SessionAccepted, SessionError, Step, StepResult,
+    S_STEP, PushOpen, SessionAccepted, SessionError, Step, StepResult, step_claim,
 )
 
 log = logging.getLogger(__name__)
+
+#: Most client peer ids whose compute `InferenceServer.usage` keeps (the lightest go first).
+_MAX_PEERS_METERED = 1024
 
 
 class InferenceError(NodeError):
@@ -64,20 +77,6 @@ class InferenceError(NodeError):
 
 class SessionRefused(InferenceError):
     """A session request the server will not serve (its reason goes to the client)."""
-
-
-@dataclass(frozen=True)
-class SessionConfig:
-    """The limits and timeouts of an inference server's sessions."""
-
-    max_sessions: int = 8
-    max_sessions_per_peer: int = 4  # one client cannot hold every slot
-    max_len: int = 2048  # most KV positions one session may ask for
-    idle_timeout: float = 60.0  # seconds a session may go without a forward
-    busy_retry_ms: int = 1000  # the hint given with `Busy`
-    write_timeout: float = 30.0
-    link_timeout: float = 5.0  # dialing the next hop for push routing
-    push_timeout: float = 2.0  # one push to the next hop
 
 
 @dataclass(slots=True)
@@ -97,6 +96,8 @@ class _Session:
     lock: trio.Lock = field(default_factory=trio.Lock)  # one step at a time
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)  # the client loop's
     pushes: list[trio.CancelScope] = field(default_factory=list)  # push streams reading
+    address: str | None = None  # the client's `address_key` bucket
+    meter: Meter = field(default_factory=Meter)  # compute used; its fair-queue tag
     tokens: int = 0
     steps: int = 0
     last_forward: float = 0.0  # trio time of its last forward (or of its opening)
@@ -145,7 +146,17 @@ class InferenceServer:
         self._by_token: dict[bytes, _Session] = {}
         self.served_tokens = 0
         self.pushed_steps = 0  # steps that came from the previous hop, not the client
-        self.refused_busy = 0
+        self.refused_busy = 0  # `Busy` answers, the per-client limits' included
+        self.refused_limit = 0  # of which: this client's (peer or address) limit
+        self.refused_steps = 0  # steps refused for breaking a rule (a cap included)
+        self.compute = Meter()  # every session's compute, added up
+        # Compute per client peer id (closed sessions' too), so a heavy client shows in
+        # `status`; at most ``_MAX_PEERS_METERED`` peers, the lightest dropped first.
+        self.usage: dict[str, Meter] = {}
+        #: The hook for paid sessions: the `Meter.priority` a new session gets (a higher
+        #: one gets the compute thread first). Every session is 0 until payment exists.
+        self.priority: Callable[[ID, OpenSession], int] = lambda peer, request: 0
+        self.scheduler = FairScheduler()
         self._ids = itertools.count(1)
 
     def start(self) -> None:
@@ -163,12 +174,34 @@ class InferenceServer:
         """
         self.model, self.layers = model, layers
 
+    @property
+    def max_session_positions(self) -> int:
+        """The most positions one session may hold here (announced)."""
+        return min(self.config.max_len, self.model.config.max_seq_len)
+
     def status(self) -> dict:
-        """Served span, open sessions and counters, for `pnode status`."""
+        """Served span, open sessions, limits, counters and compute used, for `pnode status`.
+
+        ``open`` lists each open session's client and compute (`Meter`);
+        ``heaviest_peers`` the clients that used the most forward seconds
+        since the server started (at most 8), so a heavy client is visible.
+        """
+        limits = self.config.limits()
+        heaviest = sorted(self.usage.items(), key=lambda kv: -kv[1].forward_s)[:8]
         return {"serving": [self.layers.start, self.layers.stop],
                 "sessions": len(self.sessions), "max_sessions": self.config.max_sessions,
+                "max_sessions_per_peer": limits.per_peer,
+                "max_sessions_per_address": limits.per_address,
+                "max_chunk_positions": self.config.max_chunk_positions,
+                "max_session_positions": self.max_session_positions,
                 "served_tokens": self.served_tokens, "refused_busy": self.refused_busy,
-                "pushed_steps": self.pushed_steps}
+                "refused_limit": self.refused_limit, "refused_steps": self.refused_steps,
+                "pushed_steps": self.pushed_steps, "compute": self.compute.as_json(),
+                "waiting": self.scheduler.waiting,
+                "open": [{"id": s.id, "peer": str(s.peer), "address": s.address,
+                          "layers": [s.start, s.end], **s.meter.as_json()}
+                         for s in self.sessions.values()],
+                "heaviest_peers": [{"peer": peer, **m.as_json()} for peer, m in heaviest]}
 
     def measure_throughput(self, tokens: int = 8) -> float:
         """Decode tokens/s through the served span (blocking: run it on the torch thread)."""
@@ -184,14 +217,14 @@ class InferenceServer:
             return  # a client that gave up before asking: nothing to score
         request = decode(first, OpenSession)  # garbage: the host resets and scores
         try:
-            session = self._open(request, peer)
+            session = self._open(request, peer, address_key(remote_ip(stream)))
         except SessionRefused as exc:
             await self._reply(stream, SessionError(str(exc)[:256]))
             return
-        if session is None:
+        if isinstance(session, str):  # full, or this client holds its share: the reason
             self.refused_busy += 1
-            await self._reply(stream, Busy(self.config.busy_retry_ms,
-                                           f"{len(self.sessions)} sessions open"))
+            self.refused_limit += session.startswith("this client")
+            await self._reply(stream, Busy(self.config.busy_retry_ms, session[:256]))
             return
         session.client = stream
         self._by_token[session.token] = session
@@ -202,12 +235,24 @@ class InferenceServer:
         finally:
             del self.sessions[session.id]
             del self._by_token[session.token]
+            log.info("session %d of %s (%s) closed: %d positions, %.2f s forward, %d steps",
+                     session.id, peer, session.address, session.meter.positions,
+                     session.meter.forward_s, session.meter.steps)
             for scope in session.pushes:
                 scope.cancel()
             await self._unlink(session)
 
-    def _open(self, req: OpenSession, peer: ID) -> _Session | None:
-        """A new session, None when full. Raises SessionRefused."""
+    def _open(self, req: OpenSession, peer: ID, address: str | None) -> _Session | str:
+        """A new session, or the `Busy` reason (full, or this client's limit).
+
+        Args:
+            req: the client's request.
+            peer: the client's peer id.
+            address: its `address_key` bucket (None: unknown).
+
+        Raises:
+            SessionRefused: a request this server cannot serve at all.
+        """
         if req.model_id != self.model_id:
             raise SessionRefused(f"this server serves model {self.model_id}, not {req.model_id}")
         if not (self.layers.start <= req.layer_start < req.layer_end <= self.layers.stop):
@@ -216,17 +261,20 @@ class InferenceServer:
                                  f"{req.layer_end - 1}")
         if req.codec not in CODECS:
             raise SessionRefused(f"unknown codec {req.codec!r}: expected one of {CODECS}")
-        limit = min(self.config.max_len, self.model.config.max_seq_len)
+        limit = self.max_session_positions
         if req.max_len > limit:
             raise SessionRefused(f"a session may hold at most {limit} tokens, asked {req.max_len}")
-        if len(self.sessions) >= self.config.max_sessions or sum(
-                s.peer == peer for s in self.sessions.values()) >= self.config.max_sessions_per_peer:
-            return None
+        busy = refusal(self.config.limits(),
+                       ((str(s.peer), s.address) for s in self.sessions.values()),
+                       str(peer), address)
+        if busy is not None:
+            return busy
         # The cache is allocated lazily by torch.empty: an idle budget costs no pages.
         cache = KVCache(self.model.config, req.max_len,
                         layers=range(req.layer_start, req.layer_end), device=self.device)
         session = _Session(next(self._ids), peer, req.layer_start, req.layer_end, req.codec,
-                           cache, self.model, token=os.urandom(32))
+                           cache, self.model, token=os.urandom(32), address=address,
+                           meter=Meter(priority=self.priority(peer, req)))
         self.sessions[session.id] = session
         return session
 
@@ -270,10 +318,12 @@ class InferenceServer:
                 hidden = await self._check_step(step, s)
                 out = await self._forward(s, step, hidden)
             except SessionRefused as exc:
+                self.refused_steps += 1
                 await self._reply(s.client, SessionError(str(exc)[:256]))
                 s.scope.cancel()
                 return False
             s.steps += 1
+            self._charge(s, steps=1)
             s.last_forward = trio.current_time()
             s.tokens = step.pos + hidden.shape[1]
             self.served_tokens += hidden.shape[1]
@@ -285,8 +335,18 @@ class InferenceServer:
                 except Exception as exc:  # the next hop died or stalled: the client sees to it
                     log.info("push to the next hop failed: %s: %s", type(exc).__name__, exc)
                     await self._unlink(s)
-            await self._reply(s.client, StepResult(step.pos, out))
+            await self._reply(s.client, self._answer(s, step, out))
             return True
+
+    def _answer(self, s: _Session, step: Step, out: bytes) -> StepResult:
+        """The signed `StepResult` of ``step``: the server's key over its `StepClaim`.
+
+        Signed so that a client's spot check (specs/network.md 9.5) holds
+        the server to what it answered (about 0.1 ms a step).
+        """
+        claim = step_claim(s.token, self.model_id, s.start, s.end, step, out)
+        signature = self.host.identity.key_pair.private_key.sign(S_STEP + encode(claim))
+        return StepResult(step.pos, out, signature)
 
     async def _link(self, s: _Session, msg: Link) -> None:
         """Link (or, with an empty peer id, unlink) the session to the next hop's."""
@@ -363,6 +423,12 @@ class InferenceServer:
         t = hidden.shape[1]
         if step.chunks and sum(step.chunks) != t:
             raise SessionRefused(f"chunks sum to {sum(step.chunks)}, the step has {t} positions")
+        cap = self.config.max_chunk_positions
+        if max(step.chunks or (t,)) > cap:
+            # One forward call holds the compute thread: its length is what the cap bounds.
+            raise SessionRefused(f"a forward call of {max(step.chunks or (t,))} positions "
+                                 f"exceeds this server's cap of {cap} positions per call "
+                                 f"(max_chunk_positions): split the step into chunks")
         if t > room:
             raise SessionRefused(f"step to position {step.pos + t} exceeds the session budget "
                                  f"of {s.cache.max_len}")
@@ -382,7 +448,10 @@ class InferenceServer:
         for n in step.chunks or (hidden.shape[1],):
             chunk = hidden[:, pos - step.pos: pos - step.pos + n]
             try:
-                outs.append(await torch_thread.run_sync(self._run, s, chunk, pos))
+                async with self.scheduler.turn(s.meter):  # the fair queue, one call at a time
+                    out, seconds = await torch_thread.run_sync(self._timed, s, chunk, pos)
+                    self._charge(s, n, seconds)
+                outs.append(out)
             except Exception as exc:  # the server's fault, not the client's: no score
                 log.warning("forward failed in a session of %s: %s: %s", s.peer,
                             type(exc).__name__, exc)
@@ -390,6 +459,26 @@ class InferenceServer:
             pos += n
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         return await tensor_work(encode_tensor, out, s.codec, rows=out.shape[1])
+
+    def _charge(self, s: _Session, positions: int = 0, seconds: float = 0.0,
+                steps: int = 0) -> None:
+        """Meter a forward call (or a step): the session's, its client's and the server's."""
+        peer = str(s.peer)
+        usage = self.usage.get(peer)
+        if usage is None:
+            if len(self.usage) >= _MAX_PEERS_METERED:  # keep the heavy ones visible
+                del self.usage[min(self.usage, key=lambda p: self.usage[p].forward_s)]
+            usage = self.usage[peer] = Meter()
+        for meter in (s.meter, usage, self.compute):
+            meter.positions += positions
+            meter.forward_s += seconds
+            meter.steps += steps
+
+    def _timed(self, s: _Session, chunk: torch.Tensor, pos: int) -> tuple[torch.Tensor, float]:
+        """`_run` and its seconds (on the torch thread: the wait in its queue is not counted)."""
+        began = time.perf_counter()
+        out = self._run(s, chunk, pos)
+        return out, time.perf_counter() - began
 
     def _run(self, s: _Session, chunk: torch.Tensor, pos: int) -> torch.Tensor:
         """One forward call (on the torch thread); the output back on the CPU."""
@@ -400,5 +489,6 @@ class InferenceServer:
 
     async def _reply(self, stream: INetStream, msg) -> None:
         await write_frame(stream, encode(msg), timeout=self.config.write_timeout)
+
 
 

@@ -16,6 +16,7 @@ Codec tags (the ledger's own objects use 1-40; a tag is never reused):
     66-68  averaging: AverageOffer, AverageReply, NamedTensor
     69-71  train: StepTensors, StateRequest, StateReply
     72-74  serve (push routing): Link, Linked, PushOpen
+    75-77  serve (spot checks): StepClaim, SignedAnswer, SpotEvidence
 """
 
 from node.lazy import lazy_exports
@@ -27,10 +28,11 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ),
     "node.wire.serve": (
         "ANNOUNCE_TOPIC", "INFERENCE_PROTOCOL", "MAX_ANNOUNCES", "MAX_CHUNKS", "MAX_HIDDEN_BYTES",
-        "MAX_INFERENCE_FRAME", "MAX_SWARM_FRAME", "PUSH_PROTOCOL", "SWARM_PROTOCOL", "S_ANNOUNCE",
-        "Addrs", "Announce", "Busy", "ClientMessage", "Link", "Linked", "ModelId", "OpenSession",
-        "PushOpen", "SessionAccepted", "SessionError", "Step", "StepResult", "SwarmRequest",
-        "SwarmResponse", "Text", "sign_announce",
+        "MAX_INFERENCE_FRAME", "MAX_POSITIONS", "MAX_SWARM_FRAME", "PUSH_PROTOCOL",
+        "SWARM_PROTOCOL", "S_ANNOUNCE", "Addrs", "Announce", "Busy", "ClientMessage", "Link",
+        "Linked", "ModelId", "OpenSession", "PushOpen", "SessionAccepted", "SessionError", "Step",
+        "StepResult", "SwarmRequest", "SwarmResponse", "Text", "sign_announce",
+        "S_STEP", "SignedAnswer", "SpotEvidence", "StepClaim", "session_id", "step_claim",
     ),
     "node.wire.span": ("ServerInfo", "SpanError"),
     "node.wire.sync": (

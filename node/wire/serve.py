@@ -1,9 +1,9 @@
 """Protocol ids, gossip topic and messages of model serving (specs/network.md section 9).
 
 Owns what servers and clients of the swarm say to each other: signed
-announcements of who serves which layers (gossip topic ``pnode/announce/1``
-and the ``/pnode/swarm/1.0.0`` request that returns a node's view of them),
-the inference session stream ``/pnode/inference/2.1.0`` and the
+announcements of who serves which layers (gossip topic ``pnode/announce/2``
+and the ``/pnode/swarm/2.0.0`` request that returns a node's view of them),
+the inference session stream ``/pnode/inference/2.2.0`` and the
 server-to-server push stream ``/pnode/inference-push/1.0.0`` that carries a
 hop's outputs straight into the next hop's session. Messages are frozen,
 slotted dataclasses on the ledger codec (tags in `node.wire`'s table), so
@@ -16,22 +16,25 @@ without being able to forge or alter one.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from typing import Annotated
 
-from ledger.codec import U32, U64, Key32, MaxLen, Range, Sig64, encode_unsigned, wire
+from ledger.codec import U32, U64, Key32, MaxLen, Range, Sig64, encode, encode_unsigned, wire
 from ledger.crypto import verify
 
 #: Request/response protocol: a node's current view of the swarm's servers.
-SWARM_PROTOCOL = "/pnode/swarm/1.0.0"
+SWARM_PROTOCOL = "/pnode/swarm/2.0.0"  # 2: `Announce` version 2 (its position caps)
 #: Stream protocol of one inference session (many frames each way).
-INFERENCE_PROTOCOL = "/pnode/inference/2.1.0"
+INFERENCE_PROTOCOL = "/pnode/inference/2.2.0"  # 2.2: signed `StepResult`
 #: Stream protocol on which a server pushes its outputs into the next hop's session.
 PUSH_PROTOCOL = "/pnode/inference-push/1.0.0"
 #: Gossip topic of `Announce` messages.
-ANNOUNCE_TOPIC = "pnode/announce/1"
+ANNOUNCE_TOPIC = "pnode/announce/2"
 #: Signature domain of announcements (a peer key signs nothing else with it).
 S_ANNOUNCE = b"pnode:sign:announce:"
+#: Signature domain of a server's answers to steps (`StepClaim`).
+S_STEP = b"pnode:sign:step:"
 
 #: Largest hidden-state payload of one `Step` (2,048 float32 rows of 2,048).
 MAX_HIDDEN_BYTES = 16 * 1024 * 1024
@@ -43,13 +46,15 @@ MAX_ANNOUNCES = 512
 MAX_SWARM_FRAME = 2 * 1024 * 1024
 #: Most chunks one replaying `Step` may carry.
 MAX_CHUNKS = 4096
+#: Largest position count the protocol can express (a session budget, a chunk, a cap).
+MAX_POSITIONS = 1 << 20
 
 Text = Annotated[str, MaxLen(256)]
 ModelId = Annotated[str, MaxLen(64)]
 Addrs = Annotated[tuple[Text, ...], MaxLen(8)]
 
 
-@wire(57)
+@wire(57, 2)
 @dataclass(frozen=True, slots=True)
 class Announce:
     """A server says what it serves, how fast, how loaded and at what price.
@@ -60,6 +65,10 @@ class Announce:
     layer_start, layer_end: the span of layers held, [start, end).
     throughput_milli: measured decode tokens/s through the whole span, x1000.
     load: open sessions; max_sessions: the most it accepts.
+    max_chunk_positions: the most positions of one forward call it runs (a
+        step without chunks, or each chunk of one); a longer one is refused.
+    max_session_positions: the most positions one session may hold (the
+        largest ``OpenSession.max_len`` it accepts).
     price: asked per token, in base coin units (informational until paid).
     time_ms: the server's clock when signed; a later one replaces an earlier.
     """
@@ -72,6 +81,8 @@ class Announce:
     throughput_milli: U64
     load: U32
     max_sessions: U32
+    max_chunk_positions: Annotated[int, Range(1, MAX_POSITIONS)]
+    max_session_positions: Annotated[int, Range(1, MAX_POSITIONS)]
     price: U64
     time_ms: U64
     signature: Sig64
@@ -162,17 +173,21 @@ class Step:
     hidden: Annotated[bytes, MaxLen(MAX_HIDDEN_BYTES)]
 
 
-@wire(64, 2)
+@wire(64, 3)
 @dataclass(frozen=True, slots=True)
 class StepResult:
     """Hidden states leaving the session's last layer, (1, T, dim), as a wire tensor.
 
     pos: the position of the step it answers (a pushed step's result comes
         unasked, so the client matches results to steps by it).
+    signature: the server's peer key over `S_STEP` and the `StepClaim` of
+        this answer (`step_claim`): the answer is attributable, so a wrong
+        one is evidence against its server (spot checks, specs/network.md 9.5).
     """
 
     pos: U32
     hidden: Annotated[bytes, MaxLen(MAX_HIDDEN_BYTES)]
+    signature: Sig64
 
 
 @wire(65)
@@ -214,6 +229,85 @@ class PushOpen:
     """First frame of a push stream: the token of the session the steps are for."""
 
     token: Key32
+
+
+@wire(75)
+@dataclass(frozen=True, slots=True)
+class StepClaim:
+    """What a server's `StepResult` signature says: for this input, this output.
+
+    session: ``session_id(token)`` of the session (the token itself stays secret).
+    model_id, layer_start, layer_end: the computation (the session's layers).
+    pos: the step's position.
+    input_hash: SHA-256 of the encoded `Step` the server ran (pos, chunks, hidden).
+    output_hash: SHA-256 of the `StepResult`'s ``hidden`` bytes.
+    A claim at ``pos`` 0 is self-contained: the input holds the whole KV history.
+    """
+
+    session: Key32
+    model_id: ModelId
+    layer_start: U32
+    layer_end: U32
+    pos: U32
+    input_hash: Key32
+    output_hash: Key32
+
+
+def session_id(token: bytes) -> bytes:
+    """The public name of a session: SHA-256 of its secret token (which authorises pushes)."""
+    return hashlib.sha256(b"pnode:session:" + token).digest()
+
+
+def step_claim(token: bytes, model_id: str, start: int, end: int, step: Step,
+               hidden: bytes) -> StepClaim:
+    """The claim a server signs when it answers ``step`` with ``hidden`` (see `StepClaim`)."""
+    return StepClaim(session_id(token), model_id, start, end, step.pos,
+                     hashlib.sha256(encode(step)).digest(), hashlib.sha256(hidden).digest())
+
+
+@wire(76)
+@dataclass(frozen=True, slots=True)
+class SignedAnswer:
+    """One server's signed answer to a step, as a client keeps it for evidence.
+
+    public_key: the server's raw Ed25519 peer key (its peer id is derived).
+    claim: what it signed; hidden: the output bytes the claim's hash names.
+    """
+
+    public_key: Key32
+    claim: StepClaim
+    hidden: Annotated[bytes, MaxLen(MAX_HIDDEN_BYTES)]
+    signature: Sig64
+
+    def verified(self) -> bool:
+        """True when the signature is the key's over the claim, and the claim names ``hidden``."""
+        return (hashlib.sha256(self.hidden).digest() == self.claim.output_hash
+                and verify(self.public_key, S_STEP, encode(self.claim), self.signature))
+
+
+@wire(77)
+@dataclass(frozen=True, slots=True)
+class SpotEvidence:
+    """Two or three servers' signed answers to the same input, of which they disagree.
+
+    step: the input every answer claims (`Step` at position 0: the whole
+        history, in its chunks), so a verifier can re-run it.
+    answers: the signed answers (the checked server's first).
+    loser: the index of the answer the majority rejected (len(answers): none).
+    time_ms: when the client settled it.
+    """
+
+    step: Step
+    answers: Annotated[tuple[SignedAnswer, ...], MaxLen(3)]
+    loser: U32
+    time_ms: U64
+
+    def verified(self) -> bool:
+        """True when every answer verifies and claims this evidence's step as its input."""
+        digest = hashlib.sha256(encode(self.step)).digest()
+        return bool(self.answers) and all(
+            a.verified() and a.claim.input_hash == digest and a.claim.pos == self.step.pos
+            for a in self.answers)
 
 
 ClientMessage = (OpenSession, Step, Link)

@@ -3,7 +3,7 @@
 A signed `node.wire.serve.Announce` is what travels; `ServerInfo` is what
 layer placement (`node.serve.placement`) and route planning (`wallet.route`)
 read from it: the peer, the layers [start, end) it holds, its measured
-throughput, its load and its price. One record for both sides, so a field
+throughput, its load, its price and its position caps. One record for both sides, so a field
 added to the announcement reaches both the same way.
 """
 
@@ -28,10 +28,13 @@ class ServerInfo:
     throughput: tokens/s for one decode token through all its layers (> 0);
     load: its active sessions; max_sessions: sessions it accepts at most;
     price: what it asks (not used by the route, carried for the caller).
+    max_chunk_positions: the most positions of one forward call it runs.
+    max_session_positions: the most positions one session may hold there.
 
     Raises:
         SpanError: an empty or negative span, a throughput that is not a
-            positive finite number, a negative load or max_sessions < 1.
+            positive finite number, a negative load, or max_sessions or a
+            position cap < 1.
     """
 
     peer_id: str
@@ -41,6 +44,8 @@ class ServerInfo:
     load: int = 0
     max_sessions: int = 8
     price: int = 0
+    max_chunk_positions: int = 128  # (defaults: a default server's)
+    max_session_positions: int = 2048
 
     def __post_init__(self) -> None:
         if not 0 <= self.start < self.end:
@@ -49,6 +54,9 @@ class ServerInfo:
             raise SpanError(f"server {self.peer_id}: throughput {self.throughput} is not > 0")
         if self.load < 0 or self.max_sessions < 1:
             raise SpanError(f"server {self.peer_id}: load {self.load} / {self.max_sessions}")
+        if self.max_chunk_positions < 1 or self.max_session_positions < 1:
+            raise SpanError(f"server {self.peer_id}: position caps {self.max_chunk_positions}"
+                            f" per call, {self.max_session_positions} per session")
 
     @classmethod
     def from_announce(cls, announce: Announce, peer_id: str, *,
@@ -66,7 +74,8 @@ class ServerInfo:
         """
         return cls(peer_id, announce.layer_start, announce.layer_end,
                    max(announce.throughput, min_throughput), announce.load,
-                   announce.max_sessions, announce.price)
+                   announce.max_sessions, announce.price, announce.max_chunk_positions,
+                   announce.max_session_positions)
 
     @property
     def busy(self) -> bool:

@@ -51,11 +51,15 @@ def params(authority: bytes, **overrides) -> Params:
     return chain_params(TEST_PARAMS, authority, **overrides)
 
 
+def peer_key(node: SigningKey) -> SigningKey:
+    """A node's libp2p identity key in the test chains (derived from its node key)."""
+    return SigningKey(bytes(b ^ 0x5A for b in node.seed()))
+
+
 def registration(wallet: SigningKey, node: SigningKey, layers=(0, 30), bond=10 * COIN,
-                 nonce=0, chain_id=CHAIN) -> Register:
-    # A made-up peer id: the ledger only stores it, and tests need no libp2p host.
-    peer = b"peer-" + node.public[:8]
-    return node_registration(chain_id, wallet, node, peer, layers, bond, nonce)
+                 nonce=0, chain_id=CHAIN, peer: SigningKey | None = None) -> Register:
+    """``node`` registered to ``wallet``, its peer id that of ``peer`` (default `peer_key`)."""
+    return node_registration(chain_id, wallet, node, peer or peer_key(node), layers, bond, nonce)
 
 
 def job(authority: SigningKey, steps=3, layers=((0, 30),), nonce=0) -> Job:

@@ -26,7 +26,8 @@ jobs = st.builds(Job, chain, b32, b32, b32, b32, u64, st.lists(templates, max_si
 charges = st.builds(Charge, b32, u64, u64, b64)
 payments = st.builds(InferencePayment, chain, b32, b32, st.lists(charges, max_size=4).map(tuple),
                      u64, b64)
-registers = st.builds(Register, chain, b32, b32, st.binary(max_size=64), u32, u32, u64, u64, b64, b64)
+registers = st.builds(Register, chain, b32, b32, st.binary(max_size=64), u32, u32, u64, u64, b64, b64,
+                      b64)
 txs = st.one_of(transfers, jobs, payments, registers)
 headers = st.builds(Header, chain, u64, b32, u64, b32, b32, b32, u64, b32, b64)
 blocks = st.builds(Block, headers, st.lists(txs, max_size=4).map(tuple))

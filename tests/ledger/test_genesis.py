@@ -14,7 +14,7 @@ from ledger.genesis import (
 from ledger.state import ACCOUNT, KEY_PARAMS, NODE
 from ledger.store import MemoryStore
 from ledger.transition import genesis_block
-from ledger.types import COIN, Genesis, Params, binding_ok, signature_ok
+from ledger.types import COIN, Genesis, Params, binding_ok, peer_binding_ok, signature_ok
 
 CHAIN = "pnode-genesis-test"
 
@@ -25,7 +25,7 @@ def key(i: int) -> SigningKey:
 
 def one_node_genesis(preset=DEFAULT_PARAMS, chain_id=CHAIN, **overrides) -> Genesis:
     wallet, node, peer = key(1), key(2), key(3)
-    reg = node_registration(chain_id, wallet, node, libp2p_peer_id(peer.public), (0, 30),
+    reg = node_registration(chain_id, wallet, node, peer, (0, 30),
                             10 * COIN)
     return new_genesis(chain_id, 1_000, chain_params(preset, wallet.public, **overrides),
                        [(wallet.public, 100 * COIN)], [reg])
@@ -54,10 +54,10 @@ def test_presets_cannot_be_changed_in_place():
 
 def test_node_registration_is_signed_and_bound():
     peer_id = libp2p_peer_id(key(3).public)
-    reg = node_registration(CHAIN, key(1), key(2), peer_id, (4, 8), 12 * COIN, nonce=5)
+    reg = node_registration(CHAIN, key(1), key(2), key(3), (4, 8), 12 * COIN, nonce=5)
     assert (reg.account, reg.node_key, reg.peer_id) == (key(1).public, key(2).public, peer_id)
     assert (reg.layer_start, reg.layer_end, reg.bond, reg.nonce) == (4, 8, 12 * COIN, 5)
-    assert signature_ok(reg) and binding_ok(reg)
+    assert signature_ok(reg) and binding_ok(reg) and peer_binding_ok(reg)
 
 
 def test_new_genesis_is_deterministic():
@@ -66,7 +66,7 @@ def test_new_genesis_is_deterministic():
 
 def test_genesis_state_holds_the_registered_nodes():
     wallets, nodes = [key(10), key(11)], [key(20), key(21)]
-    regs = [node_registration(CHAIN, w, n, libp2p_peer_id(n.public), span, 10 * COIN)
+    regs = [node_registration(CHAIN, w, n, n, span, 10 * COIN)
             for w, n, span in zip(wallets, nodes, [(0, 15), (15, 30)])]
     genesis = new_genesis(CHAIN, 1_000, chain_params(TEST_PARAMS, wallets[0].public),
                           [(w.public, 25 * COIN) for w in wallets], regs)
@@ -89,7 +89,7 @@ def test_an_account_allocated_twice_is_refused():
 
 def test_a_registration_for_another_chain_is_refused():
     wallet, node = key(1), key(2)
-    reg = node_registration("other-chain", wallet, node, b"peer", (0, 30), 10 * COIN)
+    reg = node_registration("other-chain", wallet, node, node, (0, 30), 10 * COIN)
     with pytest.raises(E.BadGenesis, match="other-chain"):
         new_genesis(CHAIN, 0, chain_params(DEFAULT_PARAMS, wallet.public),
                     [(wallet.public, 100 * COIN)], [reg])
@@ -97,7 +97,7 @@ def test_a_registration_for_another_chain_is_refused():
 
 def test_a_bond_under_the_minimum_cannot_start_a_chain():
     wallet, node = key(1), key(2)
-    reg = node_registration(CHAIN, wallet, node, b"peer", (0, 30), COIN)  # min_bond is 10
+    reg = node_registration(CHAIN, wallet, node, node, (0, 30), COIN)  # min_bond is 10
     genesis = new_genesis(CHAIN, 0, chain_params(DEFAULT_PARAMS, wallet.public),
                           [(wallet.public, 100 * COIN)], [reg])
     with pytest.raises(E.BadGenesis):

@@ -21,7 +21,9 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.errors import KeyFileError, WrongPassphraseError
-from node.keys import decrypt_seed, encrypt_seed, read_key_file, read_public_key, write_key_file
+from node.keys import (
+    _parse, decrypt_seed, encrypt_seed, read_key_file, read_public_key, write_key_file,
+)
 
 FAST = 2**10
 FIXTURE_REUSE = HealthCheck.function_scoped_fixture
@@ -56,6 +58,7 @@ def test_document_shape(doc):
     assert doc["cipher"]["name"] == "chacha20-poly1305"
     assert len(bytes.fromhex(doc["cipher"]["nonce"])) == 12
     assert len(bytes.fromhex(doc["ciphertext"])) == 48
+    assert len(bytes.fromhex(doc["checksum"])) == 32
     assert SEED.hex() not in json.dumps(doc)
 
 
@@ -108,23 +111,59 @@ def _swap_public_key(d):
     d["public_key"] = other.public_bytes_raw().hex()
 
 
-@pytest.mark.parametrize(
-    "tamper",
-    [
-        lambda d: d.update(ciphertext=flip_hex(d["ciphertext"], 5)),
-        lambda d: d.update(ciphertext=flip_hex(d["ciphertext"], 40)),  # the tag
-        lambda d: d["cipher"].update(nonce=flip_hex(d["cipher"]["nonce"])),
-        lambda d: d["kdf"].update(salt=flip_hex(d["kdf"]["salt"])),
-        lambda d: d["kdf"].update(n=FAST * 2),
-        lambda d: d.update(public_key=flip_hex(d["public_key"])),
-        _swap_public_key,
-    ],
-    ids=["ciphertext", "tag", "nonce", "salt", "kdf-n", "public-key-bit", "public-key-swap"],
-)
-def test_tampering_fails_authentication(doc, tamper):
+TAMPERS = [
+    lambda d: d.update(ciphertext=flip_hex(d["ciphertext"], 5)),
+    lambda d: d.update(ciphertext=flip_hex(d["ciphertext"], 40)),  # the tag
+    lambda d: d["cipher"].update(nonce=flip_hex(d["cipher"]["nonce"])),
+    lambda d: d["kdf"].update(salt=flip_hex(d["kdf"]["salt"])),
+    lambda d: d["kdf"].update(n=FAST * 2),
+    lambda d: d.update(public_key=flip_hex(d["public_key"])),
+    _swap_public_key,
+]
+TAMPER_IDS = ["ciphertext", "tag", "nonce", "salt", "kdf-n", "public-key-bit", "public-key-swap"]
+
+
+def redo_checksum(d):
+    """What a forger does: recompute the checksum over the edited fields."""
+    d.pop("checksum", None)
+    d["checksum"] = _parse(d).checksum().hex()
+
+
+@pytest.mark.parametrize("tamper", TAMPERS, ids=TAMPER_IDS)
+def test_a_damaged_file_is_not_a_wrong_passphrase(doc, tamper):
     d = copy.deepcopy(doc)
     tamper(d)
+    # Whatever the passphrase: the checksum is checked before the key is derived.
+    for passphrase in ("correct horse", "anything"):
+        with pytest.raises(KeyFileError, match="key file is damaged"):
+            decrypt_seed(d, passphrase)
+
+
+@pytest.mark.parametrize("tamper", TAMPERS, ids=TAMPER_IDS)
+def test_tampering_with_the_checksum_redone_fails_authentication(doc, tamper):
+    # A forger can recompute the checksum; the AEAD tag still refuses the file.
+    d = copy.deepcopy(doc)
+    tamper(d)
+    redo_checksum(d)
     with pytest.raises(WrongPassphraseError):
+        decrypt_seed(d, "correct horse")
+
+
+@pytest.mark.parametrize("tamper", TAMPERS, ids=TAMPER_IDS)
+def test_a_file_without_checksum_still_opens_and_cannot_tell(doc, tamper):
+    # Files written before checksums: still read; damage looks like a wrong passphrase.
+    old = copy.deepcopy(doc)
+    del old["checksum"]
+    assert decrypt_seed(old, "correct horse") == SEED
+    tamper(old)
+    with pytest.raises(WrongPassphraseError):
+        decrypt_seed(old, "correct horse")
+
+
+def test_a_damaged_checksum_says_damaged(doc):
+    d = copy.deepcopy(doc)
+    d["checksum"] = flip_hex(d["checksum"], 3)
+    with pytest.raises(KeyFileError, match="key file is damaged"):
         decrypt_seed(d, "correct horse")
 
 
@@ -135,6 +174,7 @@ def test_public_key_not_matching_sealed_seed(doc):
     key = Scrypt(salt=salt, length=32, n=FAST, r=8, p=1).derive(b"correct horse")
     sealed = ChaCha20Poly1305(key).encrypt(nonce, b"\x09" * 32, b"pnode-keystore-1" + PUB)
     d["ciphertext"] = sealed.hex()
+    redo_checksum(d)
     with pytest.raises(KeyFileError, match="public_key"):
         decrypt_seed(d, "correct horse")
 

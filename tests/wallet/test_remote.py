@@ -21,7 +21,7 @@ from node.serve.sessions import SessionConfig
 from node.serve.swarm import Announcer
 from tests.node.netkit import ident, run
 from wallet.client import InferRequest
-from wallet.errors import NoRoute, RouteBusy
+from wallet.errors import NoRoute, RouteBusy, SessionTooLong
 from wallet.generation import Generation
 from wallet.remote import ClientConfig, ClientParts, RemoteError, open_remote
 from wallet.session import RouteRun
@@ -140,8 +140,13 @@ def stop_hop_after(tokens: int, start: int, client, hosts):
 
 async def generate_losing_a_hop(entry: str, parts, hosts, *, at: int, start: int,
                                 tokens: int):
-    """A pushed generation of ``tokens`` whose hop for layer ``start`` stops after ``at``."""
-    async with open_remote([entry], parts, config=ClientConfig(push=True)) as client:
+    """A pushed generation of ``tokens`` whose hop for layer ``start`` stops after ``at``.
+
+    Spot checks off: their checker sessions would add forward calls that
+    the callers count (tests/wallet/test_spotcheck.py covers them).
+    """
+    async with open_remote([entry], parts,
+                           config=ClientConfig(push=True, spot_check_rate=0.0)) as client:
         kill = stop_hop_after(at, start, client, hosts)
         return await client.generate(InferRequest(PROMPT, max_tokens=tokens), kill)
 
@@ -268,3 +273,93 @@ def test_no_reachable_peer_is_a_clear_error(parts):
                                    config=ClientConfig()):
                 pass
     run(main, deadline=60)
+
+
+def record_calls(server) -> list[int]:
+    """The positions of every forward call ``server`` (a `LayerServer`) runs from now on."""
+    calls: list[int] = []
+    inference = server.inference
+    real_run = inference._run
+
+    def traced(session, chunk, pos):
+        calls.append(chunk.shape[1])
+        return real_run(session, chunk, pos)
+    inference._run = traced
+    return calls
+
+
+@pytest.mark.parametrize("push", (False, True))
+def test_a_prompt_longer_than_the_chunk_caps_goes_in_chunks_and_is_metered(
+        gguf_reader, parts, local_tokens, smol_tokenizer, push):
+    """Caps of 16, 8 and 32 positions per call: the 37-token prompt goes in calls of
+    8 (the route's smallest cap) through every hop, pushed or not; same tokens."""
+    async def main():
+        async with AsyncExitStack() as stack:
+            caps = {1: SessionConfig(max_chunk_positions=16),
+                    2: SessionConfig(max_chunk_positions=8),
+                    3: SessionConfig(max_chunk_positions=32)}
+            hosts, servers = await swarm(stack, gguf_reader, [(0, 10), (10, 20), (20, 30)],
+                                         caps)
+            calls = [record_calls(s) for s in servers]
+            async with open_remote([hosts[0].addrs[0]], parts,
+                                   config=ClientConfig(push=push)) as client:
+                result = await client.generate(InferRequest(PROMPT, max_tokens=8))
+            assert result.token_ids == local_tokens(8)
+            prompt = len(smol_tokenizer.encode_chat([{"role": "user", "content": PROMPT}]))
+            assert prompt == 37
+            decode = len(result.token_ids) - 1
+            for server, made in zip(servers, calls):
+                assert made == [8, 8, 8, 8, 5] + [1] * decode
+                # Metering: exactly the positions the client sent, one step per token.
+                status = server.inference.status()
+                assert status["compute"]["positions"] == prompt + decode
+                assert status["compute"]["steps"] == 1 + decode
+                assert status["refused_steps"] == 0
+    run(main, deadline=120)
+
+
+def test_a_pushed_chunked_route_loses_a_hop_and_replays_within_the_caps(
+        gguf_reader, parts, local_tokens):
+    """Every server runs at most 8 positions a call: C's replacement D gets the rebuilt
+    inputs in the original calls (8, 8, 8, 8, 5, 1, ...), never one longer call."""
+    async def main():
+        async with AsyncExitStack() as stack:
+            spans = [(0, 10), (10, 20), (20, 30), (20, 30)]
+            narrow = {i: SessionConfig(max_chunk_positions=8) for i in range(1, 5)}
+            hosts, servers = await swarm(stack, gguf_reader, spans, narrow)
+            calls = [record_calls(s) for s in servers]
+            result = await generate_losing_a_hop(hosts[0].addrs[0], parts, hosts,
+                                                 at=4, start=20, tokens=10)
+            assert result.token_ids == local_tokens(10)
+            assert result.failovers == 1
+            assert all(max(made, default=0) <= 8 for made in calls)
+            assert all(s.inference.refused_steps == 0 for s in servers)
+            # A and B replayed (rolled back to 0) to rebuild the inputs of the new hop.
+            assert calls[0][:5] == [8, 8, 8, 8, 5] and calls[0].count(8) == 8
+    run(main, deadline=150)
+
+
+def test_a_generation_longer_than_a_servers_session_cap_is_routed_around_or_refused(
+        gguf_reader, parts, local_tokens):
+    async def main():
+        async with AsyncExitStack() as stack:
+            hosts, servers = await swarm(stack, gguf_reader, [(0, 30), (0, 30)],
+                                         {1: SessionConfig(max_len=40)})
+            short, long = (str(h.peer_id) for h in hosts)
+            async with open_remote([hosts[0].addrs[0]], parts) as client:
+                assert {s.peer_id: s.max_session_positions for s in client.servers()} == {
+                    short: 40, long: 2048}
+                result = await client.generate(InferRequest(PROMPT, max_tokens=8))  # 44
+            assert result.token_ids == local_tokens(8)
+            assert [s.peer_id for s in result.route] == [long]
+            async with open_remote([hosts[0].addrs[0]], parts, trusted={short}) as client:
+                with pytest.raises(SessionTooLong, match="44 positions .* at most 40") as err:
+                    await client.generate(InferRequest(PROMPT, max_tokens=8))
+                assert isinstance(err.value, RemoteError)
+                # Refused up front: the short server never saw a session.
+                assert servers[0].inference.refused_busy == 0
+                assert servers[0].inference.compute.steps == 0
+                # What fits is served by it.
+                fits = await client.generate(InferRequest(PROMPT, max_tokens=4))
+                assert fits.token_ids == local_tokens(4)
+    run(main, deadline=120)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from node.wire import ServerInfo, SpanError
-from wallet.errors import NoRoute, RouteError, WalletError
+from wallet.errors import NoRoute, RemoteError, RouteError, SessionTooLong, WalletError
 from wallet.route import Hop, hop_cost, plan_route, replan
 
 A = ServerInfo("A", 0, 10, 10.0)
@@ -90,6 +90,60 @@ def test_busy_servers_are_skipped():
     assert plan_route([A, busy, spare, C], 0, 30)[1] == Hop("B2", 10, 20)
     with pytest.raises(NoRoute, match=r"layer 10 \(layers 10\.\.19 uncovered\)"):
         plan_route([A, busy, C], 0, 30)
+
+
+def test_servers_whose_caps_are_too_small_are_skipped():
+    short = ServerInfo("B", 10, 20, 100.0, max_session_positions=64)  # fast, but short
+    narrow = ServerInfo("B1", 10, 20, 50.0, max_chunk_positions=16)
+    long = ServerInfo("B2", 10, 20, 1.0, max_session_positions=4096)
+    servers = [A, short, narrow, long, C]
+    assert plan_route(servers, 0, 30)[1] == Hop("B", 10, 20)
+    assert plan_route(servers, 0, 30, min_session_positions=65)[1] == Hop("B1", 10, 20)
+    assert plan_route(servers, 0, 30, min_session_positions=65,
+                      min_chunk_positions=32)[1] == Hop("B2", 10, 20)
+
+
+def test_a_generation_longer_than_every_server_takes_is_refused_up_front():
+    short = ServerInfo("B", 10, 20, 100.0, max_session_positions=64)
+    with pytest.raises(SessionTooLong) as err:
+        plan_route([A, short, C], 0, 30, min_session_positions=100)
+    assert isinstance(err.value, RemoteError) and isinstance(err.value, NoRoute)
+    assert err.value.first == 10 and (err.value.needed, err.value.cap) == (100, 64)
+    assert "100 positions" in str(err.value) and "at most 64 per session" in str(err.value)
+    # Even while a long enough server is busy: that is worth waiting for (NoRoute).
+    busy_long = ServerInfo("B2", 10, 20, 1.0, load=8, max_sessions=8)
+    with pytest.raises(NoRoute) as err:
+        plan_route([A, short, busy_long, C], 0, 30, min_session_positions=100)
+    assert not isinstance(err.value, SessionTooLong)
+    with pytest.raises(SessionTooLong, match="at most 16 per call"):
+        plan_route([A, ServerInfo("B", 10, 20, 1.0, max_chunk_positions=16), C], 0, 30,
+                   min_chunk_positions=32)
+    # A layer nobody serves is uncovered, not too short.
+    with pytest.raises(NoRoute) as err:
+        plan_route([A, C], 0, 30, min_session_positions=100)
+    assert not isinstance(err.value, SessionTooLong) and err.value.first == 10
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6), st.integers(1, 64),
+                          st.integers(1, 64)), min_size=1, max_size=8),
+       st.integers(1, 64), st.integers(1, 64))
+def test_a_route_never_uses_a_server_below_the_caps(spans, positions, chunk):
+    servers = [ServerInfo(f"s{k}", a, a + n, 1.0 + k, max_session_positions=p,
+                          max_chunk_positions=c) for k, (a, n, p, c) in enumerate(spans)]
+    by_id = {s.peer_id: s for s in servers}
+    try:
+        route = plan_route(servers, 0, 6, min_session_positions=positions,
+                           min_chunk_positions=chunk)
+    except SessionTooLong as exc:  # some layer's servers all fall short
+        covering = [s for s in servers if s.start <= exc.first < s.end]
+        assert covering and not any(s.max_session_positions >= positions
+                                    and s.max_chunk_positions >= chunk for s in covering)
+        return
+    except NoRoute as exc:
+        assert not any(s.start <= exc.first < s.end for s in servers)
+        return
+    assert all(by_id[h.peer_id].max_session_positions >= positions
+               and by_id[h.peer_id].max_chunk_positions >= chunk for h in route)
 
 
 def test_trusted_peers_only():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from node.cli.common import registry_info
 from node.datadir import DataDir
 from node.keys import read_public_key
 from tests.node.prockit import live_status, node_addr, read, stop, wait_for
@@ -35,8 +36,18 @@ def test_a_serving_node_registers_itself_once_funded(tmp_path, pnode, pwallet, s
     assert status["balance"] == 15 * 10**6
     seen_by_a = wait_for(lambda: (s := live_status(pnode, a)) and s, "A's status")
     assert seen_by_a["height"] >= status["height"] - 2
+    # The registry a client routes by (A's `registry` op) holds B's peer id
+    # as B's libp2p host has it: the peer key B signed its binding with.
+    live = wait_for(lambda: (r := registry_info(DataDir(a)))["height"] >= status["height"]
+                    and r, "A to hold B's registration")
+    nodes = {n["peer_id"]: n for n in live["nodes"]}
+    assert live["running"] is True and len(nodes) == 2 and status["peer_id"] in nodes
+    assert nodes[status["peer_id"]]["layers"] == [0, 2]
+    assert nodes[status["peer_id"]]["account"] == b_wallet
     assert stop(proc_b) == 0, read(err_b)
     assert stop(proc_a) == 0, read(err_a)
+    stored = registry_info(DataDir(a))  # no node runs: the same, from the store
+    assert stored["running"] is False and stored["nodes"] == live["nodes"]
 
 
 def test_a_locked_wallet_is_said_clearly_and_a_registered_node_says_so(tmp_path, pnode, spawn):

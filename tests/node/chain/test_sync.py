@@ -349,3 +349,33 @@ def test_an_invalid_block_is_not_relayed():
             assert c.host.misbehaving == {}
     run(main)
     assert b_db.tip_hash == c_db.tip_hash == source.hash_at(3)
+
+
+def test_orphan_gossip_sets_off_a_bounded_number_of_syncs():
+    """A peer gossiping blocks whose parents nobody knows gets a few syncs, not one each."""
+    import os
+    net = make_net()
+    b_db = new_db(net)
+    build(b_db, net, 3)
+    e_db = copy_chain(net, b_db)  # E's chain is B's: a sync from E brings nothing
+    template = b_db.block_at(3)
+    orphans = [replace(template, header=replace(template.header, prev_hash=os.urandom(32)))
+               for _ in range(60)]
+
+    async def main():
+        async with node(1, b_db, kind=Spy) as b, node(2, e_db) as e:
+            await e.host.connect(b.host.addrs[0])
+            await meshed((e, b), (b, e))
+            began = trio.current_time()
+            for block in orphans:  # over about 3 s
+                await e.host.publish(BLOCKS_TOPIC, encode(block))
+                await trio.sleep(0.05)
+            sent = {encode(block) for block in orphans}
+            await eventually(lambda: sent <= set(b.heard), "B to judge them all")
+            elapsed = trio.current_time() - began
+            # Quiet gaps of 0.5, 1, 2, 4 ... s after each sync that brought nothing.
+            assert 1 <= b.background_syncs <= 2 + elapsed.__ceil__().bit_length(), \
+                (b.background_syncs, elapsed)
+            assert b.host.misbehaving == {}  # an orphan proves no fault
+            assert b_db.height == 3
+    run(main)

@@ -190,6 +190,42 @@ def test_errors_of_connect_and_request():
     run(main)
 
 
+def test_a_departed_peer_is_redialled_with_backoff_not_by_every_caller(caplog):
+    async def main():
+        config = HostConfig(redial_first_s=0.5, redial_max_s=4.0)
+        async with open_host(ident(1), config=config) as a:
+            async with open_host(ident(2)) as b:
+                b.set_request_handler(ECHO, echo)
+                await a.connect(b.addrs[0])
+                assert await a.request(b.peer_id, ECHO, b"PING", 5) == b"PONG"
+            await eventually(lambda: b.peer_id not in a.connected_peers(), "b to go")
+            caplog.clear()
+            errors = []
+            for _ in range(30):  # what many callers (pings, syncs, pushes) do at once
+                with pytest.raises(RequestError) as info:
+                    await a.open_stream(b.peer_id, ECHO)
+                errors.append(str(info.value))
+            backing_off = [e for e in errors if "not dialled again" in e]
+            assert len(backing_off) == 29, errors[:3]  # one dial, not thirty
+            # That one dial is py-libp2p's first try and its 3 retries; before, each
+            # of the thirty made as many (and the auto-connector more, every 10 s).
+            dials = [r for r in caplog.records if "Failed to open TCP stream" in r.getMessage()]
+            assert len(dials) <= 4, len(dials)
+            wait = float(backing_off[-1].rsplit("for ", 1)[1].split(" s")[0])
+            assert 0 < wait <= 0.5
+            await trio.sleep(wait + 0.05)  # the backoff over: dialled again, and doubled
+            with pytest.raises(RequestError) as info:
+                await a.open_stream(b.peer_id, ECHO)
+            assert "not dialled again" not in str(info.value)
+            with pytest.raises(RequestError, match=r"not dialled again for (0\.[6-9]|1\.0) s"):
+                await a.open_stream(b.peer_id, ECHO)
+            async with open_host(ident(2)) as b2:  # back, at a new address: a connect clears it
+                b2.set_request_handler(ECHO, echo)
+                await a.connect(b2.addrs[0])
+                assert await a.request(b2.peer_id, ECHO, b"PING", 5) == b"PONG"
+    run(main)
+
+
 # -- security ---------------------------------------------------------------------------
 
 

@@ -191,7 +191,8 @@ def test_budget_is_enforced_before_any_work(model):
 
 
 def test_a_full_server_answers_busy_with_a_retry_hint(model):
-    config = SessionConfig(max_sessions=2, busy_retry_ms=750)
+    # One client fills the server: its own limit must not be what refuses it here.
+    config = SessionConfig(max_sessions=2, max_sessions_per_peer=2, busy_retry_ms=750)
 
     async def body(stack):
         server, sh, ch = await serving(stack, model, config)
@@ -333,4 +334,114 @@ def test_a_long_replay_takes_turns_with_other_sessions(model):
         assert order.count("replay") == 60 and order.count("decode") == 2
         # Both decodes ran between replay chunks, not after all 60.
         assert order[-1] == "replay"
+    with_hosts(body)
+
+
+async def another_client(stack, server_host, n: int):
+    """A client host of identity ``n`` connected to the server (also on 127.0.0.1)."""
+    from node.net.host import open_host
+    host = await stack.enter_async_context(open_host(ident(n)))
+    await host.connect(server_host.addrs[0])
+    return host
+
+
+def test_two_identities_cannot_hold_every_slot_with_the_default_limits(model):
+    """Issue 15: two identities taking sessions until refused held all 8 slots (4 each);
+    with the defaults (a quarter each) they hold 4 and an honest client gets in."""
+    async def body(stack):
+        server, sh, ch = await serving(stack, model)  # SessionConfig(): 8 sessions
+        attackers = [ch, await another_client(stack, sh, 3)]
+        for attacker in attackers:
+            replies = [(await open_session(attacker, sh))[1] for _ in range(5)]
+            taken = [r for r in replies if isinstance(r, SessionAccepted)]
+            assert len(taken) == 2
+            busy = [r for r in replies if isinstance(r, Busy)]
+            assert busy and all("this client's limit" in r.reason for r in busy)
+            assert all(r.retry_after_ms == server.config.busy_retry_ms for r in busy)
+        honest = await another_client(stack, sh, 4)
+        _, reply = await open_session(honest, sh)
+        assert isinstance(reply, SessionAccepted)
+        assert len(server.sessions) == 5 and server.refused_limit == 6
+    with_hosts(body)
+
+
+def test_the_per_address_limit_counts_every_identity_of_one_address(model):
+    """Loopback is exempt by default (local wallets share it); here it is counted."""
+    config = SessionConfig(max_sessions=8, max_sessions_per_address=3, limit_loopback=True)
+
+    async def body(stack):
+        server, sh, ch = await serving(stack, model, config)
+        clients = [ch] + [await another_client(stack, sh, n) for n in (3, 4)]
+        replies = [(await open_session(c, sh))[1] for c in clients for _ in range(2)]
+        assert sum(isinstance(r, SessionAccepted) for r in replies) == 3
+        refused = [r for r in replies if isinstance(r, Busy)]
+        assert "at most 3 per address" in refused[0].reason and "127.0.0.1" in refused[0].reason
+        assert {s.address for s in server.sessions.values()} == {"127.0.0.1"}
+    with_hosts(body)
+
+
+def test_an_over_cap_step_is_refused_and_the_server_serves_others(model):
+    config = SessionConfig(max_chunk_positions=4, max_sessions_per_peer=3)
+    x = hidden(1, 6)
+    (one,) = reference(model, [x[:, :1]])
+    in_chunks = torch.cat(reference(model, [x[:, :4], x[:, 4:]]), dim=1)
+
+    async def body(stack):
+        server, sh, ch = await serving(stack, model, config)
+        other, _ = await open_session(ch, sh)
+        greedy, _ = await open_session(ch, sh)
+        got = await step(greedy, x, 0)  # one call of 6 positions: over the cap
+        assert isinstance(got, SessionError) and "cap of 4 positions per call" in got.reason
+        assert torch.equal(await step(other, x[:, :1], 0), one)  # the other session goes on
+        # The same positions in chunks within the cap are served, bit-identically.
+        chunked, _ = await open_session(ch, sh)
+        assert torch.equal(await step(chunked, x, 0, chunks=(4, 2)), in_chunks)
+        assert isinstance(await step(chunked, hidden(2, 5), 6, chunks=(5,)), SessionError)
+        assert server.refused_steps == 2 and not sh.misbehaving
+    with_hosts(body)
+
+
+def test_the_session_cap_is_announced_and_enforced(model):
+    async def body(stack):
+        server, sh, ch = await serving(stack, model, SessionConfig(max_len=16))
+        assert server.max_session_positions == 16
+        _, reply = await open_session(ch, sh, max_len=17)
+        assert isinstance(reply, SessionError) and "at most 16" in reply.reason
+        stream, reply = await open_session(ch, sh, max_len=16)
+        assert isinstance(reply, SessionAccepted)
+        got = await step(stream, hidden(1, 17), 0, chunks=(8, 9))
+        assert isinstance(got, SessionError) and "budget" in got.reason
+    with_hosts(body)
+
+
+def test_compute_is_metered_per_session_per_client_and_in_total(model):
+    async def body(stack):
+        server, sh, ch = await serving(stack, model, SessionConfig(max_chunk_positions=8))
+        a, _ = await open_session(ch, sh)
+        other = await another_client(stack, sh, 3)
+        b, _ = await open_session(other, sh)
+        for x, pos, chunks in [(hidden(1, 12), 0, (8, 4)), (hidden(2, 1), 12, ()),
+                               (hidden(3, 13), 0, (8, 4, 1))]:  # a replay counts again
+            assert isinstance(await step(a, x, pos, chunks), torch.Tensor)
+        assert isinstance(await step(b, hidden(4, 2), 0), torch.Tensor)
+        status = server.status()
+        by_peer = {s["peer"]: s for s in status["open"]}
+        mine, theirs = by_peer[str(ch.peer_id)], by_peer[str(other.peer_id)]
+        assert (mine["positions"], mine["steps"]) == (26, 3)
+        assert (theirs["positions"], theirs["steps"]) == (2, 1)
+        assert mine["forward_s"] > 0 and mine["address"] == "127.0.0.1"
+        assert status["compute"]["positions"] == 28 and status["compute"]["steps"] == 4
+        heaviest = status["heaviest_peers"]  # by forward seconds
+        assert [p["forward_s"] for p in heaviest] == sorted(
+            (p["forward_s"] for p in heaviest), reverse=True)
+        assert {p["peer"]: p["positions"] for p in heaviest} == {
+            str(ch.peer_id): 26, str(other.peer_id): 2}
+        # The session cap: the configured 2,048, or the tiny model's context if shorter.
+        assert status["max_chunk_positions"] == 8
+        assert status["max_session_positions"] == min(2048, TINY.max_seq_len)
+        await a.close()
+        await eventually(lambda: len(server.sessions) == 1, "the session to close")
+        # A closed session's compute stays with its client.
+        assert {p["peer"]: p["positions"] for p in server.status()["heaviest_peers"]}[
+            str(ch.peer_id)] == 26
     with_hosts(body)

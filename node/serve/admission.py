@@ -1,0 +1,292 @@
+"""Who may open a session on a server, and in which order sessions get the compute thread.
+
+Owns the pure parts of an inference server's defence against being held or
+slowed for free (specs/network.md section 9.3, "Limits, caps and metering"):
+
+- `address_key`: the bucket a client's remote IP falls in for the
+  per-address limit (an IPv4 address; an IPv6 /64, which one subscriber
+  usually holds whole; an IPv4-mapped IPv6 address as its IPv4);
+- `SessionConfig` (a server's session limits, caps and timeouts),
+  `SessionLimits` and `refusal`: at most ``per_peer`` open sessions per
+  client peer id and ``per_address`` per address bucket, on top of the
+  server's ``max_sessions``; `remote_ip` reads a stream's remote IP;
+- `Meter`: the compute one session used (positions run, forward seconds,
+  steps), what `pnode status` shows of it, and its fair-queueing tag;
+- `FairScheduler`: start-time fair queueing of the server's forward calls,
+  so that when several sessions wait for the torch thread the one that
+  used less compute since it arrived goes first, and one session's stream
+  of large chunks cannot starve another's decode steps. ``Meter.priority``
+  is the hook for paid sessions (a higher priority always goes first).
+
+Pure except `FairScheduler`, which waits with trio; no libp2p import (a
+stream is only asked for its connection's remote address), no torch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import ipaddress
+import itertools
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from node.errors import NodeError
+
+
+class SessionConfigError(NodeError, ValueError):
+    """A session limit or cap that makes no sense (below 1)."""
+
+
+def address_key(ip: str | None) -> str | None:
+    """The per-address bucket of a client at remote IP ``ip``.
+
+    IPv6 is grouped by /64: a subscriber (or a cloud VM) is usually given a
+    whole /64, so counting single IPv6 addresses would let one client open
+    2^64 "addresses" worth of sessions.
+
+    Args:
+        ip: the remote IP of the client's connection, as text; None when
+            the transport does not say.
+
+    Returns:
+        The bucket's name ("203.0.113.7", "2001:db8:1:2::/64"), or None for
+        an unknown or unparseable address (not limited by address).
+    """
+    if ip is None:
+        return None
+    try:
+        addr = ipaddress.ip_address(ip.split("%", 1)[0])  # drop an IPv6 zone id
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    if isinstance(addr, ipaddress.IPv4Address) or addr.is_loopback:  # ::1 is no /64
+        return str(addr)
+    return str(ipaddress.IPv6Network(f"{addr}/64", strict=False))
+
+
+def is_loopback(key: str | None) -> bool:
+    """Whether an `address_key` bucket is this machine's loopback (127.0.0.0/8 or ::1)."""
+    if key is None:
+        return False
+    try:
+        return ipaddress.ip_network(key, strict=False).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    """The open-session limits of one server.
+
+    max_sessions: sessions open at most, all clients together.
+    per_peer: at most this many per client peer id.
+    per_address: at most this many per `address_key` bucket.
+    limit_loopback: whether loopback clients count against ``per_address``
+        (they do not by default: every local wallet and devnet node shares
+        127.0.0.1, and a local user can load the machine anyway).
+    """
+
+    max_sessions: int
+    per_peer: int
+    per_address: int
+    limit_loopback: bool = False
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """The limits and timeouts of an inference server's sessions.
+
+    max_sessions: sessions open at most.
+    max_sessions_per_peer: at most this many per client peer id (None: a
+        quarter of ``max_sessions``, at least 1), so that a few identities
+        cannot hold every slot.
+    max_sessions_per_address: at most this many per client IP address (an
+        IPv6 /64; None: half of ``max_sessions``, at least 1): identities are
+        free, addresses are not.
+    limit_loopback: whether clients on this machine's loopback count against
+        the per-address limit (by default not: every local wallet and devnet
+        node shares 127.0.0.1, and a local user can load the machine anyway).
+    max_len: most positions one session may hold (announced as
+        ``max_session_positions``).
+    max_chunk_positions: most positions of one forward call: a step without
+        chunks, or each chunk of one (announced): the longest the compute
+        thread is held for another session's decode step.
+    """
+
+    max_sessions: int = 8
+    max_sessions_per_peer: int | None = None
+    max_sessions_per_address: int | None = None
+    limit_loopback: bool = False
+    max_len: int = 2048
+    max_chunk_positions: int = 128
+    idle_timeout: float = 60.0  # seconds a session may go without a forward
+    busy_retry_ms: int = 1000  # the hint given with `Busy`
+    write_timeout: float = 30.0
+    link_timeout: float = 5.0  # dialing the next hop for push routing
+    push_timeout: float = 2.0  # one push to the next hop
+
+    def __post_init__(self) -> None:
+        for name in ("max_sessions", "max_len", "max_chunk_positions"):
+            if getattr(self, name) < 1:
+                raise SessionConfigError(f"SessionConfig.{name} must be at least 1, not "
+                                         f"{getattr(self, name)}")
+
+    def limits(self) -> SessionLimits:
+        """The open-session limits, defaults filled in."""
+        per_peer, per_address = self.max_sessions_per_peer, self.max_sessions_per_address
+        return SessionLimits(
+            self.max_sessions,
+            max(1, self.max_sessions // 4) if per_peer is None else max(1, per_peer),
+            max(1, self.max_sessions // 2) if per_address is None else max(1, per_address),
+            self.limit_loopback)
+
+
+def refusal(limits: SessionLimits, open_sessions: Iterable[tuple[str, str | None]],
+            peer: str, address: str | None) -> str | None:
+    """Why a new session of ``peer`` from ``address`` would be refused (None: it is taken).
+
+    Args:
+        limits: the server's limits.
+        open_sessions: (peer id, address bucket) of every open session.
+        peer: the requesting client's peer id.
+        address: its `address_key` bucket (None: unknown).
+
+    Returns:
+        The `Busy` reason: the server is full, or this client (its peer id,
+        or its address) holds its share; None when the session may open.
+    """
+    total = by_peer = by_address = 0
+    for p, a in open_sessions:
+        total += 1
+        by_peer += p == peer
+        by_address += address is not None and a == address
+    if total >= limits.max_sessions:
+        return f"{total} sessions open"
+    if by_peer >= limits.per_peer:
+        return (f"this client's limit: it holds {by_peer} sessions here, at most "
+                f"{limits.per_peer} per client")
+    if (address is not None and by_address >= limits.per_address
+            and (limits.limit_loopback or not is_loopback(address))):
+        return (f"this client's limit: {by_address} sessions are open from its address "
+                f"{address}, at most {limits.per_address} per address")
+    return None
+
+
+@dataclass(slots=True)
+class Meter:
+    """The compute one session used, and its place in the fair queue.
+
+    positions: positions run through the session's layers (a replay's
+        positions count again: they cost again).
+    forward_s: seconds of forward calls on the torch thread.
+    steps: steps run (the client's and pushed ones).
+    priority: sessions of a higher priority get the compute thread first
+        (0 for all today; the hook for paid sessions).
+    finish: the fair-queueing finish tag (`FairScheduler`), in forward seconds.
+    """
+
+    positions: int = 0
+    forward_s: float = 0.0
+    steps: int = 0
+    priority: int = 0
+    finish: float = 0.0
+
+    def as_json(self) -> dict:
+        return {"positions": self.positions, "forward_s": round(self.forward_s, 4),
+                "steps": self.steps, "priority": self.priority}
+
+
+@dataclass(order=True, slots=True)
+class _Waiter:
+    key: tuple[int, float, float, int]  # (-priority, start tag, compute used, arrival order)
+    start: float = field(compare=False)
+    event: trio.Event = field(compare=False, default_factory=trio.Event)
+    granted: bool = field(compare=False, default=False)
+
+
+class FairScheduler:
+    """Start-time fair queueing of one server's forward calls, one call at a time.
+
+    A call waits its turn in `turn`; among waiting calls the one with the
+    highest ``Meter.priority`` goes first, then the one with the smallest
+    start tag: ``max(its session's finish tag, the tag now in service)``,
+    then the one whose session used fewer forward seconds (a decode step
+    arriving level with a heavy session's next chunk goes before it), then
+    the earliest.
+    A call's finish tag is its start tag plus the forward seconds it used,
+    so a session that ran a 1 s chunk waits until the others have had 1 s
+    too, while a session that just arrived starts level with the ones being
+    served (it cannot jump the queue by being new, as it could if the key
+    were the compute used since opening). With every session decoding one
+    position a step, this is round robin.
+
+    Holding the turn over one call only (never over a whole step) is what
+    lets a long replay or chunked prefill take turns with decode steps.
+    """
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._waiting: list[_Waiter] = []
+        self._now = 0.0  # the start tag of the call in service (the virtual time)
+        self._order = itertools.count()
+
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for their turn."""
+        return len(self._waiting)
+
+    @asynccontextmanager
+    async def turn(self, meter: Meter) -> AsyncIterator[None]:
+        """Hold the server's compute turn for one forward call of ``meter``'s session.
+
+        The caller adds the call's forward seconds to ``meter.forward_s``
+        inside the block; on leaving, the session's finish tag advances by
+        them and the next waiter gets the turn.
+        """
+        start = max(meter.finish, self._now)
+        if self._busy or self._waiting:
+            waiter = _Waiter((-meter.priority, start, meter.forward_s, next(self._order)), start)
+            heapq.heappush(self._waiting, waiter)
+            try:
+                await waiter.event.wait()
+            except BaseException:
+                if waiter.granted:  # cancelled as the turn came: pass it on
+                    self._release()
+                else:
+                    self._waiting.remove(waiter)
+                    heapq.heapify(self._waiting)
+                raise
+        else:
+            self._busy = True
+        self._now = start
+        used = meter.forward_s
+        try:
+            yield
+        finally:
+            meter.finish = start + max(meter.forward_s - used, 0.0)
+            self._release()
+
+    def _release(self) -> None:
+        if not self._waiting:
+            self._busy = False
+            return
+        waiter = heapq.heappop(self._waiting)  # the turn passes straight on: still busy
+        waiter.granted = True
+        waiter.event.set()
+
+
+def remote_ip(stream: object) -> str | None:
+    """The IP the client's connection comes from (None when the transport does not say).
+
+    The muxed connection (our yamux, `node.net.yamux`) asks the secured
+    connection, which asks the raw TCP socket: ``(ip, port)``.
+    """
+    try:
+        remote = stream.muxed_conn.get_remote_address()
+    except Exception:  # a transport without the call: no per-address limit for it
+        return None
+    return remote[0] if remote else None

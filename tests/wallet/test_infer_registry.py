@@ -1,0 +1,67 @@
+"""`pwallet infer` routes only through servers registered on the chain of --data-dir.
+
+The library side (real hosts, a stranger claiming a huge throughput):
+tests/wallet/test_remote_registry.py.
+"""
+
+from __future__ import annotations
+
+from tests.node.prockit import live_status, node_addr, spawn, wait_for  # noqa: F401 (fixture)
+from tests.wallet.test_infer import DEAD_PEER
+
+PROMPT = "The capital of France is"
+
+
+def one_line_error(r, *needles: str) -> None:
+    assert r.code == 2, (r.out, r.err)
+    assert len(r.err.strip().splitlines()) == 1, r.err
+    for needle in needles:
+        assert needle in r.err, r.err
+
+
+def test_without_a_chain_the_client_names_both_ways_out(pwallet, tmp_path):
+    r = pwallet("infer", PROMPT, "--peers", DEAD_PEER, "--data-dir", str(tmp_path / "none"))
+    one_line_error(r, "no chain to check servers against", "--data-dir", "--allow-unregistered")
+
+
+def test_allow_unregistered_is_for_the_swarm_only(pwallet, tmp_path):
+    r = pwallet("infer", PROMPT, "--local", "--allow-unregistered", "--data-dir", str(tmp_path))
+    one_line_error(r, "--local runs everything here", "--allow-unregistered")
+
+
+def test_allow_unregistered_needs_no_chain(pwallet, tmp_path):
+    """Past the chain check, the dead peer is what fails."""
+    r = pwallet("infer", PROMPT, "--peers", DEAD_PEER, "--allow-unregistered",
+                "--data-dir", str(tmp_path / "none"))
+    one_line_error(r, "no peer reachable")
+
+
+def test_a_stopped_nodes_store_gives_the_registry(pwallet, pnode, tmp_path):
+    d = tmp_path / "n"
+    assert pnode("init", "--data-dir", str(d), "--chain-id", "t-infer-reg").code == 0
+    r = pwallet("infer", PROMPT, "--peers", DEAD_PEER, "--data-dir", str(d))
+    one_line_error(r, "no peer reachable")  # the registry was read; then the dial failed
+
+
+def test_a_registered_server_serves_and_another_chains_client_refuses_it(
+        pwallet, pnode, tmp_path, spawn):  # noqa: F811
+    """A `pnode start` registered at its genesis serves the client of its own chain.
+
+    A client following another chain (where that server is not registered)
+    gets the clear error, and gets through with --allow-unregistered.
+    """
+    d, other = tmp_path / "n", tmp_path / "other"
+    assert pnode("init", "--data-dir", str(d), "--chain-id", "t-infer-reg").code == 0
+    assert pnode("init", "--data-dir", str(other), "--chain-id", "t-elsewhere").code == 0
+    proc, _, _ = spawn("n", "--data-dir", str(d), "--layers", "0:30", "--no-produce")
+    addr = node_addr(d, proc, 90)
+    wait_for(lambda: live_status(pnode, d).get("serving"), "the server to serve", limit=60)
+    args = ("infer", PROMPT, "--peers", addr, "--raw", "--greedy", "--max-tokens", "4", "--json")
+    r = pwallet(*args, "--data-dir", str(d))  # the running node answers `registry`
+    assert r.code == 0, r.err
+    assert [h["peer_id"] for h in r.json()["route"]] == [addr.rsplit("/p2p/", 1)[1]]
+    r = pwallet(*args, "--data-dir", str(other))
+    one_line_error(r, "layer 0 is served only by servers not registered on the chain; "
+                      "pass --allow-unregistered for a private swarm")
+    r = pwallet(*args, "--data-dir", str(other), "--allow-unregistered")
+    assert r.code == 0, r.err

@@ -1,0 +1,169 @@
+"""Spot checks (specs/network.md 9.5) over real hosts serving the real SmolLM2, and their rules.
+
+A lying server serves its real layers but shifts every output it answers
+(after the forward, before it signs): a fault no honest server makes, so
+it is made by wrapping that server's `_forward`.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from dataclasses import replace
+
+import pytest
+import torch
+
+from compute.quant import decode_tensor, encode_tensor
+from node.wire import ServerInfo
+from tests.node.netkit import run
+from tests.wallet.test_remote import PROMPT, local_tokens, parts, swarm  # noqa: F401 (fixtures)
+from wallet.client import InferRequest
+from wallet.remote import ClientConfig, open_remote
+from wallet.route import cap_throughput, plan_route
+from wallet.spotcheck import TOLERANCE, agree, load_evidence
+
+
+def lie(server, shift: float = 0.05) -> None:
+    """Make ``server`` answer its real outputs plus ``shift`` x each row's largest |value|."""
+    inference = server.inference
+    honest = inference._forward
+
+    async def forward(s, step, hidden):
+        out = decode_tensor(await honest(s, step, hidden))
+        out = out + shift * out.abs().amax(dim=-1, keepdim=True)
+        return encode_tensor(out, s.codec)
+    inference._forward = forward
+
+
+async def attract(server) -> None:
+    """Have ``server`` announce a huge throughput, so the cheapest route runs through it."""
+    server.throughput = 1e6
+    await server.announcer.announce_now()
+
+
+@pytest.mark.parametrize("push", (True, False))
+def test_a_lying_server_is_caught_at_the_first_step_settled_excluded_and_replaced(
+        gguf_reader, parts, local_tokens, tmp_path, push):  # noqa: F811
+    """A, L, C route; L lies. The first step's check disagrees, L's replay loses to H1
+    and H2 (two of three), L is banned and replaced, and the tokens are the local ones."""
+    async def main():
+        async with AsyncExitStack() as stack:
+            spans = [(0, 10), (10, 20), (20, 30), (10, 20), (10, 20)]
+            hosts, servers = await swarm(stack, gguf_reader, spans)
+            liar = str(hosts[1].peer_id)
+            lie(servers[1])
+            await attract(servers[1])
+            config = ClientConfig(push=push, spot_check_seed=1, evidence_dir=str(tmp_path))
+            async with open_remote([hosts[0].addrs[0]], parts, config=config) as client:
+                await client.refresh()
+                assert [h.peer_id for h in client.directory.plan(0, 30)][1] == liar
+                result = await client.generate(InferRequest(PROMPT, max_tokens=8))
+                banned = set(client.directory.banned)
+                # The ban outlives the generation: the next one does not route through L.
+                again = await client.generate(InferRequest(PROMPT, max_tokens=2))
+            assert result.token_ids == local_tokens(8)
+            checks = result.spot_checks
+            assert checks.run >= 1 and len(checks.mismatches) == 1
+            m = checks.mismatches[0]
+            assert (m["pos"], m["layers"], m["peer_id"], m["loser"]) == (0, [10, 20], liar, liar)
+            assert {m["checker"], m["third"]} == {str(hosts[3].peer_id), str(hosts[4].peer_id)}
+            assert m["verified"] and banned == {liar}
+            assert [s.failed for s in result.route if s.peer_id == liar] == [True]
+            assert liar not in {s.peer_id for s in again.route}
+            assert again.spot_checks.mismatches == []
+            # The evidence: the same input, three signed answers, the liar's rejected.
+            evidence = load_evidence(m["evidence"])
+            assert evidence.verified() and evidence.loser == 0
+            assert evidence.answers[0].public_key == servers[1].identity.public_key
+            outs = [decode_tensor(a.hidden) for a in evidence.answers]
+            assert agree(outs[1], outs[2]) and not agree(outs[0], outs[1])
+            forged = replace(evidence.answers[0], hidden=evidence.answers[1].hidden)
+            assert not forged.verified()  # the liar cannot disown its answer
+    run(main, deadline=180)
+
+
+def test_honest_servers_agree_at_every_step_and_rate_0_checks_nothing(
+        gguf_reader, parts, local_tokens):  # noqa: F811
+    async def main():
+        async with AsyncExitStack() as stack:
+            hosts, _ = await swarm(stack, gguf_reader, [(0, 15), (15, 30), (0, 30)])
+            entry = hosts[0].addrs[0]
+            # Client-driven, so every hop's decode steps are timed whichever route is cheapest.
+            async with open_remote([entry], parts, config=ClientConfig(
+                    spot_check_rate=1.0, push=False)) as client:
+                every = await client.generate(InferRequest(PROMPT, max_tokens=8))
+                timed = {peer for peer, times in client.directory.step_times.items() if times}
+            async with open_remote([entry], parts,
+                                   config=ClientConfig(spot_check_rate=0.0)) as client:
+                none = await client.generate(InferRequest(PROMPT, max_tokens=8))
+            assert every.token_ids == none.token_ids == local_tokens(8)
+            assert every.spot_checks.run == len(every.token_ids)
+            assert every.spot_checks.mismatches == [] and every.spot_checks.skipped == 0
+            assert none.spot_checks.as_json() == {"run": 0, "skipped": 0, "mismatches": []}
+            # Checkers are not part of the route; a client-driven hop's steps were timed.
+            assert len(every.route) == len(none.route)
+            assert timed == {s.peer_id for s in every.route}
+    run(main, deadline=150)
+
+
+def test_the_draw_is_the_first_step_and_a_seeded_share():
+    import random
+
+    from wallet.spotcheck import SpotChecker
+
+    class Run:  # what SpotChecker reads of a RouteRun at construction
+        config = ClientConfig(spot_check_rate=0.25)
+
+    def drawn(seed: int) -> list[int]:
+        checker = SpotChecker(Run(), random.Random(seed), None)
+        return [step for step in range(400) if checker.wants(step)]
+    a, b = drawn(7), drawn(7)
+    assert a == b and a[0] == 0 and 60 < len(a) < 140
+    assert drawn(8) != a
+    Run.config = ClientConfig(spot_check_rate=0.0)
+    assert drawn(7) == []
+
+
+def test_agreement_is_per_row_within_the_codecs_tolerance():
+    torch.manual_seed(0)
+    a = torch.randn(1, 5, 576) * 10
+    a[..., 7] = 5000.0  # an outlier channel, as SmolLM2's hidden states have
+    assert agree(a, a.clone())
+    row_max = a.abs().amax(dim=-1, keepdim=True)
+    assert agree(a, a + 0.5 * TOLERANCE["raw"] * row_max)
+    assert not agree(a, a + 2 * TOLERANCE["raw"] * row_max)
+    assert agree(a, a + 2 * TOLERANCE["raw"] * row_max, "fp16")
+    one_row = a.clone()
+    one_row[0, 3] += 0.01 * row_max[0, 3]
+    assert not agree(a, one_row)
+    nan = a.clone()
+    nan[0, 0, 0] = float("nan")
+    assert not agree(a, nan) and not agree(a, a[:, :4])
+
+
+def test_a_server_announcing_a_huge_throughput_stops_attracting_routes_once_measured():
+    fast_liar = ServerInfo("L", 0, 30, 1e9)
+    honest = ServerInfo("H", 0, 30, 20.0)
+    assert plan_route([fast_liar, honest], 0, 30)[0].peer_id == "L"
+    # The client timed L: 5 tokens/s through its 30 layers.
+    capped = cap_throughput([fast_liar, honest], {"L": 5.0})
+    assert [s.throughput for s in capped] == [5.0, 20.0]
+    assert plan_route(capped, 0, 30)[0].peer_id == "H"
+    # Measuring never raises an announcement, and nonsense figures are ignored.
+    assert cap_throughput([honest], {"H": 1e9})[0].throughput == 20.0
+    assert cap_throughput([honest], {"H": float("nan")})[0].throughput == 20.0
+    assert cap_throughput([honest], {"H": 0.0})[0].throughput == 20.0
+
+
+def test_the_directory_measures_step_times_net_of_the_round_trip():
+    from wallet.directory import SwarmDirectory
+
+    directory = SwarmDirectory(None, "m")
+    directory.rtt["L"] = 0.01
+    directory.servers = lambda: [ServerInfo("L", 0, 30, 1e9), ServerInfo("H", 0, 30, 20.0)]
+    for seconds in (0.21, 0.23, 0.22):  # 0.2 s of compute for 30 layers: 5 tokens/s
+        directory.record_step("L", 30, seconds)
+    assert directory.measured()["L"] == pytest.approx(1 / 0.21, rel=1e-6)
+    assert directory.throughput("L") == pytest.approx(1 / 0.21, rel=1e-6)
+    assert directory.throughput("H") == 20.0
+    assert [h.peer_id for h in directory.plan(0, 30)] == ["H"]
