@@ -25,7 +25,9 @@ from ledger.errors import PeerIdError
 H_TX = b"pnode:tx:"
 H_HEADER = b"pnode:header:"
 H_UNIT = b"pnode:unit:"
-H_CERT = b"pnode:cert:"
+H_CERT = b"pnode:cert:"  # a compute block's PoL certificate (specs/pol.md)
+H_EVIDENCE = b"pnode:evidence:"  # a verifier's PoL evidence (specs/pol.md)
+H_AUDIT = b"pnode:audit:"  # the audit draw's seed per receipt (specs/pol.md)
 H_STATE = b"pnode:state:"
 H_TIEBREAK = b"pnode:tiebreak:"
 H_GENESIS = b"pnode:genesis:"

@@ -22,9 +22,10 @@ from ledger.errors import (
 from ledger.state import JAIL, JOB, NODE, PENDING, UNIT, KEY_LOG, KEY_SUPPLY, Overlay
 from ledger.crypto import ZERO32
 from ledger.types import (
-    BACKWARD, FORWARD, UNIT_KINDS, Account, Assignment, InferencePayment, Jail, Job, JobRecord,
-    NodeRecord, Pending, Receipt, Register, Transfer, UnitTemplate, Verdict, binding_ok,
-    peer_binding_ok, signature_ok, tx_hash, unit_id, usage_ok,
+    BACKWARD, FAILING_REASONS, FORWARD, PASS, UNAVAILABLE, UNIT_KINDS, VERDICT_REASONS, Account,
+    Assignment, InferencePayment, Jail, Job, JobRecord, NodeRecord, Pending, Receipt, Register,
+    Transfer, UnitTemplate, Verdict, binding_ok, peer_binding_ok, signature_ok, tx_hash, unit_id,
+    usage_ok,
 )
 
 U64_MAX = 2**64 - 1
@@ -296,8 +297,15 @@ def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict, raw: bytes) -> None:
         raise BadVerdict(f"verifier {tx.verifier.hex()[:16]}.. is not the one assigned")
     if pending.verified:
         raise BadVerdict("that receipt already has a verdict")
-    if tx.passed:
+    if tx.reason >= len(VERDICT_REASONS):
+        raise BadVerdict(f"unknown verdict reason {tx.reason}")
+    if tx.reason in FAILING_REASONS and tx.evidence_hash == bytes(32):
+        raise BadVerdict(f"a {VERDICT_REASONS[tx.reason]!r} verdict must name its evidence")
+    if tx.reason == PASS:
         st.put(PENDING + tx.receipt_hash, replace(pending, verified=True))
+        return
+    if tx.reason == UNAVAILABLE:  # no proof, no pay; but nobody is at fault for sure
+        st.delete(PENDING + tx.receipt_hash)
         return
     params = st.params()
     worker = st.account(pending.account)

@@ -82,32 +82,60 @@ class Register:
     signature: Sig64
 
 
-@wire(3)
+@wire(3, 2)
 @dataclass(frozen=True, slots=True)
 class Receipt:
-    """A node's signed claim that it executed one compute block."""
+    """A node's signed claim that it executed one compute block (specs/pol.md).
+
+    weights_hash: digest of every parameter tensor the unit read at its step;
+    input_hash, output_hash: what it consumed and produced (chained between
+    neighbouring units); cert_hash: the hash of its `UnitCert`, everything a
+    verifier re-executing the unit compares (version 2 added weights_hash).
+    """
 
     chain_id: ChainId
     node_key: Key32
     job_id: Hash32
     unit_id: Hash32
+    weights_hash: Hash32
     input_hash: Hash32
     output_hash: Hash32
     cert_hash: Hash32
     signature: Sig64
 
 
-@wire(4)
+#: Verdict reasons (specs/pol.md): PASS, or why the re-execution failed, or
+#: UNAVAILABLE when the verifier could not fetch what it needed (no one is
+#: slashed for that: the worker just goes unpaid).
+PASS, OUTPUT_MISMATCH, GRADIENT_MISMATCH, UNCHAINED_INPUT, WRONG_DATA, UNAVAILABLE, MALFORMED = \
+    range(7)
+VERDICT_REASONS = ("pass", "output mismatch", "gradient mismatch", "unchained input",
+                   "wrong data", "unavailable", "malformed")
+#: The reasons that fail the worker (and need evidence).
+FAILING_REASONS = frozenset({OUTPUT_MISMATCH, GRADIENT_MISMATCH, UNCHAINED_INPUT, WRONG_DATA,
+                             MALFORMED})
+
+
+@wire(4, 2)
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """The assigned verifier's pass / fail on a pending receipt."""
+    """The assigned verifier's finding on a sampled receipt (version 2: a reason, not a bool).
+
+    reason: one of `VERDICT_REASONS` by index; evidence_hash: the hash of the
+    verifier's `proof_of_learning` Evidence, required (non-zero) for a
+    failing reason.
+    """
 
     chain_id: ChainId
     verifier: Key32
     receipt_hash: Hash32
-    passed: bool
+    reason: U8
     evidence_hash: Hash32
     signature: Sig64
+
+    @property
+    def passed(self) -> bool:
+        return self.reason == PASS
 
 
 @wire(5)

@@ -56,9 +56,14 @@ def tensor_digest(t: torch.Tensor) -> bytes:
 
 def tensors_digest(named: dict[str, torch.Tensor]) -> bytes:
     """SHA-256 over (name, `tensor_digest`) pairs in name order."""
+    return named_digest({name: tensor_digest(t) for name, t in named.items()})
+
+
+def named_digest(digests: dict[str, bytes]) -> bytes:
+    """`tensors_digest` from each tensor's digest, taken earlier (e.g. before an update)."""
     h = hashlib.sha256(TENSOR_DOMAIN + b"named")
-    for name in sorted(named):
-        h.update(name.encode() + b"\x00" + tensor_digest(named[name]))
+    for name in sorted(digests):
+        h.update(name.encode() + b"\x00" + digests[name])
     return h.digest()
 
 

@@ -48,7 +48,7 @@ from compute.model import Transformer
 from compute.train import Sections, embed_backward, head_loss_block, stages
 from ledger.crypto import ZERO32
 from node.errors import BadPush
-from node.mine.jobs import tensor_digest, tensors_digest
+from node.mine.jobs import named_digest, tensor_digest, tensors_digest
 from node.wire import (
     ACTIVATION, ATTN_PARTIAL, ATTN_SHARE, CLIENT, EMBED_GRADS, GRADIENT, HEAD_GRADS, MLP_PARTIAL,
     MLP_SHARE, SECTION_GRADS, WHATS,
@@ -82,6 +82,8 @@ class PhaseResult:
     """What a phase sends, what its unit's receipt will hash, and the loss if it has one."""
 
     pushes: list[Push] = field(default_factory=list)
+    # Digest of each parameter the phase read, by name, taken when it ran (`read_weights`).
+    weights: dict[str, bytes] = field(default_factory=dict)
     inp: torch.Tensor | None = None
     out: Tensors = field(default_factory=dict)
     cert: Tensors = field(default_factory=dict)
@@ -226,13 +228,40 @@ class StepPlan:
                 h = self.model.embed(ids)  # (B, T, C)
         else:
             h = inputs[(*t, ACTIVATION, stage[0])]["h"]
-        r = PhaseResult(inp=h)
+        r = PhaseResult(inp=h, weights={n: tensor_digest(p)
+                                        for n, p in self.read_weights(phase).items()})
         if phase.forward:
             self._run_forward(r, phase, t, stage, h, inputs, targets)
         else:
             r.inp = g = inputs[(*t, GRADIENT, stage[0])]["g"]
             self._run_backward(r, phase, t, stage, h, g, inputs, ids)
         return r
+
+    def read_weights(self, phase: Phase) -> Tensors:
+        """The parameters a phase reads at its step, by model name (specs/pol.md 3.3).
+
+        The layers of its section, or of a piece its half's ("publish" reads
+        no layer weights); `tok_emb.weight` in the first stage (it embeds
+        the batch, or takes the embedding's gradient); the final norm and the
+        head in the last stage's forward. A unit's `weights_hash` is the
+        digest of the union over its phases.
+        """
+        spec, piece = self.forward[phase.section], self.pieces[phase.section]
+        params = dict(self.model.named_parameters())
+        if piece is None:
+            names = [f"layers.{i}.{n}" for i in range(spec.layer_start, spec.layer_end)
+                     for n, _ in self.model.layers[i].named_parameters()]
+        elif phase.kind in ("attention", "mlp"):
+            names = [f"layers.{piece.layer}.{n}" for n in HALF_PARAMS[phase.kind]]
+        else:
+            names = []
+        i = self.stage_of[phase.section]
+        if i == 0:
+            names.append("tok_emb.weight")
+        if phase.forward and i == len(self.stages) - 1:
+            tied = self.model.config.tie_embeddings
+            names += ["norm.weight", "tok_emb.weight" if tied else "lm_head.weight"]
+        return {n: params[n] for n in names}
 
     def _partials(self, t: StepReplica, what: int, stage: tuple[int, ...], half: str,
                   inputs: dict[Key, Tensors]) -> list[Partial]:
@@ -328,8 +357,8 @@ class StepPlan:
     # -- the receipt ------------------------------------------------------------------
 
     def receipt_hashes(self, index: int, results: Sequence[PhaseResult]
-                       ) -> tuple[bytes, bytes, bytes]:
-        """(input, output, certificate) hashes of a unit from its phases' results.
+                       ) -> tuple[bytes, bytes, bytes, bytes]:
+        """(weights, input, output, certificate) hashes of a unit from its phases' results.
 
         Whole layers: the states (forward) or gradient (backward) taken and
         passed on, so neighbouring receipts chain (specs/ledger.md 5.2); a
@@ -344,5 +373,6 @@ class StepPlan:
         u = index % (2 * self.k)
         whole = self.pieces[u if u < self.k else 2 * self.k - 1 - u] is None
         out_hash = tensor_digest(out["y"]) if whole else tensors_digest(out)
-        return (tensor_digest(results[0].inp), out_hash,
+        weights = {n: d for r in results for n, d in r.weights.items()}
+        return (named_digest(weights), tensor_digest(results[0].inp), out_hash,
                 tensors_digest(cert) if cert else ZERO32)

@@ -133,5 +133,5 @@ def receipts_due(db: ChainDB, net: Net) -> list[Receipt]:
         if not a.done:
             k = net.node_key(a.node_key)
             out.append(sign(Receipt(CHAIN, k.public, a.job_id, uid, bytes(32), bytes(32),
-                                    bytes(32), ZERO_SIG), k))
+                                    bytes(32), bytes(32), ZERO_SIG), k))
     return out

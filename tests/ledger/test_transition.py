@@ -12,13 +12,15 @@ from ledger.codec import encode
 from ledger.state import ACCOUNT, KEY_SUPPLY, PENDING, UNIT, check_supply
 from ledger.transition import validate_block
 from ledger.types import (
-    COIN, ZERO_SIG, Block, Charge, InferencePayment, Usage, Verdict, sign, tx_hash,
-    usage_signature,
+    COIN, OUTPUT_MISMATCH, PASS, ZERO_SIG, Block, Charge, InferencePayment, Usage, Verdict, sign,
+    tx_hash, usage_signature,
 )
 from ledger.types import FORWARD, UnitTemplate
 from tests.ledger.chainkit import (
     CHAIN, grow, job, make_net, new_db, next_block, producer, receipts_due, registration,
 )
+
+EVIDENCE = b"\x07" * 32  # a failing verdict must name its evidence
 
 
 @pytest.fixture
@@ -354,7 +356,8 @@ def test_failed_verdict_burns_reward_and_slashes_bond(job_chain):
     receipt, rh, pending = _pending_after_receipt(net, db)
     verifier = net.node_key(pending.verifier)
     worker_before = db.state.get(ACCOUNT + pending.account)
-    verdict = sign(Verdict(CHAIN, verifier.public, rh, False, bytes(32), ZERO_SIG), verifier)
+    verdict = sign(Verdict(CHAIN, verifier.public, rh, OUTPUT_MISMATCH, EVIDENCE, ZERO_SIG),
+                   verifier)
     grow(db, net, 1, [verdict])
     worker = db.state.get(ACCOUNT + pending.account)
     slashed = worker_before.bond // 2
@@ -370,7 +373,7 @@ def test_verdict_from_unassigned_verifier_is_rejected(job_chain):
     net, db = job_chain
     receipt, rh, pending = _pending_after_receipt(net, db)
     rogue = next(k for k in net.nodes if k.public not in (pending.verifier, receipt.node_key))
-    verdict = sign(Verdict(CHAIN, rogue.public, rh, False, bytes(32), ZERO_SIG), rogue)
+    verdict = sign(Verdict(CHAIN, rogue.public, rh, OUTPUT_MISMATCH, EVIDENCE, ZERO_SIG), rogue)
     with pytest.raises(E.BadVerdict, match="not the one assigned"):
         check(db, with_txs(next_block(db, net).block, net, [verdict]))
 
@@ -379,7 +382,7 @@ def test_second_verdict_is_rejected(job_chain):
     net, db = job_chain
     _, rh, pending = _pending_after_receipt(net, db)
     verifier = net.node_key(pending.verifier)
-    ok = sign(Verdict(CHAIN, verifier.public, rh, True, bytes(32), ZERO_SIG), verifier)
+    ok = sign(Verdict(CHAIN, verifier.public, rh, PASS, bytes(32), ZERO_SIG), verifier)
     grow(db, net, 1, [ok])
     with pytest.raises(E.BadVerdict, match="already"):
         check(db, with_txs(next_block(db, net).block, net, [ok]))
@@ -485,7 +488,8 @@ def test_no_verdict_without_an_assigned_verifier():
     receipt = receipts_due(db, net)[0]
     grow(db, net, 1, [receipt])
     node = net.nodes[0]
-    verdict = sign(Verdict(CHAIN, node.public, tx_hash(receipt), False, bytes(32), ZERO_SIG), node)
+    verdict = sign(Verdict(CHAIN, node.public, tx_hash(receipt), OUTPUT_MISMATCH, EVIDENCE,
+                           ZERO_SIG), node)
     with pytest.raises(E.BadVerdict, match="no verifier"):
         check(db, with_txs(next_block(db, net).block, net, [verdict]))
 

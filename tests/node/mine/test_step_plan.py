@@ -146,3 +146,38 @@ def test_a_step_on_the_gpu_matches_the_cpu():
     assert_same_step(on_gpu, gpu_grads, on_cpu, cpu_grads)
 
 
+
+
+@pytest.mark.parametrize("k", [2, 6])
+def test_weights_hash_names_what_each_unit_read_and_is_taken_before_the_update(k):
+    """A unit's weights_hash is the digest of the union of its phases' read sets, as they ran."""
+    from node.mine.jobs import tensors_digest
+
+    config, model, sections, plan = plan_for(k)
+    corpus = load_corpus(config.data)
+    ids, targets = batch(config, 0, 0, 1, corpus=corpus)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    phases = sorted((p for i in range(2 * k) for p in plan.phases(i)), key=lambda p: p.order)
+    inbox, results = {}, {}
+    for phase in phases:
+        r = plan.run(phase, 0, {key: inbox[key] for key in plan.needs(0, phase)}, ids, targets)
+        inbox.update({key: tensors for _, key, tensors in r.pushes})
+        results.setdefault(phase.index, []).append((phase, r))
+    for opt in (*sections.optimizers, sections.client):  # the weights move on...
+        grads = {}
+        for key in plan.update_needs(0, 0, range(k)):
+            add_grads(grads, {n: v for n, v in inbox[key].items() if n != "g"})
+        opt.step(grads)
+    last = len(plan.stages) - 1
+    for index, done in results.items():
+        read = set().union(*(plan.read_weights(p) for p, _ in done))
+        weights_hash = plan.receipt_hashes(index, [r for _, r in done])[0]
+        # ...yet each receipt names the weights as its unit read them.
+        assert weights_hash == tensors_digest({n: before[n] for n in read})
+        phase = done[0][0]
+        stage = plan.stage_of[phase.section]
+        head = phase.forward and stage == last
+        tied = model.config.tie_embeddings
+        assert ("tok_emb.weight" in read) == (stage == 0 or (head and tied))
+        assert ("norm.weight" in read) == head
+        assert any(n.startswith("layers.") for n in read)
