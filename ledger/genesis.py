@@ -28,7 +28,10 @@ from ledger.types import (
 #: A new chain made by `pnode init`: two-second slots, room for slow nodes.
 DEFAULT_PARAMS: Mapping[str, int] = MappingProxyType(dict(
     slot_ms=2000, max_future_ms=15_000, min_bond=10 * COIN, reward=COIN, challenge_window=10,
-    unit_timeout=20, max_block_txs=5000, slash_bps=5000, verifier_bps=5000))
+    unit_timeout=20, max_block_txs=5000, slash_bps=10_000,
+    # No audits until nodes run verifiers (specs/pol.md, Status): a drawn
+    # verifier that cannot answer would be struck for its silence.
+    audit_bps=0, verify_fee=COIN, verdict_window=30))
 
 #: A devnet chain: fast slots and short windows, so a short run pays out.
 DEVNET_PARAMS: Mapping[str, int] = MappingProxyType(dict(
@@ -37,7 +40,7 @@ DEVNET_PARAMS: Mapping[str, int] = MappingProxyType(dict(
 #: The test chains (tests/ledger/chainkit.py): windows of a few blocks, so a
 #: test reaches a payout or a timeout in a handful of blocks.
 TEST_PARAMS: Mapping[str, int] = MappingProxyType(dict(
-    DEFAULT_PARAMS, slot_ms=1000, challenge_window=3, unit_timeout=4))
+    DEFAULT_PARAMS, slot_ms=1000, challenge_window=3, unit_timeout=4, verdict_window=3))
 
 
 def chain_params(preset: Mapping[str, int], job_authority: bytes, /, **overrides) -> Params:

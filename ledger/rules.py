@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ledger import crypto, merkle, schedule
+from ledger import audit, crypto, merkle, schedule
 from ledger.codec import encode
 from ledger.errors import (
     BadAmount, BadJob, BadNonce, BadRegistration, BadSignature, BadVerdict, InsufficientFunds,
@@ -212,16 +212,17 @@ def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt, raw: bytes) -> None:
         raise NotRegistered("receipt signer is no longer registered")
     _check_links(st, assignment, tx)
     receipt_hash = tx_hash(tx, raw)
-    verifier = schedule.assigned_verifier(_mature(st, ctx.height), ctx.prev_hash + tx.unit_id,
-                                          tx.node_key)
+    unit = st.get(JOB + assignment.job_id).job.units[assignment.index]
     window = st.params().challenge_window
     st.put(UNIT + tx.unit_id, replace(assignment, done=True, input_hash=tx.input_hash,
                                       output_hash=tx.output_hash))
     jail = st.get(JAIL + node.account)
     if jail is not None and jail.until <= ctx.height:  # served its term and works again
         st.delete(JAIL + node.account)
-    st.put(PENDING + receipt_hash, Pending(node.account, tx.node_key, verifier or bytes(32),
-                                           ctx.height + window, False))
+    # Its audit is drawn at height + 2, from a block hash nobody knew when it was signed.
+    st.put(PENDING + receipt_hash, Pending(node.account, tx.node_key, unit.layer_start,
+                                           unit.layer_end, ctx.height, ctx.height + window,
+                                           ZERO32, audit.DRAW_DUE))
     log = st.log()
     frontier = merkle.Frontier(log.size, log.peaks).append(merkle.leaf_hash(raw))
     st.put(KEY_LOG, replace(log, size=frontier.size, peaks=frontier.peaks))
@@ -271,54 +272,82 @@ def _check_links(st: Overlay, assignment: Assignment, tx: Receipt) -> None:
                                    f"{other.input_hash.hex()[:16]}.. of unit {j}")
 
 
-def _mature(st: Overlay, height: int) -> list[schedule.Candidate]:
-    """Candidates registered before ``height``: only they may be drawn as verifiers.
+def _mature(st: Overlay, height: int) -> list[tuple[schedule.Candidate, bytes]]:
+    """(candidate, account) of the bonded nodes registered at ``height`` or before.
 
-    Attack note: the draw is seeded by the parent block's hash and the unit
-    id. A worker cannot grind the draw through its receipt (the receipt is
-    not in the seed), and a key registered after the seed is known cannot
-    take part; so an attacker must get a colluding key drawn among nodes
-    that were registered before the parent block existed. A producer who
-    colludes can still grind its own block hash (tx order, time) to steer
-    the next draw; removing that needs verifiable randomness (a VRF or
-    commit-reveal beacon), planned with Proof-of-Learning verification.
+    Attack note: only nodes registered before the seed's block existed may
+    be drawn, so a key registered once the seed is known cannot place
+    itself (specs/pol.md 5).
     """
-    return [c for c in candidates(st)
-            if st.get(NODE + c.node_key).registered_height < height]
+    return [(c, node.account) for c in candidates(st)
+            if (node := st.get(NODE + c.node_key)).registered_height <= height]
 
 
 def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict, raw: bytes) -> None:
     pending = st.get(PENDING + tx.receipt_hash)
     if pending is None:
         raise BadVerdict("no receipt with that hash is waiting in its challenge window")
-    if pending.verifier == bytes(32):
-        raise BadVerdict("no verifier was assigned to that receipt")
+    if pending.status != audit.SAMPLED:
+        raise BadVerdict("that receipt is not awaiting a verdict (not sampled, not drawn "
+                         "yet, or judged)")
     if tx.verifier != pending.verifier:
         raise BadVerdict(f"verifier {tx.verifier.hex()[:16]}.. is not the one assigned")
-    if pending.verified:
-        raise BadVerdict("that receipt already has a verdict")
     if tx.reason >= len(VERDICT_REASONS):
         raise BadVerdict(f"unknown verdict reason {tx.reason}")
     if tx.reason in FAILING_REASONS and tx.evidence_hash == bytes(32):
         raise BadVerdict(f"a {VERDICT_REASONS[tx.reason]!r} verdict must name its evidence")
-    if tx.reason == PASS:
-        st.put(PENDING + tx.receipt_hash, replace(pending, verified=True))
-        return
-    if tx.reason == UNAVAILABLE:  # no proof, no pay; but nobody is at fault for sure
+    verifier = st.get(NODE + tx.verifier)
+    if verifier is None:
+        raise NotRegistered("verifier is no longer registered")
+    if tx.reason == UNAVAILABLE:  # no proof, no pay; no fee, and nobody is at fault for sure
         st.delete(PENDING + tx.receipt_hash)
         return
-    params = st.params()
+    _mint(st, verifier.account, st.params().verify_fee)  # a flat fee: pass or fail alike
+    if tx.reason == PASS:
+        st.put(PENDING + tx.receipt_hash, replace(pending, status=audit.PASSED))
+        return
+    # A failing verdict: the reward is never minted, the bond burned, a strike,
+    # and every other receipt of the account still unaudited gets audited.
+    st.delete(PENDING + tx.receipt_hash)
     worker = st.account(pending.account)
-    slashed = worker.bond * params.slash_bps // 10_000
-    paid = slashed * params.verifier_bps // 10_000
-    verifier_account = st.get(NODE + tx.verifier)
-    if verifier_account is None:
-        raise NotRegistered("verifier is no longer registered")
-    st.delete(PENDING + tx.receipt_hash)  # the reward is never minted
+    slashed = worker.bond * st.params().slash_bps // audit.BPS
     st.put_account(pending.account, replace(worker, bond=worker.bond - slashed))
-    _credit(st, verifier_account.account, paid)
     supply = st.get(KEY_SUPPLY)
-    st.put(KEY_SUPPLY, replace(supply, burned=supply.burned + slashed - paid))
+    st.put(KEY_SUPPLY, replace(supply, burned=supply.burned + slashed))
+    _jail(st, ctx, pending.node_key)
+    for receipt_hash in st.ids(PENDING):
+        other = st.get(PENDING + receipt_hash)
+        if other.account == pending.account and other.status in (audit.DRAW_DUE,
+                                                                  audit.UNSAMPLED):
+            st.put(PENDING + receipt_hash, replace(other, status=audit.FORCED))
+
+
+def draw_audits(st: Overlay, ctx: Any) -> None:
+    """Draw the audit of every receipt included two blocks ago, and of the FORCED ones.
+
+    The seed is the parent's hash: the block after the receipt's (or after
+    the failing verdict that forced it). A sampled receipt gets its
+    verifier and ``verdict_window`` more blocks; one with no possible
+    verifier is not sampled.
+    """
+    params = st.params()
+    for receipt_hash in st.ids(PENDING):
+        pending = st.get(PENDING + receipt_hash)
+        due = pending.status == audit.DRAW_DUE and pending.height + 2 <= ctx.height
+        if not (due or pending.status == audit.FORCED):
+            continue
+        seed = audit.audit_seed(ctx.prev_hash, receipt_hash)
+        verifier = None
+        if pending.status == audit.FORCED or audit.is_sampled(seed, params.audit_bps):
+            verifier = audit.audit_verifier(
+                _mature(st, ctx.height - 2), seed, pending.account,
+                (pending.layer_start, pending.layer_end), ctx.height)
+        if verifier is None:
+            st.put(PENDING + receipt_hash, replace(pending, status=audit.UNSAMPLED))
+        else:
+            st.put(PENDING + receipt_hash, replace(
+                pending, status=audit.SAMPLED, verifier=verifier,
+                final_height=ctx.height + params.verdict_window))
 
 
 def _apply_job(st: Overlay, ctx: Any, tx: Job, raw: bytes) -> None:
@@ -357,18 +386,21 @@ def finalize_rewards(st: Overlay, ctx: Any) -> None:
     overflow); a reward that would is forfeited.
     """
     reward = st.params().reward
-    supply = st.get(KEY_SUPPLY)
-    room = U64_MAX - (supply.premine + supply.minted - supply.burned)
-    minted = 0
     for receipt_hash in st.ids(PENDING):
         pending = st.get(PENDING + receipt_hash)
         if pending.final_height <= ctx.height:
-            if minted + reward <= room:
-                _credit(st, pending.account, reward)
-                minted += reward
+            _mint(st, pending.account, reward)
+            if pending.status == audit.SAMPLED:  # its verifier stayed silent: a strike
+                _jail(st, ctx, pending.verifier)
             st.delete(PENDING + receipt_hash)
-    if minted:
-        st.put(KEY_SUPPLY, replace(supply, minted=supply.minted + minted))
+
+
+def _mint(st: Overlay, account_id: bytes, amount: int) -> None:
+    """Mint ``amount`` to an account, unless it would take the supply past U64_MAX (then nothing)."""
+    supply = st.get(KEY_SUPPLY)
+    if amount and supply.premine + supply.minted - supply.burned + amount <= U64_MAX:
+        _credit(st, account_id, amount)
+        st.put(KEY_SUPPLY, replace(supply, minted=supply.minted + amount))
 
 
 def reassign_timeouts(st: Overlay, ctx: Any) -> None:

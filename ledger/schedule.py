@@ -102,21 +102,6 @@ def assign_units(
     return chosen
 
 
-def assigned_verifier(candidates: Iterable[Candidate], seed: bytes, signer: bytes) -> bytes | None:
-    """The node that may judge a receipt: not its signer, the lowest H(seed || key).
-
-    Attack note: letting any node file a failing verdict would let a rival
-    slash honest workers at will; pinning one verifier per receipt, drawn
-    by a seed the worker cannot grind, bounds that to the one node the draw
-    picked (and PoL evidence checks bound it further). The caller chooses
-    seed and candidates: see ``ledger.rules._mature``.
-    """
-    others = [c.node_key for c in candidates if c.node_key != signer]
-    if not others:
-        return None
-    return min(others, key=lambda k: tiebreak(seed, k))
-
-
 def block_weight(rank: int) -> int:
     """Fork-choice weight of a block made by the rank-``rank`` producer."""
     return 1 << max(0, WEIGHT_BITS - rank)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from ledger import merkle, schedule
+from ledger import audit, merkle, schedule
 from ledger.codec import encode
 from ledger.crypto import ZERO32, SigningKey
 from ledger.errors import (
@@ -30,7 +30,7 @@ from ledger.errors import (
     TooManyTxs, ValidationError, WrongChainId, WrongHeight, WrongPrevHash, WrongProducer,
 )
 from ledger.rules import (
-    U64_MAX, apply_tx, candidates, finalize_rewards, open_steps, reassign_timeouts,
+    U64_MAX, apply_tx, candidates, draw_audits, finalize_rewards, open_steps, reassign_timeouts,
 )
 from ledger.state import (
     KEY_LOG, KEY_PARAMS, KEY_SUPPLY, NODE, MemoryState, Overlay, StateReader, check_supply,
@@ -111,10 +111,17 @@ def _check_params(p) -> None:
     problems = []
     if not 1 <= p.max_block_txs <= MAX_TXS_LIMIT:
         problems.append(f"max_block_txs {p.max_block_txs} not in [1, {MAX_TXS_LIMIT}]")
-    if p.slash_bps > 10_000 or p.verifier_bps > 10_000:
-        problems.append("slash_bps and verifier_bps are basis points: at most 10000")
-    if p.unit_timeout < 1 or p.challenge_window < 1 or p.slot_ms < 1:
-        problems.append("unit_timeout, challenge_window and slot_ms must be at least 1")
+    if p.slash_bps > 10_000 or p.audit_bps > 10_000:
+        problems.append("slash_bps and audit_bps are basis points: at most 10000")
+    if p.unit_timeout < 1 or p.verdict_window < 1 or p.slot_ms < 1:
+        problems.append("unit_timeout, verdict_window and slot_ms must be at least 1")
+    if p.challenge_window < 3:  # the audit draw comes at height + 2, before the window closes
+        problems.append("challenge_window must be at least 3")
+    if p.verify_fee > MAX_REWARD:
+        problems.append(f"verify_fee {p.verify_fee} is above {MAX_REWARD}")
+    cheat = audit.economics_problem(p.min_bond, p.reward, p.slash_bps, p.audit_bps)
+    if cheat:
+        problems.append(cheat)
     if not 1 <= p.reward <= MAX_REWARD:
         problems.append(f"reward {p.reward} not in [1, {MAX_REWARD}]")
     if problems:
@@ -236,6 +243,7 @@ def _begin(parent: StateReader, parent_header: Header, producer: bytes,
     for node_key in ranking[: rank + 1]:
         account_id = st.get(NODE + node_key).account
         st.put_account(account_id, replace(st.account(account_id), last_served_height=ctx.height))
+    draw_audits(st, ctx)  # before finalizing: a receipt drawn now gets its verdict window
     finalize_rewards(st, ctx)
     reassign_timeouts(st, ctx)
     return st, ctx, rank

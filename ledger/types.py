@@ -271,7 +271,7 @@ class Block:
     txs: Annotated[tuple[Tx, ...], MaxLen(100_000)]
 
 
-@wire(14)
+@wire(14, 2)
 @dataclass(frozen=True, slots=True)
 class Params:
     """Chain-wide constants, fixed at genesis and committed in the state root."""
@@ -283,8 +283,10 @@ class Params:
     challenge_window: U32
     unit_timeout: U32
     max_block_txs: U32
-    slash_bps: U32
-    verifier_bps: U32
+    slash_bps: U32  # of the bond, burned for a failing verdict (version 2: no bounty)
+    audit_bps: U32  # receipts sampled for re-execution (specs/pol.md 5)
+    verify_fee: U64  # minted to the verifier of a sampled receipt, pass or fail
+    verdict_window: U32  # blocks a drawn verifier has for its verdict
     job_authority: Key32
 
 
@@ -356,16 +358,25 @@ class Assignment:
     output_hash: Hash32
 
 
-@wire(24)
+@wire(24, 2)
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """An accepted receipt whose reward waits for its challenge window."""
+    """An accepted receipt whose reward waits for its window (and its audit, if drawn).
+
+    layer_start, layer_end: the unit's layers (whom the audit prefers);
+    height: where the receipt was included (its draw comes at height + 2);
+    verifier: the drawn verifier, zeros until then; status: `ledger.audit`
+    DRAW_DUE, UNSAMPLED, SAMPLED, PASSED or FORCED.
+    """
 
     account: Key32
     node_key: Key32
-    verifier: Key32  # all zeros when no other node could verify
+    layer_start: U32
+    layer_end: U32
+    height: U64
     final_height: U64
-    verified: bool
+    verifier: Key32
+    status: U8
 
 
 @wire(25)

@@ -9,11 +9,15 @@ import pytest
 from ledger import errors as E
 from ledger import merkle
 from ledger.codec import encode
-from ledger.state import ACCOUNT, KEY_SUPPLY, PENDING, UNIT, check_supply
+from ledger import audit
+from ledger.state import (
+    ACCOUNT, JAIL, KEY_PARAMS, KEY_SUPPLY, NODE, PENDING, UNIT, check_supply,
+)
 from ledger.transition import validate_block
 from ledger.types import (
-    COIN, OUTPUT_MISMATCH, PASS, ZERO_SIG, Block, Charge, InferencePayment, Usage, Verdict, sign,
-    tx_hash, usage_signature,
+    COIN, GRADIENT_MISMATCH, MALFORMED, OUTPUT_MISMATCH, PASS, UNAVAILABLE, ZERO_SIG, Block,
+    Charge,
+    InferencePayment, Usage, Verdict, sign, tx_hash, usage_signature,
 )
 from ledger.types import FORWARD, UnitTemplate
 from tests.ledger.chainkit import (
@@ -344,48 +348,172 @@ def test_timed_out_unit_passes_to_another_node(job_chain):
     assert db.state.get(UNIT + uid).node_key != first
 
 
-def _pending_after_receipt(net, db):
+@pytest.fixture
+def audited():
+    """A job chain where every receipt is audited (audit_bps 10000)."""
+    net = make_net(with_job=True, audit_bps=10_000)
+    return net, new_db(net)
+
+
+def _sampled(net, db):
+    """Include a receipt, then the two blocks after which its audit is drawn."""
     receipt = receipts_due(db, net)[0]
     grow(db, net, 1, [receipt])
     rh = tx_hash(receipt)
-    return receipt, rh, db.state.get(PENDING + rh)
+    assert db.state.get(PENDING + rh).status == audit.DRAW_DUE
+    grow(db, net, 2)
+    pending = db.state.get(PENDING + rh)
+    assert pending.status == audit.SAMPLED
+    return receipt, rh, pending
 
 
-def test_failed_verdict_burns_reward_and_slashes_bond(job_chain):
-    net, db = job_chain
-    receipt, rh, pending = _pending_after_receipt(net, db)
+def _verdict(net, pending, rh, reason, evidence=EVIDENCE):
     verifier = net.node_key(pending.verifier)
+    return sign(Verdict(CHAIN, verifier.public, rh, reason, evidence, ZERO_SIG), verifier)
+
+
+def test_the_audit_is_drawn_two_blocks_later_never_for_the_workers_account(audited):
+    net, db = audited
+    receipt, rh, pending = _sampled(net, db)
+    worker = db.state.get(NODE + receipt.node_key).account
+    assert db.state.get(NODE + pending.verifier).account != worker
+    params = db.state.get(KEY_PARAMS)
+    assert pending.final_height == pending.height + 2 + params.verdict_window
+
+
+def test_a_failing_verdict_burns_the_reward_and_the_bond_pays_a_flat_fee_and_jails(audited):
+    net, db = audited
+    receipt, rh, pending = _sampled(net, db)
+    verifier_account = db.state.get(NODE + pending.verifier).account
     worker_before = db.state.get(ACCOUNT + pending.account)
-    verdict = sign(Verdict(CHAIN, verifier.public, rh, OUTPUT_MISMATCH, EVIDENCE, ZERO_SIG),
-                   verifier)
-    grow(db, net, 1, [verdict])
+    verifier_before = db.state.get(ACCOUNT + verifier_account).balance
+    supply_before = db.state.get(KEY_SUPPLY)
+    grow(db, net, 1, [_verdict(net, pending, rh, OUTPUT_MISMATCH)])
+    params = db.state.get(KEY_PARAMS)
     worker = db.state.get(ACCOUNT + pending.account)
-    slashed = worker_before.bond // 2
-    assert worker.bond == worker_before.bond - slashed
-    assert db.state.get(PENDING + rh) is None
-    grow(db, net, net.genesis.params.challenge_window + 1)
-    assert db.state.get(KEY_SUPPLY).minted == 0  # the reward was never paid
-    assert db.state.get(KEY_SUPPLY).burned == slashed - slashed // 2
+    assert worker.bond == worker_before.bond - worker_before.bond * params.slash_bps // 10_000
+    assert db.state.get(PENDING + rh) is None  # its reward is never minted
+    # No bounty: the verifier gets the flat fee, the slash is burned whole.
+    assert db.state.get(ACCOUNT + verifier_account).balance == verifier_before + params.verify_fee
+    supply = db.state.get(KEY_SUPPLY)
+    assert supply.burned == supply_before.burned + worker_before.bond - worker.bond
+    assert supply.minted == supply_before.minted + params.verify_fee
+    assert db.state.get(JAIL + pending.account).strikes == 1
     check_supply(db.state)
 
 
-def test_verdict_from_unassigned_verifier_is_rejected(job_chain):
-    net, db = job_chain
-    receipt, rh, pending = _pending_after_receipt(net, db)
+def test_a_failing_verdict_has_every_other_pending_receipt_of_the_account_audited(monkeypatch):
+    net = make_net(n_nodes=2, with_job=True, audit_bps=10_000)
+    db = new_db(net)
+    chosen: set[bytes] = set()  # the draw, made deterministic: only these are sampled
+    real_draw = audit.audit_seed
+    monkeypatch.setattr(audit, "is_sampled", lambda seed, bps: seed in chosen)
+    first = receipts_due(db, net)
+    worker = first[0].node_key
+    grow(db, net, 1, first)  # block h: step 0's receipts
+    a = tx_hash(first[0])
+    second = [r for r in receipts_due(db, net) if r.node_key == worker]
+    assert second, "step 1 gave the worker no unit"
+    grow(db, net, 1, second)  # h+1: the worker's next receipt
+    b = tx_hash(second[0])
+    chosen.add(real_draw(db.tip_hash, a))  # A's draw at h+2 is seeded by block h+1
+    grow(db, net, 1)
+    pa = db.state.get(PENDING + a)
+    assert pa.status == audit.SAMPLED
+    grow(db, net, 1, [_verdict(net, pa, a, GRADIENT_MISMATCH)])  # h+3: A fails
+    assert db.state.get(PENDING + b).status == audit.FORCED  # B was drawn, not sampled
+    grow(db, net, 1)
+    pb = db.state.get(PENDING + b)
+    assert pb.status == audit.SAMPLED and pb.verifier != worker
+
+
+def test_a_pass_pays_the_fee_and_the_worker_is_paid_at_the_final_height(audited):
+    net, db = audited
+    receipt, rh, pending = _sampled(net, db)
+    verifier_account = db.state.get(NODE + pending.verifier).account
+    before = db.state.get(ACCOUNT + verifier_account).balance
+    worker_before = db.state.get(ACCOUNT + pending.account).balance
+    grow(db, net, 1, [_verdict(net, pending, rh, PASS, bytes(32))])
+    params = db.state.get(KEY_PARAMS)
+    assert db.state.get(PENDING + rh).status == audit.PASSED
+    assert db.state.get(ACCOUNT + verifier_account).balance == before + params.verify_fee
+    grow(db, net, params.verdict_window)
+    assert db.state.get(PENDING + rh) is None
+    assert db.state.get(ACCOUNT + pending.account).balance >= worker_before + params.reward
+    check_supply(db.state)
+
+
+def test_a_silent_verifier_is_struck_and_the_worker_paid(audited):
+    net, db = audited
+    receipt, rh, pending = _sampled(net, db)
+    verifier_account = db.state.get(NODE + pending.verifier).account
+    worker_before = db.state.get(ACCOUNT + pending.account).balance
+    grow(db, net, db.state.get(KEY_PARAMS).verdict_window)
+    assert db.state.get(PENDING + rh) is None
+    assert db.state.get(JAIL + verifier_account).strikes == 1
+    assert db.state.get(ACCOUNT + pending.account).balance >= worker_before + COIN
+    check_supply(db.state)
+
+
+def test_verdict_from_unassigned_verifier_is_rejected(audited):
+    net, db = audited
+    receipt, rh, pending = _sampled(net, db)
     rogue = next(k for k in net.nodes if k.public not in (pending.verifier, receipt.node_key))
     verdict = sign(Verdict(CHAIN, rogue.public, rh, OUTPUT_MISMATCH, EVIDENCE, ZERO_SIG), rogue)
     with pytest.raises(E.BadVerdict, match="not the one assigned"):
         check(db, with_txs(next_block(db, net).block, net, [verdict]))
 
 
-def test_second_verdict_is_rejected(job_chain):
-    net, db = job_chain
-    _, rh, pending = _pending_after_receipt(net, db)
-    verifier = net.node_key(pending.verifier)
-    ok = sign(Verdict(CHAIN, verifier.public, rh, PASS, bytes(32), ZERO_SIG), verifier)
+def test_second_verdict_is_rejected(audited):
+    net, db = audited
+    _, rh, pending = _sampled(net, db)
+    ok = _verdict(net, pending, rh, PASS, bytes(32))
     grow(db, net, 1, [ok])
-    with pytest.raises(E.BadVerdict, match="already"):
+    with pytest.raises(E.BadVerdict, match="not awaiting a verdict"):
         check(db, with_txs(next_block(db, net).block, net, [ok]))
+
+
+def test_no_verdict_before_the_draw_nor_on_an_unsampled_receipt(job_chain):
+    net, db = job_chain  # audit_bps 0: nothing is sampled
+    receipt = receipts_due(db, net)[0]
+    grow(db, net, 1, [receipt])
+    rh = tx_hash(receipt)
+    other = next(k for k in net.nodes if k.public != receipt.node_key)
+    verdict = sign(Verdict(CHAIN, other.public, rh, OUTPUT_MISMATCH, EVIDENCE, ZERO_SIG), other)
+    for _ in range(2):  # in block h+1 (before its draw), then h+2 (drawn: unsampled)
+        with pytest.raises(E.BadVerdict, match="not awaiting a verdict"):
+            check(db, with_txs(next_block(db, net).block, net, [verdict]))
+        grow(db, net, 1)
+    assert db.state.get(PENDING + rh).status == audit.UNSAMPLED
+
+
+@pytest.mark.parametrize("reason, evidence, error", [
+    (7, EVIDENCE, "unknown verdict reason 7"),
+    (255, EVIDENCE, "unknown verdict reason"),
+    (OUTPUT_MISMATCH, bytes(32), "'output mismatch' verdict must name its evidence"),
+    (MALFORMED, bytes(32), "'malformed' verdict must name its evidence"),
+])
+def test_a_verdict_must_give_a_known_reason_and_evidence_to_fail(audited, reason, evidence,
+                                                                  error):
+    net, db = audited
+    _, rh, pending = _sampled(net, db)
+    with pytest.raises(E.BadVerdict, match=error):
+        check(db, with_txs(next_block(db, net).block, net,
+                           [_verdict(net, pending, rh, reason, evidence)]))
+
+
+def test_unavailable_forfeits_the_reward_and_slashes_nobody(audited):
+    net, db = audited
+    _, rh, pending = _sampled(net, db)
+    bond_before = db.state.get(ACCOUNT + pending.account).bond
+    supply_before = db.state.get(KEY_SUPPLY)
+    grow(db, net, 1, [_verdict(net, pending, rh, UNAVAILABLE, bytes(32))])
+    assert db.state.get(PENDING + rh) is None  # no proof, no pay; and no fee
+    assert db.state.get(ACCOUNT + pending.account).bond == bond_before
+    assert db.state.get(KEY_SUPPLY).burned == supply_before.burned
+    assert db.state.get(KEY_SUPPLY).minted == supply_before.minted
+    assert db.state.get(JAIL + pending.account) is None
+    check_supply(db.state)
 
 
 def test_jobs_only_from_the_job_authority(chain):
@@ -449,9 +577,10 @@ def test_inference_payment_pays_servers(chain):
 
 @pytest.mark.parametrize("overrides, reason", [
     ({"slash_bps": 10_001}, "basis points"),
-    ({"verifier_bps": 20_000}, "basis points"),
+    ({"audit_bps": 20_000}, "basis points"),
     ({"unit_timeout": 0}, "at least 1"),
-    ({"challenge_window": 0}, "at least 1"),
+    ({"verdict_window": 0}, "at least 1"),
+    ({"challenge_window": 2}, "at least 3"),
     ({"max_block_txs": 0}, "max_block_txs"),
     ({"max_block_txs": 200_000}, "max_block_txs"),
 ])
@@ -482,31 +611,37 @@ def test_empty_head_range_is_not_a_unit(chain):
         check(db, with_txs(next_block(db, net).block, net, [bad]))
 
 
-def test_no_verdict_without_an_assigned_verifier():
-    net = make_net(n_nodes=1, with_job=True)
+def test_no_audit_without_another_account_to_verify():
+    net = make_net(n_nodes=1, with_job=True, audit_bps=10_000)
     db = new_db(net)
     receipt = receipts_due(db, net)[0]
-    grow(db, net, 1, [receipt])
-    node = net.nodes[0]
-    verdict = sign(Verdict(CHAIN, node.public, tx_hash(receipt), OUTPUT_MISMATCH, EVIDENCE,
-                           ZERO_SIG), node)
-    with pytest.raises(E.BadVerdict, match="no verifier"):
-        check(db, with_txs(next_block(db, net).block, net, [verdict]))
+    grow(db, net, 3, [receipt])
+    pending = db.state.get(PENDING + tx_hash(receipt))
+    assert pending is None or (pending.status == audit.UNSAMPLED
+                               and pending.verifier == bytes(32))
 
 
-def test_verifier_must_have_registered_before_the_receipts_block():
-    net = make_net(n_nodes=1, with_job=True)
+def test_a_verifier_must_have_registered_by_the_receipts_block():
+    net = make_net(n_nodes=1, with_job=True, audit_bps=10_000)
     db = new_db(net)
     newcomer = net.users[1]
     receipt = receipts_due(db, net)[0]
-    grow(db, net, 1, [registration(net.users[0], newcomer), receipt])
-    assert db.state.get(PENDING + tx_hash(receipt)).verifier == bytes(32)  # newcomer too new
+    grow(db, net, 1, [receipt])
+    # Registered in block h+1, whose hash seeds the draw: too late to be drawn.
+    grow(db, net, 1, [registration(net.users[0], newcomer)])
     net.nodes.append(newcomer)
-    later = receipts_due(db, net)[0]
-    grow(db, net, 1, [later])
+    grow(db, net, 1)
+    pending = db.state.get(PENDING + tx_hash(receipt))
+    assert pending.status == audit.UNSAMPLED and pending.verifier == bytes(32)
+    later = next(r for r in receipts_due(db, net) if r.node_key != newcomer.public)
+    grow(db, net, 3, [later])
     assert db.state.get(PENDING + tx_hash(later)).verifier == newcomer.public
 
 
+def test_genesis_refuses_parameters_under_which_cheating_pays():
+    with pytest.raises(E.BadGenesis, match="cheating would pay"):
+        new_db(make_net(audit_bps=500, slash_bps=1000))  # 1 coin slashed vs 19 rewards
+    new_db(make_net(audit_bps=1000, slash_bps=10_000))  # 10 coins vs 9: it does not pay
 def test_reward_must_be_in_range():
     with pytest.raises(E.BadGenesis, match="reward"):
         new_db(make_net(reward=0))
