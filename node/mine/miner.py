@@ -323,10 +323,10 @@ class Miner:
         done[phase.kind] = result
         if not phase.last:
             return
-        hashes = self.plan.receipt_hashes(index, list(done.values()))
-        receipt = sign(Receipt(self.service.chain.chain_id, self.key.public, view.job_id,
-                               unit_id(view.job_id, t, self.units[index]), *hashes, ZERO_SIG),
-                       self.key)
+        unit = unit_id(view.job_id, t, self.units[index])
+        hashes = self.plan.receipt_hashes(view.job_id, t, unit, index, list(done.values()))
+        receipt = sign(Receipt(self.service.chain.chain_id, self.key.public, view.job_id, unit,
+                               *hashes, ZERO_SIG), self.key)
         self._receipts[(t, index)] = receipt
         del self._phases[(t, index)]
         if await self._submit(receipt):

@@ -31,10 +31,15 @@ gradients (`compute.train.average_replicas`).
 A node runs its phases of a step in one global order (`Phase.order`) in
 which every phase comes after the phases it needs, so a node assigned
 several pieces of one layer never waits on itself.
+
+Each phase digests what it read and produced as it runs (`PhaseResult`);
+after a unit's last phase, `StepPlan.certificate` builds its `UnitCert`
+(specs/pol.md 3.3), whose `cert_hash` its receipt signs.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -52,6 +57,9 @@ from node.mine.jobs import named_digest, tensor_digest, tensors_digest
 from node.wire import (
     ACTIVATION, ATTN_PARTIAL, ATTN_SHARE, CLIENT, EMBED_GRADS, GRADIENT, HEAD_GRADS, MLP_PARTIAL,
     MLP_SHARE, SECTION_GRADS, WHATS,
+)
+from proof_of_learning.certificate import (
+    NONE_BITS, UnitCert, cert_hash, check_cert, digests, float32_bits,
 )
 
 Key = tuple[int, int, int, int]  # (step, replica, what, section): one pushed message
@@ -79,15 +87,36 @@ class Phase:
 
 @dataclass(slots=True)
 class PhaseResult:
-    """What a phase sends, what its unit's receipt will hash, and the loss if it has one."""
+    """What a phase sends, what its unit's receipt and certificate commit, its loss if any.
+
+    Every digest is taken as the phase runs, of the tensors as it read or
+    produced them: the step's update, later, cannot change what it commits.
+    """
 
     pushes: list[Push] = field(default_factory=list)
-    # Digest of each parameter the phase read, by name, taken when it ran (`read_weights`).
+    # Digest of each parameter the phase read, by name (`read_weights`).
     weights: dict[str, bytes] = field(default_factory=dict)
-    inp: torch.Tensor | None = None
-    out: Tensors = field(default_factory=dict)
-    cert: Tensors = field(default_factory=dict)
+    inp: torch.Tensor | None = None  # h (forward) or g (backward): the receipt's input_hash
+    out: Tensors = field(default_factory=dict)  # what the receipt's output_hash names
+    # Certificate inputs and outputs by name (specs/pol.md 3.2), each a `tensor_digest`.
+    inputs: dict[str, bytes] = field(default_factory=dict)
+    outputs: dict[str, bytes] = field(default_factory=dict)
+    # Each weight gradient produced, by parameter: its digest and its sum of squares (float64).
+    grads: dict[str, bytes] = field(default_factory=dict)
+    squares: dict[str, float] = field(default_factory=dict)
+    data: bytes = ZERO32  # tensors_digest of {"ids", "targets"} when the phase read tokens
     loss: float | None = None
+
+    def produced(self, grads: Tensors) -> None:
+        """Commit weight gradients the phase produced."""
+        for name, g in grads.items():
+            self.grads[name] = tensor_digest(g)
+            self.squares[name] = float(g.detach().double().square().sum())
+
+
+def _name(what: int, section: int) -> str:
+    """The certificate name of a piece's partial or share: ``W/s`` (specs/pol.md 3.2)."""
+    return f"{WHATS[what]}/{section}"
 
 
 class StepPlan:
@@ -229,13 +258,30 @@ class StepPlan:
         else:
             h = inputs[(*t, ACTIVATION, stage[0])]["h"]
         r = PhaseResult(inp=h, weights={n: tensor_digest(p)
-                                        for n, p in self.read_weights(phase).items()})
+                                        for n, p in self.read_weights(phase).items()},
+                        inputs=self._input_digests(phase, t, h, inputs))
+        head = phase.forward and i == len(self.stages) - 1 and phase.kind in ("whole", "publish")
+        if i == 0 or head:  # it embeds the batch, or takes the loss
+            r.data = tensors_digest({"ids": ids, "targets": targets})
         if phase.forward:
             self._run_forward(r, phase, t, stage, h, inputs, targets)
         else:
             r.inp = g = inputs[(*t, GRADIENT, stage[0])]["g"]
             self._run_backward(r, phase, t, stage, h, g, inputs, ids)
         return r
+
+    def _input_digests(self, phase: Phase, t: StepReplica, h: torch.Tensor,
+                       inputs: dict[Key, Tensors]) -> dict[str, bytes]:
+        """A phase's certificate inputs: ``h`` and every message it reads (specs/pol.md 3.2)."""
+        named = {"h": tensor_digest(h)}  # a pushed activation is h itself
+        for key in self.needs(t[0], phase):
+            what = key[2]
+            if what == GRADIENT:
+                named["g"] = tensor_digest(inputs[key]["g"])
+            elif what != ACTIVATION:
+                tensor = "h" if what in (ATTN_PARTIAL, MLP_PARTIAL) else "g"
+                named[_name(what, key[3])] = tensor_digest(inputs[key][tensor])
+        return named
 
     def read_weights(self, phase: Phase) -> Tensors:
         """The parameters a phase reads at its step, by model name (specs/pol.md 3.3).
@@ -286,23 +332,25 @@ class StepPlan:
         elif phase.kind == "attention":
             r.out["attention"] = a = forward_block(self.model, spec, h, half="attention",
                                                    mlp_slices=self.m)
+            r.outputs[_name(ATTN_PARTIAL, s)] = tensor_digest(a)
             r.pushes.append((stage, (*t, ATTN_PARTIAL, s), {"h": a}))
         elif phase.kind == "mlp":
             h_mid = self._h_mid(t, stage, h, inputs)
             r.out["mlp"] = p = forward_block(self.model, spec, h_mid, half="mlp",
                                              mlp_slices=self.m)
+            r.outputs[_name(MLP_PARTIAL, s)] = tensor_digest(p)
             r.pushes.append(((stage[-1],), (*t, MLP_PARTIAL, s), {"h": p}))  # the publisher's
         else:
             h_mid = self._h_mid(t, stage, h, inputs)
             y = aggregate_mlp(self.model, self.pieces[s].layer,
                               self._partials(t, MLP_PARTIAL, stage, "mlp", inputs), h_mid,
                               mlp_slices=self.m)
-            r.cert["out"] = y
             self._publish_forward(r, t, stage, y, targets)
 
     def _publish_forward(self, r: PhaseResult, t: StepReplica, stage, y: torch.Tensor,
                          targets) -> None:
         """The stage's output: to the next stage, or (the last) into the loss and its gradient."""
+        r.outputs["y"] = tensor_digest(y)
         i = self.stage_of[stage[0]]
         if i + 1 < len(self.stages):
             nxt = self.stages[i + 1]
@@ -310,16 +358,17 @@ class StepPlan:
             return
         loss, g, head_grads = head_loss_block(self.model, y, targets)
         r.loss = loss.item()
+        r.outputs["g"] = tensor_digest(g)
+        r.produced(head_grads)
         r.pushes.append((stage, (*t, GRADIENT, stage[0]), {"g": g}))
         r.pushes.append((CLIENT, (*t, HEAD_GRADS, CLIENT), head_grads))
-        r.cert.update(head_grads)
 
     def _run_backward(self, r: PhaseResult, phase: Phase, t: StepReplica, stage, h, g, inputs, ids):
         s, spec, m = phase.section, self.backward[phase.section], self.m
         if phase.kind == "whole":
             g_in, grads = backward_block(self.model, spec, h, g)
             r.out["y"] = g_in
-            r.cert.update({"h": h, **grads})
+            r.produced(grads)
             r.pushes.append(((s,), (*t, SECTION_GRADS, s), grads))
             self._publish_backward(r, t, stage, g_in, ids)
             return
@@ -329,7 +378,6 @@ class StepPlan:
         if phase.kind == "publish":
             g_in = aggregate_grads(g_mid, self._shares(t, ATTN_SHARE, stage, "attention",
                                                        inputs))
-            r.cert["out"] = g_in
             self._publish_backward(r, t, stage, g_in, ids)
             return
         if phase.kind == "mlp":
@@ -339,40 +387,77 @@ class StepPlan:
             share, grads = backward_block(self.model, spec, h, g_mid, half="attention",
                                           mlp_slices=m)
         r.out[phase.kind] = share
-        r.cert.update({"h": h, **grads})
+        r.produced(grads)
         what = MLP_SHARE if phase.kind == "mlp" else ATTN_SHARE
+        r.outputs[_name(what, s)] = tensor_digest(share)
         r.pushes.append((stage, (*t, what, s), {"g": share, **grads}))
 
     def _publish_backward(self, r: PhaseResult, t: StepReplica, stage, g_in: torch.Tensor,
                           ids) -> None:
         """dL/d(the stage's input): to the stage below, or (stage 0) into the embedding."""
+        r.outputs["y"] = tensor_digest(g_in)
         i = self.stage_of[stage[0]]
         if i > 0:
             below = self.stages[i - 1]
             r.pushes.append((below, (*t, GRADIENT, below[0]), {"g": g_in}))
         else:
             grads = embed_backward(self.model, ids, g_in)
+            r.produced(grads)
             r.pushes.append((CLIENT, (*t, EMBED_GRADS, CLIENT), grads))
 
     # -- the receipt ------------------------------------------------------------------
 
-    def receipt_hashes(self, index: int, results: Sequence[PhaseResult]
-                       ) -> tuple[bytes, bytes, bytes, bytes]:
+    def certificate(self, job_id: bytes, step: int, unit: bytes, index: int,
+                    results: Sequence[PhaseResult]) -> UnitCert:
+        """Unit ``index``'s `UnitCert` at ``step`` (specs/pol.md 3.3) from its phases' results.
+
+        Args:
+            job_id: the job's id.
+            step: the step the unit ran.
+            unit: its id, `ledger.types.unit_id` (job_id, step, the job's unit).
+            index: the unit's index into the job's units.
+            results: its phases' results.
+
+        Raises:
+            ValueError: two phases digested one name differently.
+            MalformedCertificate: the certificate breaks specs/pol.md 3.4.
+            Either is a bug here, never something a peer sent.
+        """
+        merged: dict[str, dict] = {"weights": {}, "inputs": {}, "outputs": {}, "grads": {},
+                                   "squares": {}}
+        for r in results:
+            for what, into in merged.items():
+                for name, value in getattr(r, what).items():
+                    if into.setdefault(name, value) != value:
+                        raise ValueError(f"unit {index}: two phases differ on {what} {name!r}")
+        grads, squares = merged["grads"], merged["squares"]
+        norm = math.sqrt(sum(squares[n] for n in sorted(squares)))  # float64, rounded once
+        cert = UnitCert(
+            job_id=job_id, unit_id=unit, step=step, index=index,
+            weights_hash=named_digest(merged["weights"]),
+            data_hash=next((r.data for r in results if r.data != ZERO32), ZERO32),
+            inputs=digests(merged["inputs"]), outputs=digests(merged["outputs"]),
+            grads_hash=named_digest(grads) if grads else ZERO32,
+            loss_bits=float32_bits(next((r.loss for r in results if r.loss is not None), None)),
+            grad_norm_bits=float32_bits(norm) if grads else NONE_BITS)
+        check_cert(cert)
+        return cert
+
+    def receipt_hashes(self, job_id: bytes, step: int, unit: bytes, index: int,
+                       results: Sequence[PhaseResult]) -> tuple[bytes, bytes, bytes, bytes]:
         """(weights, input, output, certificate) hashes of a unit from its phases' results.
 
         Whole layers: the states (forward) or gradient (backward) taken and
         passed on, so neighbouring receipts chain (specs/ledger.md 5.2); a
         piece: what it took, its partials or shares by half, and (publisher)
-        what the stage passed on.
+        what the stage passed on. The certificate hash is `cert_hash` of
+        `certificate` (arguments and errors as there).
         """
+        cert = self.certificate(job_id, step, unit, index, results)
         out: Tensors = {}
-        cert: Tensors = {}
         for r in results:
             out.update(r.out)
-            cert.update(r.cert)
         u = index % (2 * self.k)
         whole = self.pieces[u if u < self.k else 2 * self.k - 1 - u] is None
         out_hash = tensor_digest(out["y"]) if whole else tensors_digest(out)
-        weights = {n: d for r in results for n, d in r.weights.items()}
-        return (named_digest(weights), tensor_digest(results[0].inp), out_hash,
-                tensors_digest(cert) if cert else ZERO32)
+        return cert.weights_hash, tensor_digest(results[0].inp), out_hash, cert_hash(cert)

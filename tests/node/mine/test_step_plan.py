@@ -20,6 +20,8 @@ from node.mine.devnet import devnet_job
 from node.mine.step_plan import StepPlan
 from node.wire.train import ACTIVATION, ATTN_SHARE, CLIENT, GRADIENT, MLP_PARTIAL
 
+JOB, UNIT = b"j" * 32, b"u" * 32  # a job and unit id for certificates built outside a miner
+
 
 def plan_for(k: int, device: str = "cpu", replicas: int = 1):
     config = devnet_job(2, 3, batch_size=2, seq_len=16, k=k, replicas=replicas)
@@ -171,7 +173,7 @@ def test_weights_hash_names_what_each_unit_read_and_is_taken_before_the_update(k
     last = len(plan.stages) - 1
     for index, done in results.items():
         read = set().union(*(plan.read_weights(p) for p, _ in done))
-        weights_hash = plan.receipt_hashes(index, [r for _, r in done])[0]
+        weights_hash = plan.receipt_hashes(JOB, 0, UNIT, index, [r for _, r in done])[0]
         # ...yet each receipt names the weights as its unit read them.
         assert weights_hash == tensors_digest({n: before[n] for n in read})
         phase = done[0][0]
@@ -181,3 +183,113 @@ def test_weights_hash_names_what_each_unit_read_and_is_taken_before_the_update(k
         assert ("tok_emb.weight" in read) == (stage == 0 or (head and tied))
         assert ("norm.weight" in read) == head
         assert any(n.startswith("layers.") for n in read)
+
+
+def certify_step(k: int, perturb: str | None = None):
+    """Step 0 phase by phase: (plan, {index: [(phase, result)]}, loss, inbox).
+
+    ``perturb``: a parameter nudged before the step.
+    """
+    torch.manual_seed(0)
+    config, model, _, plan = plan_for(k)
+    if perturb is not None:
+        with torch.no_grad():
+            dict(model.named_parameters())[perturb].view(-1)[0] += 1e-3
+    ids, targets = batch(config, 0, 0, 1, corpus=load_corpus(config.data))
+    phases = sorted((p for i in range(2 * k) for p in plan.phases(i)), key=lambda p: p.order)
+    inbox, results, loss = {}, {}, None
+    for phase in phases:
+        r = plan.run(phase, 0, {key: inbox[key] for key in plan.needs(0, phase)}, ids, targets)
+        inbox.update({key: tensors for _, key, tensors in r.pushes})
+        results.setdefault(phase.index, []).append((phase, r))
+        loss = r.loss if r.loss is not None else loss
+    return plan, results, loss, inbox
+
+
+def cert_hashes(k: int, perturb: str | None = None) -> list[bytes]:
+    plan, results, _, _ = certify_step(k, perturb)
+    return [plan.receipt_hashes(JOB, 0, UNIT, i, [r for _, r in results[i]])[3]
+            for i in sorted(results)]
+
+
+@pytest.mark.parametrize("k", [2, 6])
+def test_every_unit_commits_a_well_formed_certificate_of_what_it_read_and_produced(k):
+    """specs/pol.md 3.2-3.4: names, chaining digests, data, loss and gradients per unit."""
+    from proof_of_learning.certificate import (
+        NONE_BITS, check_cert, cert_hash, digest_map, float32_bits,
+    )
+    from ledger.crypto import ZERO32
+    from node.mine.jobs import tensor_digest, tensors_digest
+    from node.wire.train import EMBED_GRADS, HEAD_GRADS, SECTION_GRADS, WHATS
+
+    plan, results, loss, inbox = certify_step(k)
+    last = len(plan.stages) - 1
+    certs = {}
+    for index, done in results.items():
+        rs = [r for _, r in done]
+        cert = plan.certificate(JOB, 0, UNIT, index, rs)
+        check_cert(cert)
+        hashes = plan.receipt_hashes(JOB, 0, UNIT, index, rs)
+        assert hashes[0] == cert.weights_hash and hashes[3] == cert_hash(cert)
+        assert (cert.job_id, cert.unit_id, cert.step, cert.index) == (JOB, UNIT, 0, index)
+        certs[index] = (done, cert)
+    producers = {}  # "W/s" -> the digest of the pushed tensor
+    for index, (done, cert) in certs.items():
+        for _, key, tensors in (p for _, r in done for p in r.pushes):
+            if WHATS[key[2]] in ("attention partial", "MLP partial"):
+                producers[f"{WHATS[key[2]]}/{key[3]}"] = tensor_digest(tensors["h"])
+            elif WHATS[key[2]] in ("MLP share", "attention share"):
+                producers[f"{WHATS[key[2]]}/{key[3]}"] = tensor_digest(tensors["g"])
+    heads = 0
+    for index, (done, cert) in certs.items():
+        phase = done[0][0]
+        stage = plan.stage_of[phase.section]
+        inputs, outputs = digest_map(cert.inputs), digest_map(cert.outputs)
+        # Partials and shares: a consumer's input is its producer's output, by name and digest.
+        for name, digest in inputs.items():
+            if "/" in name:
+                assert producers[name] == digest, (index, name)
+        for name, digest in outputs.items():
+            if "/" in name:
+                assert producers[name] == digest, (index, name)
+        head = "g" in outputs
+        heads += head
+        if head:
+            assert phase.forward and stage == last
+            assert cert.loss_bits == float32_bits(loss) != NONE_BITS
+        else:
+            assert cert.loss_bits == NONE_BITS
+        assert (cert.data_hash != ZERO32) == (stage == 0 or head)
+        # grads_hash: every weight gradient the unit pushed, whatever the push.
+        grads = {}
+        for _, key, tensors in (p for _, r in done for p in r.pushes):
+            if key[2] in (SECTION_GRADS, HEAD_GRADS, EMBED_GRADS) or WHATS[key[2]] in (
+                    "MLP share", "attention share"):
+                grads.update({n: v for n, v in tensors.items() if n != "g"})
+        if grads:
+            assert cert.grads_hash == tensors_digest(grads)
+            norm = sum(float((v.double() ** 2).sum()) for _, v in sorted(grads.items())) ** 0.5
+            assert cert.grad_norm_bits == float32_bits(norm)
+        else:
+            assert cert.grads_hash == ZERO32 and cert.grad_norm_bits == NONE_BITS
+        # The receipt's input is the certificate's h (forward) or g (backward).
+        assert hashes_input(plan, index, done) == inputs["h" if phase.forward else "g"]
+    assert heads == 1  # one unit takes the loss
+    # Stage 0's publishing backward commits the embedding's gradient.
+    embed = [cert for done, cert in certs.values()
+             if any(key[2] == EMBED_GRADS for _, r in done for _, key, _ in r.pushes)]
+    assert len(embed) == 1 and embed[0].grads_hash != ZERO32
+
+
+def hashes_input(plan, index, done) -> bytes:
+    return plan.receipt_hashes(JOB, 0, UNIT, index, [r for _, r in done])[1]
+
+
+@pytest.mark.parametrize("k", [2, 6])
+def test_a_step_certifies_the_same_twice_and_differently_for_other_weights(k):
+    """Re-execution reproduces every cert hash (what a verifier relies on); a nudge does not."""
+    first = cert_hashes(k)
+    assert cert_hashes(k) == first
+    assert len(set(first)) == len(first)
+    nudged = cert_hashes(k, perturb="layers.0.attn.wqkv.weight")
+    assert all(a != b for a, b in zip(first, nudged))  # layer 0 moves every unit's numbers
