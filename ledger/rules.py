@@ -331,6 +331,7 @@ def draw_audits(st: Overlay, ctx: Any) -> None:
     verifier is not sampled.
     """
     params = st.params()
+    mature = None  # the same for every draw of this block: computed once, when needed
     for receipt_hash in st.ids(PENDING):
         pending = st.get(PENDING + receipt_hash)
         due = pending.status == audit.DRAW_DUE and pending.height + 2 <= ctx.height
@@ -339,9 +340,10 @@ def draw_audits(st: Overlay, ctx: Any) -> None:
         seed = audit.audit_seed(ctx.prev_hash, receipt_hash)
         verifier = None
         if pending.status == audit.FORCED or audit.is_sampled(seed, params.audit_bps):
-            verifier = audit.audit_verifier(
-                _mature(st, ctx.height - 2), seed, pending.account,
-                (pending.layer_start, pending.layer_end), ctx.height)
+            mature = _mature(st, ctx.height - 2) if mature is None else mature
+            verifier = audit.audit_verifier(mature, seed, pending.account,
+                                            (pending.layer_start, pending.layer_end),
+                                            ctx.height)
         if verifier is None:
             st.put(PENDING + receipt_hash, replace(pending, status=audit.UNSAMPLED))
         else:

@@ -298,12 +298,7 @@ def decode_cert(data: bytes) -> UnitCert:
         MalformedCertificate: not the canonical encoding of a well-formed
             `UnitCert` (the codec's reason, or the rule broken).
     """
-    try:
-        cert = decode(data, UnitCert)
-    except DecodeError as exc:
-        raise MalformedCertificate(f"not a UnitCert: {exc}") from None
-    check_cert(cert)
-    return cert
+    return _decode_checked(data, UnitCert, check_cert, MalformedCertificate, "a UnitCert")
 
 
 def decode_evidence(data: bytes) -> Evidence:
@@ -312,12 +307,17 @@ def decode_evidence(data: bytes) -> Evidence:
     Raises:
         MalformedEvidence: not the canonical encoding of well-formed `Evidence`.
     """
+    return _decode_checked(data, Evidence, check_evidence, MalformedEvidence, "Evidence")
+
+
+def _decode_checked(data: bytes, cls: type, check, error: type[Exception], what: str):
+    """``decode(data, cls)``, then ``check`` it; a codec refusal raises ``error`` too."""
     try:
-        ev = decode(data, Evidence)
+        obj = decode(data, cls)
     except DecodeError as exc:
-        raise MalformedEvidence(f"not Evidence: {exc}") from None
-    check_evidence(ev)
-    return ev
+        raise error(f"not {what}: {exc}") from None
+    check(obj)
+    return obj
 
 
 # -- distances (section 7.2) ----------------------------------------------------------

@@ -170,10 +170,14 @@ class SwarmDirectory:
         Returns:
             The addresses, in announced order; () when ``peer_id`` is unknown.
         """
-        for a in self.view.fresh(trio.current_time()):
-            if str(announce_peer(a)) == peer_id:
-                return tuple(addr for addr in a.addrs if addr.endswith(f"/p2p/{peer_id}"))
-        return ()
+        a = self.announcement(peer_id)
+        return () if a is None else tuple(addr for addr in a.addrs
+                                          if addr.endswith(f"/p2p/{peer_id}"))
+
+    def announcement(self, peer_id: str) -> Announce | None:
+        """The fresh signed announcement of ``peer_id``; None when there is none."""
+        return next((a for a in self.view.fresh(trio.current_time())
+                     if str(announce_peer(a)) == peer_id), None)
 
     # -- exclusion --------------------------------------------------------------------
 

@@ -47,12 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import trio
 
 from compute.quant import encode_tensor
 from ledger.codec import decode, encode
 from node.clock import now_ms
-from node.serve import announce_peer
 from node.wire import SignedAnswer, SpotEvidence, Step, step_claim
 from wallet.errors import HopFailed, NoRoute, RemoteError, ServerBusy
 from wallet.generation import SpotReport
@@ -324,10 +322,10 @@ class SpotChecker:
         return Step(0, tuple(c.shape[1] for c in history), payload)
 
     def _public_key(self, peer_id: str) -> bytes:
-        for a in self.run.directory.view.fresh(trio.current_time()):
-            if str(announce_peer(a)) == peer_id:
-                return a.public_key
-        raise RemoteError(f"no announcement of {peer_id}: its answer cannot be attributed")
+        announce = self.run.directory.announcement(peer_id)
+        if announce is None:
+            raise RemoteError(f"no announcement of {peer_id}: its answer cannot be attributed")
+        return announce.public_key
 
     def _keep_evidence(self, history: list[torch.Tensor], answers: list[SignedAnswer],
                        loser: int, hop: Hop, pos: int) -> tuple[str, bool]:
