@@ -35,7 +35,9 @@ DEFAULT_PARAMS: Mapping[str, int] = MappingProxyType(dict(
 
 #: A devnet chain: fast slots and short windows, so a short run pays out.
 DEVNET_PARAMS: Mapping[str, int] = MappingProxyType(dict(
-    DEFAULT_PARAMS, slot_ms=300, challenge_window=4, unit_timeout=15))
+    DEFAULT_PARAMS, slot_ms=300, challenge_window=4, unit_timeout=15,
+    # Every devnet node mines and verifies: audit a tenth of the receipts.
+    audit_bps=1000, verdict_window=10))
 
 #: The test chains (tests/ledger/chainkit.py): windows of a few blocks, so a
 #: test reaches a payout or a timeout in a handful of blocks.

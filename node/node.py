@@ -118,11 +118,13 @@ class MineConfig:
     job: the job config (`compute.data.JobConfig`).
     average_every: updates between the replicas' averaging rounds.
     device: where the miner trains ("cpu" or "cuda:N").
+    attack: how this node cheats, for the attack battery only (None: it does not).
     """
 
     job: Any
     average_every: int = 10
     device: str = "cpu"
+    attack: str | None = None  # test-only: `node.pol.attacks.ATTACKS` (the attack battery)
 
 
 class StoreFault(NodeError):
@@ -173,6 +175,7 @@ class Node:
         self.wallet_key, self.bond = wallet_key, bond
         self.registrar: Registrar | None = None
         self.miner = None
+        self.verifier = None
         self.addr: str | None = None
         self.service: ChainService | None = None
         self.fault_source: ChainService | None = None  # kept after run, to name the fault
@@ -281,6 +284,7 @@ class Node:
                               a.layer_end], "throughput": a.throughput, "load": a.load,
                               "price": a.price} for a in self.announcer.fresh()]
         info["mining"] = self.miner.status() if self.miner else None
+        info["verifier"] = self.verifier.status() if self.verifier else None
         info["trusted_peers"] = None if self.trusted is None else sorted(map(str, self.trusted))
         return info
 
@@ -406,20 +410,34 @@ class Node:
         await self.registrar.run()
 
     async def _mine_after(self, joined: trio.Event, key) -> None:
-        """Mine once the first syncs are over (see `node.mine.miner.Miner`)."""
+        """Mine and verify once the first syncs are over (`node.mine.miner.Miner`,
+        `node.pol.verifier.Verifier`): the miner keeps what its verifiers need, and
+        `/pnode/pol/1.0.0` serves it."""
         from node.errors import MinerError
         from node.mine import Miner  # torch loads with it
+        from node.pol import PolArchive, PolFetcher, Verifier, attack_hooks, serve_pol
+        from node.wire import MAX_POL_REQUEST, POL_PROTOCOL
 
         with trio.move_on_after(self.network.catch_up_s):
             await joined.wait()
+        archive = PolArchive()
+        self.service.host.set_request_handler(POL_PROTOCOL, serve_pol(archive),
+                                              max_request_size=MAX_POL_REQUEST)
+        worker_tamper, verifier_tamper = attack_hooks(self.mine.attack)
         self.miner = Miner(self.service, self.txs, key, self.mine.job,
                            log_file=self.datadir.path / TRAIN_LOG,
                            average_every=self.mine.average_every, report=self.report,
-                           device=self.mine.device)
-        try:
-            await self.miner.run()
-        except MinerError as exc:  # a job this node cannot mine: the node goes on without
-            self.report(f"not mining: {exc}")
+                           device=self.mine.device, archive=archive, tamper=worker_tamper)
+        self.verifier = Verifier(self.service, self.txs, key, self.mine.job, archive,
+                                 PolFetcher(self.service.host), report=self.report,
+                                 tamper=verifier_tamper)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.verifier.run)
+            try:
+                await self.miner.run()
+            except MinerError as exc:  # a job this node cannot mine: the node goes on without
+                self.report(f"not mining: {exc}")
+            nursery.cancel_scope.cancel()
 
     async def _join(self, addr: str) -> None:
         """Dial ``addr`` (retrying with backoff) and sync from it once."""

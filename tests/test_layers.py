@@ -47,7 +47,7 @@ PACKAGE_FORBIDDEN = {
 
 # Inside node: what each unit (a sub-package, or a module of node's root) may
 # import of node, besides itself and FREE_IN_NODE (the root exception, the clock).
-NODE_SUBPACKAGES = ("net", "wire", "chain", "serve", "mine", "cli")
+NODE_SUBPACKAGES = ("net", "wire", "chain", "serve", "mine", "pol", "cli")
 FREE_IN_NODE = {"node.errors", "node.clock", "node.lazy"}
 ALL_OF_NODE = {"node"}
 NODE_ALLOWED = {
@@ -62,6 +62,7 @@ NODE_ALLOWED = {
     "node.chain": {"node.net", "node.wire", "node.keys", "node.datadir"},
     "node.serve": {"node.net", "node.wire", "node.torch_thread", "node.keys"},
     "node.mine": {"node.net", "node.wire", "node.chain", "node.torch_thread"},
+    "node.pol": {"node.net", "node.wire", "node.chain", "node.torch_thread", "node.mine"},
     "node.node": ALL_OF_NODE,
     "node.control": ALL_OF_NODE,
     "node.cli": ALL_OF_NODE,

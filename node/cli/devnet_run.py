@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from ledger.state import ACCOUNT, JAIL, KEY_SUPPLY
-from ledger.types import COIN, Receipt
+from ledger.types import COIN, FAILING_REASONS, VERDICT_REASONS, Receipt, Verdict
 from node.clock import now_ms
 from node.control import ControlError, NodeNotRunning, control_call
 from node.datadir import DataDir
 from node.errors import NodeError
 from node.keys import read_public_key
-from node.mine import DevnetKeys, config_json, devnet_genesis, devnet_job
+from node.mine import BOND, DevnetKeys, config_json, devnet_genesis, devnet_job
 from node.node import ADDR_FILE, TRAIN_LOG
 
 _ROOT = Path(__file__).resolve().parents[2]  # the repository root (node/cli/ is two down)
@@ -41,8 +41,11 @@ class DevnetError(NodeError):
 
 
 def create(root: Path, n_nodes: int, steps: int, passphrase: str, *,
-           job_overrides: dict | None = None) -> tuple[list[Path], Path]:
+           job_overrides: dict | None = None, params: dict | None = None
+           ) -> tuple[list[Path], Path]:
     """Write the node data dirs and D/job.json; returns (node dirs, job file).
+
+    ``params`` overrides `DEVNET_PARAMS` (e.g. ``audit_bps``).
 
     Raises:
         DevnetError: ``root`` already holds a devnet.
@@ -52,7 +55,7 @@ def create(root: Path, n_nodes: int, steps: int, passphrase: str, *,
     config = devnet_job(steps, n_nodes, **(job_overrides or {}))
     keys = [DevnetKeys.fresh() for _ in range(n_nodes)]
     genesis = devnet_genesis(f"devnet-{os.urandom(3).hex()}", keys, config,
-                             now_ms())
+                             now_ms(), **(params or {}))
     root.mkdir(parents=True, exist_ok=True)
     job_file = root / "job.json"
     job_file.write_text(config_json(config) + "\n")
@@ -68,8 +71,10 @@ class Devnet:
     """The node processes of a devnet; `stop` (or leaving the `with`) stops them all."""
 
     def __init__(self, dirs: list[Path], job_file: Path, *, block_interval_ms: int = 200,
-                 log: Callable[[str], None] = lambda line: None, gpu: int | None = None):
+                 log: Callable[[str], None] = lambda line: None, gpu: int | None = None,
+                 attacks: dict[int, str] | None = None):
         self.dirs, self.job_file, self.gpu = dirs, job_file, gpu
+        self.attacks = attacks or {}  # node index: how it cheats (the attack battery)
         self.block_interval_ms, self.log = block_interval_ms, log
         self.procs: list[subprocess.Popen | None] = []
         self.addrs: list[str] = []
@@ -94,7 +99,8 @@ class Devnet:
             [sys.executable, "-m", "node.cli", "start", "--data-dir", str(d), "--no-serve",
              "--job", str(self.job_file), "--block-interval-ms", str(self.block_interval_ms),
              "--average-every", "5", "--wait-peers", str(wait_peers), *peers,
-             *(["--gpu", str(self.gpu)] if self.gpu is not None else [])],
+             *(["--gpu", str(self.gpu)] if self.gpu is not None else []),
+             *(["--attack", self.attacks[i]] if i in self.attacks else [])],
             cwd=_ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
         while len(self.procs) <= i:
             self.procs.append(None)
@@ -166,6 +172,10 @@ def follow(net: Devnet, steps: int, duration: float | None,
                 and net.procs[i].poll() is None and (s := net.status(i)) is not None]
         if not live:
             raise DevnetError("no node is running")
+        # A node slashed below the bond (a caught cheater) gets no more work.
+        live = [s for s in live if s.get("bond", BOND) >= BOND] or live
+        if not live:
+            raise DevnetError("no node is running")
         step = min((s.get("mining") or {}).get("step", 0) for s in live)
         progress(step, max(s["height"] for s in live))
         if step >= steps:
@@ -203,13 +213,16 @@ def summary(dirs: list[Path]) -> dict[str, Any]:
     tips, nodes, losses = [], [], {}
     heights, supply, minted = [], None, None
     wallets = [read_public_key(DataDir(d).wallet_file) for d in dirs]
+    node_keys = [DataDir(d).node_key().public for d in dirs]
     strikes: list[int] = []  # per node, on the tallest chain: deadlines missed (jail)
+    audits: dict[str, Any] = {}
     for d, wallet in zip(dirs, wallets):
         dd = DataDir(d)
         with dd.open_chain() as db:
             node_key = dd.node_key().public
             if not heights or db.height > max(heights):
                 strikes = [getattr(db.state.get(JAIL + w), "strikes", 0) for w in wallets]
+                audits = _audits(db, wallets, node_keys)
             accepted = sum(isinstance(tx, Receipt) and tx.node_key == node_key
                            for block in db.iter_blocks() for tx in block.txs)
             account = db.state.get(ACCOUNT + wallet)
@@ -228,9 +241,36 @@ def summary(dirs: list[Path]) -> dict[str, Any]:
                 item = json.loads(line)
                 losses.setdefault((item["step"], item.get("replica", 0)), item["loss"])
     ordered = _step_means(losses)
-    for node, n in zip(nodes, strikes):
-        node["strikes"] = n
+    for i, (node, n) in enumerate(zip(nodes, strikes)):
+        node.update(strikes=n, slashed=audits["slashed"][i], jailed=audits["jailed"][i],
+                    verified=audits["verified"][i])
     return {"height": max(heights), "tips": tips, "nodes": nodes,
+            "verdicts": audits["verdicts"],
             "loss_first": ordered[0] if ordered else None,
             "loss_last": ordered[-1] if ordered else None,
             "losses": ordered, "supply": supply, "minted": minted}
+
+
+def _audits(db, wallets: list[bytes], node_keys: list[bytes]) -> dict[str, Any]:
+    """The chain's verdicts by outcome and reason; per node, the verdicts it signed, the
+    coins of bond slashed and whether it is jailed now."""
+    reasons = {name: 0 for name in VERDICT_REASONS}
+    signed = dict.fromkeys(node_keys, 0)
+    for block in db.iter_blocks():
+        for tx in block.txs:
+            if isinstance(tx, Verdict):
+                reasons[VERDICT_REASONS[tx.reason]] += 1
+                if tx.verifier in signed:
+                    signed[tx.verifier] += 1
+    fails = sum(n for name, n in reasons.items()
+                if VERDICT_REASONS.index(name) in FAILING_REASONS)
+    slashed, jailed = [], []
+    for w in wallets:
+        account = db.state.get(ACCOUNT + w)
+        slashed.append((BOND - (account.bond if account else 0)) / COIN)
+        jail = db.state.get(JAIL + w)
+        jailed.append(jail is not None and jail.until > db.height)
+    return {"verdicts": {"pass": reasons["pass"], "fail": fails,
+                         "unavailable": reasons["unavailable"],
+                         "reasons": {n: c for n, c in reasons.items() if c}},
+            "slashed": slashed, "jailed": jailed, "verified": [signed[k] for k in node_keys]}

@@ -70,12 +70,14 @@ from node.keys import read_key_file
                    "default job].")
 @click.option("--average-every", type=click.IntRange(1, 1_000_000), default=10,
               show_default=True, help="Training steps between the replicas' averaging rounds.")
+@click.option("--attack", default=None, hidden=True,
+              help="Test-only: cheat in this way (node.pol.attacks; the attack battery).")
 @click.option("--strict", is_flag=True,
               help="Refuse to start when the chain store's recovery would drop damaged records "
                    "(else it warns and the lost blocks come again from peers).")
 def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layers, auto,
           num_layers, no_serve, gpu, threads, max_sessions, price, model_file, trusted_file, bond,
-          passphrase_file, mine, job_file, average_every, strict) -> None:
+          passphrase_file, mine, job_file, average_every, attack, strict) -> None:
     """Run the node: sync and produce the chain, serve model layers, until SIGINT/SIGTERM.
 
     Prints its address (also written to DATA_DIR/node.addr once it listens
@@ -119,6 +121,10 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
                           price, model_file)
     trusted = read_peer_list(trusted_file) if trusted_file else None
     job = _job_config(job_file) if mine else None
+    if attack is not None:
+        from node.pol import ATTACKS
+        if attack not in ATTACKS or job is None:
+            raise click.UsageError(f"--attack takes one of {', '.join(ATTACKS)}, and mining")
     wallet_key = _unlocked_wallet(data_dir, passphrase_file) if serve else None
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     status = _StatusLine() if sys.stdout.isatty() else None  # a live line on a terminal only
@@ -126,7 +132,8 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
                 network=NetworkConfig(listen=listen, peers=tuple(peers),
                                       trusted=None if trusted is None else frozenset(trusted)),
                 produce=ProduceConfig(produce, block_interval_ms, wait_peers),
-                serve=serve, mine=None if job is None else MineConfig(job, average_every, device),
+                serve=serve, mine=None if job is None else MineConfig(job, average_every, device,
+                                                                attack),
                 wallet_key=wallet_key, bond=parse_coins(bond) if bond else None,
                 report=status.print if status else click.echo, strict=strict)
 

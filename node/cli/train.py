@@ -90,8 +90,18 @@ def _train_with_progress(job, decomposed: bool, *, quiet: bool, train_local):
 @click.option("--gpu", type=click.IntRange(0, 64), default=None, metavar="N",
               help="Every node mines on CUDA device N (an error if there is none) "
                    "[default: CPU].")
+@click.option("--audit-bps", type=click.IntRange(0, 10_000), default=None,
+              help="Receipts audited by re-execution, in basis points [default: the devnet "
+                   "preset's, 1000 = 10%].")
+@click.option("--byzantine", type=click.IntRange(0, 16), default=0, show_default=True,
+              help="How many nodes (node0, node1, ...) cheat, as --attack says.")
+@click.option("--attack", default=None, metavar="KIND",
+              help="How the byzantine nodes cheat: random-update, scaled-gradients, "
+                   "stale-weights, wrong-data, replay, perturbed-forward, wrong-loss-grad, "
+                   "lazy-verifier, malicious-verifier.")
 @json_option
-def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, as_json) -> None:
+def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, audit_bps,
+           byzantine, attack, as_json) -> None:
     """Start a local devnet: N node processes on loopback mine the default job.
 
     A fresh genesis registers every node (node i < 2 holds one section of the
@@ -109,6 +119,7 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, as_j
       pnode devnet --nodes 2 --duration 60
       pnode devnet --nodes 3 --replicas 2            # two shards of every step
       pnode devnet --nodes 2 --gpu 0                 # both nodes mine on cuda:0
+      pnode devnet --byzantine 1 --attack scaled-gradients --json   # node0 cheats
     """
     import tempfile
 
@@ -117,18 +128,26 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, as_j
 
     from node.cli import devnet_run
 
+    if (byzantine > 0) != (attack is not None) or byzantine > n_nodes:
+        raise click.UsageError("--byzantine K and --attack KIND go together, K at most --nodes")
+    if attack is not None:
+        from node.pol import ATTACKS
+        if attack not in ATTACKS:
+            raise click.UsageError(f"--attack: {attack!r} is not one of {', '.join(ATTACKS)}")
     if gpu is not None:
         from compute.device import resolve_device  # a clear error when there is no such GPU
         resolve_device(f"cuda:{gpu}")
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="pnode-devnet-"))
     secret = os.environ.get("PNODE_PASSPHRASE", "devnet")
     err = Console(stderr=True)
-    dirs, job_file = devnet_run.create(root, n_nodes, steps, secret,
-                                       job_overrides={"replicas": replicas})
+    dirs, job_file = devnet_run.create(
+        root, n_nodes, steps, secret, job_overrides={"replicas": replicas},
+        params={} if audit_bps is None else {"audit_bps": audit_bps})
     say = (lambda line: None) if as_json else (lambda line: err.print(line))
     say(f"devnet in {root}: {n_nodes} nodes, job of {steps} steps"
         + (f", mining on cuda:{gpu}" if gpu is not None else ""))
-    with devnet_run.Devnet(dirs, job_file, log=say, gpu=gpu) as net:
+    attacks = {i: attack for i in range(byzantine)}
+    with devnet_run.Devnet(dirs, job_file, log=say, gpu=gpu, attacks=attacks) as net:
         for i in range(n_nodes):  # nobody produces before all are up
             net.start(i, wait_peers=n_nodes - 1)
         columns = (TextColumn("training"), BarColumn(),
@@ -140,7 +159,8 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, as_j
                 task, completed=step, height=height))
         if done:  # let every reward's challenge window close, on one tip
             from node.mine import DEVNET_PARAMS
-            devnet_run.settle(net, DEVNET_PARAMS["challenge_window"] + 2)
+            devnet_run.settle(net, max(DEVNET_PARAMS["challenge_window"],
+                                       DEVNET_PARAMS["verdict_window"] + 2) + 2)
         if keep_running:
             say("nodes running; Ctrl-C stops them")
             try:
@@ -155,5 +175,9 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, as_j
         f"{len(info['losses'])} of {steps} steps",
         f"loss {info['loss_first']:.3f} -> {info['loss_last']:.3f}" if info["losses"] else
         "no loss computed", f"supply {info['supply']} coins ({info['minted']} minted)",
+        "verdicts: {pass} pass, {fail} fail, {unavailable} unavailable".format(
+            **info["verdicts"]),
         *(f"node{i}: {n['units_accepted']} units accepted, {n['coins']} coins"
+          + (f", {n['slashed']} coins slashed" if n["slashed"] else "")
+          + (", jailed" if n["jailed"] else "")
           for i, n in enumerate(info["nodes"]))]))

@@ -13,7 +13,10 @@ from node.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.mine.miner": ("Miner",),
-    "node.mine.jobs": ("config_from_json", "config_json"),
+    "node.mine.jobs": ("config_from_json", "config_json", "job_units", "matches", "named_digest",
+                       "tensor_digest", "tensors_digest"),
+    "node.mine.step_plan": ("Key", "Phase", "PhaseResult", "StepPlan", "Tensors", "input_name",
+                            "message_tensor"),
     "node.mine.averaging": ("Averager",),
-    "node.mine.devnet": ("DEVNET_PARAMS", "DevnetKeys", "devnet_genesis", "devnet_job"),
+    "node.mine.devnet": ("BOND", "DEVNET_PARAMS", "DevnetKeys", "devnet_genesis", "devnet_job"),
 })

@@ -58,8 +58,8 @@ from compute.train import average_replicas, make_sections
 from ledger.crypto import SigningKey
 from ledger.errors import ValidationError
 from ledger.rules import candidates
-from ledger.state import JOB, NODE, UNIT, Overlay
-from ledger.types import ZERO_SIG, Receipt, sign, unit_id
+from ledger.state import JOB, NODE, PENDING, UNIT, Overlay
+from ledger.types import ZERO_SIG, Receipt, sign, tx_hash, unit_id
 from node import torch_thread
 from node.chain import ChainService, TxGossip
 from node.errors import BadPush, MinerError
@@ -104,16 +104,22 @@ class Miner:
         device: where the model, its optimizers and the step's tensors live
             ("cpu", or "cuda:N" for `pnode start --gpu N`); what goes on the
             wire and into hashes is moved to the CPU first.
+        archive: a `node.pol.archive.PolArchive` (None: keep nothing): each
+            unit's certificate and tensors, kept for its verifier, and this
+            node's own weight versions, kept to judge others'.
+        tamper: test-only (`node.pol.attacks`): a cheating worker's phase
+            runner and update rule.
     """
 
     def __init__(self, service: ChainService, txs: TxGossip, node_key: SigningKey,
                  config: JobConfig, *, log_file: Path | None = None, average_every: int = 10,
                  wait_s: float = 20.0, report: Callable[[str], None] = lambda line: None,
-                 device: str = "cpu"):
+                 device: str = "cpu", archive=None, tamper=None):
         self.service, self.txs, self.key, self.config = service, txs, node_key, config
         self.host = service.host
         self.log_file, self.average_every, self.wait_s = log_file, average_every, wait_s
         self.report, self.device = report, torch.device(device)
+        self.archive, self.tamper = archive, tamper
         self.me = str(self.host.peer_id)
         self.job_id: bytes | None = None
         self.version = 0  # updates applied: the step whose units this node may run
@@ -155,6 +161,10 @@ class Miner:
     async def _mine(self) -> None:
         while True:
             view = self._view = await self.service.call(self._look)
+            if self.archive is not None and view.job_id is not None:
+                done = await self.service.call(self._unauditable, self.archive.receipts(),
+                                               view.step)
+                self.archive.forget(done, view.step)
             if not await self._ready(view):
                 await self.service.wait_tip_change(view.tip)
                 continue
@@ -231,6 +241,30 @@ class Miner:
         return _View(chain.tip_hash, job_id, record.step, record.job.steps,
                      tuple(mine), holders, miners, span)
 
+    def _unauditable(self, kept: dict[bytes, int], step: int) -> set[bytes]:
+        """Of ``kept`` (receipt hash: step), those no audit can come for: with no `Pending`
+        left and of a step before ``step`` (included and past their window, or replaced)."""
+        st = self.service.chain.state
+        return {h for h, t in kept.items() if t < step and st.get(PENDING + h) is None}
+
+    async def _keep_version(self) -> None:
+        """Record this node's own weights at ``version`` (what it judges others' against)."""
+        if self.archive is not None:
+            weights = await torch_thread.run_sync(self._own_weights)
+            self.archive.keep_version(self.version, weights)
+
+    def _own_weights(self) -> dict[str, torch.Tensor]:
+        """The whole parameters this node keeps up to date: its whole-layer sections', the
+        client part's (a piece's parameter is only partly its own, so it is left out)."""
+        params = dict(self.model.named_parameters())
+        names = [n for s in self.held if self.plan.pieces[s] is None
+                 for i in range(self.sections.forward[s].layer_start,
+                                self.sections.forward[s].layer_end)
+                 for n in params if n.startswith(f"layers.{i}.")]
+        head = "tok_emb.weight" if self.model.config.tie_embeddings else "lm_head.weight"
+        names += ["tok_emb.weight", "norm.weight", head]
+        return {n: params[n] for n in dict.fromkeys(names)}
+
     async def _setup(self, view: _View) -> None:
         """Build the job's model and check it against the chain's commitments.
 
@@ -272,6 +306,7 @@ class Miner:
         self.host.set_handler(TRAIN_PROTOCOL, self.transfer.receive)
         self.host.set_request_handler(STATE_PROTOCOL, self.state_sync.serve,
                                       max_request_size=1024)
+        await self._keep_version()
         held = ", ".join(f"{self.sections.forward[s].layer_start}:"
                          f"{self.sections.forward[s].layer_end}" for s in self.held)
         self._say(f"mining job {self.job_id.hex()[:16]}..: holding sections [{held}] and the "
@@ -305,8 +340,8 @@ class Miner:
             return  # not here yet and the chain moved on: look again (it may have reassigned)
         shard = batch(self.config, t, phase.replica, self.config.replicas, corpus=self.corpus)
         ids, targets = (x.to(self.device) for x in shard)
-        result = await torch_thread.run_sync(self.plan.run, phase, t, dict(zip(needs, got)),
-                                             ids, targets)
+        run = self.plan.run if self.tamper is None else self.tamper.run_phase(self.plan)
+        result = await torch_thread.run_sync(run, phase, t, dict(zip(needs, got)), ids, targets)
         try:
             await self.transfer.push_all(result.pushes, job_id=view.job_id,
                                          miners=view.miners, holders=view.holders)
@@ -324,9 +359,13 @@ class Miner:
         if not phase.last:
             return
         unit = unit_id(view.job_id, t, self.units[index])
-        hashes = self.plan.receipt_hashes(view.job_id, t, unit, index, list(done.values()))
+        results = list(done.values())
+        cert = self.plan.certificate(view.job_id, t, unit, index, results)
+        hashes = self.plan.receipt_hashes(view.job_id, t, unit, index, results, cert)
         receipt = sign(Receipt(self.service.chain.chain_id, self.key.public, view.job_id, unit,
                                *hashes, ZERO_SIG), self.key)
+        if self.archive is not None:
+            self.archive.keep_unit(t, cert, results, tx_hash(receipt))
         self._receipts[(t, index)] = receipt
         del self._phases[(t, index)]
         if await self._submit(receipt):
@@ -373,11 +412,13 @@ class Miner:
         self.version = t + 1
         if self.version % self.average_every == 0:
             await self._average()
+        await self._keep_version()
         return True
 
     def _step_optimizers(self, grads: dict[str, torch.Tensor], version: int) -> None:
         for s in self.held:
-            self.sections.optimizers[s].step(grads)
+            if self.tamper is None or self.tamper.steps_section(s):
+                self.sections.optimizers[s].step(grads)
         self.sections.client.step(grads)
         # What the weights are now (the compute thread's view), for the states it serves.
         self.state_sync.weights_version = version
@@ -413,5 +454,6 @@ class Miner:
                                            miners=view.miners, holders=view.holders):
             return False
         self.version = view.step
+        await self._keep_version()
         self._say(f"mining: caught up at step {view.step} with the holders' weights")
         return True

@@ -106,17 +106,32 @@ class PhaseResult:
     squares: dict[str, float] = field(default_factory=dict)
     data: bytes = ZERO32  # tensors_digest of {"ids", "targets"} when the phase read tokens
     loss: float | None = None
+    # A CPU copy of every tensor digested above, by digest: what the worker
+    # keeps for its verifier (node.pol.archive).
+    kept: dict[bytes, torch.Tensor] = field(default_factory=dict)
+
+    def keep(self, t: torch.Tensor) -> bytes:
+        """The `tensor_digest` of a CPU copy of ``t``, kept (a parameter may change later)."""
+        c = t.detach().to("cpu", copy=True)
+        digest = tensor_digest(c)
+        self.kept[digest] = c
+        return digest
 
     def produced(self, grads: Tensors) -> None:
         """Commit weight gradients the phase produced."""
         for name, g in grads.items():
-            self.grads[name] = tensor_digest(g)
+            self.grads[name] = self.keep(g)
             self.squares[name] = float(g.detach().double().square().sum())
 
 
-def _name(what: int, section: int) -> str:
+def input_name(what: int, section: int) -> str:
     """The certificate name of a piece's partial or share: ``W/s`` (specs/pol.md 3.2)."""
     return f"{WHATS[what]}/{section}"
+
+
+def message_tensor(what: int) -> str:
+    """Which tensor of a pushed message a unit reads: "h" (states, partials) or "g"."""
+    return "h" if what in (ACTIVATION, ATTN_PARTIAL, MLP_PARTIAL) else "g"
 
 
 class StepPlan:
@@ -257,9 +272,9 @@ class StepPlan:
                 h = self.model.embed(ids)  # (B, T, C)
         else:
             h = inputs[(*t, ACTIVATION, stage[0])]["h"]
-        r = PhaseResult(inp=h, weights={n: tensor_digest(p)
-                                        for n, p in self.read_weights(phase).items()},
-                        inputs=self._input_digests(phase, t, h, inputs))
+        r = PhaseResult(inp=h)
+        r.weights = {n: r.keep(p) for n, p in self.read_weights(phase).items()}
+        r.inputs = self._input_digests(r, phase, t, h, inputs)
         head = phase.forward and i == len(self.stages) - 1 and phase.kind in ("whole", "publish")
         if i == 0 or head:  # it embeds the batch, or takes the loss
             r.data = tensors_digest({"ids": ids, "targets": targets})
@@ -270,17 +285,16 @@ class StepPlan:
             self._run_backward(r, phase, t, stage, h, g, inputs, ids)
         return r
 
-    def _input_digests(self, phase: Phase, t: StepReplica, h: torch.Tensor,
+    def _input_digests(self, r: PhaseResult, phase: Phase, t: StepReplica, h: torch.Tensor,
                        inputs: dict[Key, Tensors]) -> dict[str, bytes]:
         """A phase's certificate inputs: ``h`` and every message it reads (specs/pol.md 3.2)."""
-        named = {"h": tensor_digest(h)}  # a pushed activation is h itself
+        named = {"h": r.keep(h)}  # a pushed activation is h itself
         for key in self.needs(t[0], phase):
             what = key[2]
             if what == GRADIENT:
-                named["g"] = tensor_digest(inputs[key]["g"])
+                named["g"] = r.keep(inputs[key]["g"])
             elif what != ACTIVATION:
-                tensor = "h" if what in (ATTN_PARTIAL, MLP_PARTIAL) else "g"
-                named[_name(what, key[3])] = tensor_digest(inputs[key][tensor])
+                named[input_name(what, key[3])] = r.keep(inputs[key][message_tensor(what)])
         return named
 
     def read_weights(self, phase: Phase) -> Tensors:
@@ -332,13 +346,13 @@ class StepPlan:
         elif phase.kind == "attention":
             r.out["attention"] = a = forward_block(self.model, spec, h, half="attention",
                                                    mlp_slices=self.m)
-            r.outputs[_name(ATTN_PARTIAL, s)] = tensor_digest(a)
+            r.outputs[input_name(ATTN_PARTIAL, s)] = r.keep(a)
             r.pushes.append((stage, (*t, ATTN_PARTIAL, s), {"h": a}))
         elif phase.kind == "mlp":
             h_mid = self._h_mid(t, stage, h, inputs)
             r.out["mlp"] = p = forward_block(self.model, spec, h_mid, half="mlp",
                                              mlp_slices=self.m)
-            r.outputs[_name(MLP_PARTIAL, s)] = tensor_digest(p)
+            r.outputs[input_name(MLP_PARTIAL, s)] = r.keep(p)
             r.pushes.append(((stage[-1],), (*t, MLP_PARTIAL, s), {"h": p}))  # the publisher's
         else:
             h_mid = self._h_mid(t, stage, h, inputs)
@@ -350,7 +364,7 @@ class StepPlan:
     def _publish_forward(self, r: PhaseResult, t: StepReplica, stage, y: torch.Tensor,
                          targets) -> None:
         """The stage's output: to the next stage, or (the last) into the loss and its gradient."""
-        r.outputs["y"] = tensor_digest(y)
+        r.outputs["y"] = r.keep(y)
         i = self.stage_of[stage[0]]
         if i + 1 < len(self.stages):
             nxt = self.stages[i + 1]
@@ -358,7 +372,7 @@ class StepPlan:
             return
         loss, g, head_grads = head_loss_block(self.model, y, targets)
         r.loss = loss.item()
-        r.outputs["g"] = tensor_digest(g)
+        r.outputs["g"] = r.keep(g)
         r.produced(head_grads)
         r.pushes.append((stage, (*t, GRADIENT, stage[0]), {"g": g}))
         r.pushes.append((CLIENT, (*t, HEAD_GRADS, CLIENT), head_grads))
@@ -389,13 +403,13 @@ class StepPlan:
         r.out[phase.kind] = share
         r.produced(grads)
         what = MLP_SHARE if phase.kind == "mlp" else ATTN_SHARE
-        r.outputs[_name(what, s)] = tensor_digest(share)
+        r.outputs[input_name(what, s)] = r.keep(share)
         r.pushes.append((stage, (*t, what, s), {"g": share, **grads}))
 
     def _publish_backward(self, r: PhaseResult, t: StepReplica, stage, g_in: torch.Tensor,
                           ids) -> None:
         """dL/d(the stage's input): to the stage below, or (stage 0) into the embedding."""
-        r.outputs["y"] = tensor_digest(g_in)
+        r.outputs["y"] = r.keep(g_in)
         i = self.stage_of[stage[0]]
         if i > 0:
             below = self.stages[i - 1]
@@ -444,16 +458,18 @@ class StepPlan:
         return cert
 
     def receipt_hashes(self, job_id: bytes, step: int, unit: bytes, index: int,
-                       results: Sequence[PhaseResult]) -> tuple[bytes, bytes, bytes, bytes]:
+                       results: Sequence[PhaseResult], cert: UnitCert | None = None
+                       ) -> tuple[bytes, bytes, bytes, bytes]:
         """(weights, input, output, certificate) hashes of a unit from its phases' results.
 
         Whole layers: the states (forward) or gradient (backward) taken and
         passed on, so neighbouring receipts chain (specs/ledger.md 5.2); a
         piece: what it took, its partials or shares by half, and (publisher)
         what the stage passed on. The certificate hash is `cert_hash` of
-        `certificate` (arguments and errors as there).
+        `certificate` (arguments and errors as there), or of ``cert`` when
+        the caller built it already.
         """
-        cert = self.certificate(job_id, step, unit, index, results)
+        cert = cert or self.certificate(job_id, step, unit, index, results)
         out: Tensors = {}
         for r in results:
             out.update(r.out)

@@ -3,10 +3,11 @@
 Sub-modules: `sync` (chain sync, block and transaction topics), `serve`
 (swarm announcements and inference sessions), `span` (`ServerInfo`: the span
 record servers and clients read from an announcement), `train` (training
-pushes and state sync), `averaging` (replica averaging). Each message is a frozen,
-slotted dataclass registered with the ledger codec, so ``decode(data, T)``
-refuses any other tag, a field out of range, or trailing bytes. Limits live
-next to the shapes they bound, so both ends agree on them.
+pushes and state sync), `averaging` (replica averaging), `pol`
+(Proof-of-Learning fetches). Each message is a frozen, slotted dataclass
+registered with the ledger codec, so ``decode(data, T)`` refuses any other
+tag, a field out of range, or trailing bytes. Limits live next to the
+shapes they bound, so both ends agree on them.
 
 Codec tags (the ledger's own objects use 1-40; a tag is never reused):
 
@@ -17,6 +18,7 @@ Codec tags (the ledger's own objects use 1-40; a tag is never reused):
     69-71  train: StepTensors, StateRequest, StateReply
     72-74  serve (push routing): Link, Linked, PushOpen
     75-77  serve (spot checks): StepClaim, SignedAnswer, SpotEvidence
+    78-79  pol: PolRequest, PolReply
 """
 
 from node.lazy import lazy_exports
@@ -33,6 +35,10 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "Linked", "ModelId", "OpenSession", "PushOpen", "SessionAccepted", "SessionError", "Step",
         "StepResult", "SwarmRequest", "SwarmResponse", "Text", "sign_announce",
         "S_STEP", "SignedAnswer", "SpotEvidence", "StepClaim", "session_id", "step_claim",
+    ),
+    "node.wire.pol": (
+        "CERT", "EVIDENCE", "MAX_POL_FRAME", "MAX_POL_REQUEST", "NAMED", "POL_KINDS",
+        "POL_PROTOCOL", "TENSOR", "PolReply", "PolRequest",
     ),
     "node.wire.span": ("ServerInfo", "SpanError"),
     "node.wire.sync": (

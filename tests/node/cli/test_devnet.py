@@ -34,18 +34,37 @@ def test_devnet_of_three_nodes_mines_the_job_and_pays_each_unit(tmp_path):
     assert info["finished"] and len(set(info["tips"])) == 1 and len(info["tips"]) == 3
     units = [n["units_accepted"] for n in info["nodes"]]
     assert sum(units) == 4 * steps  # F0 F1 B1 B0 of every step, each paid once
-    assert all(n["coins"] == n["units_accepted"] for n in info["nodes"])
+    # A coin per unit, and the flat fee of a coin per verdict: honest work always passes.
+    assert info["verdicts"]["fail"] == info["verdicts"]["unavailable"] == 0
+    verdicts = info["verdicts"]["pass"]
+    assert sum(n["verified"] for n in info["nodes"]) == verdicts
+    assert all(n["coins"] == n["units_accepted"] + n["verified"] for n in info["nodes"])
+    assert all(n["slashed"] == 0 and not n["jailed"] for n in info["nodes"])
     # Longest wait spreads the work. (A node whose miner came up after the
     # first blocks may miss its first deadlines and, jailed, sit out a short
     # job; every node gets units in most runs.)
     assert sum(n["units_accepted"] > 0 for n in info["nodes"]) >= 2
-    assert info["minted"] == sum(units) and info["supply"] == 3 * 10 + info["minted"]
+    assert info["minted"] == sum(units) + verdicts and info["supply"] == 3 * 10 + info["minted"]
     local = train_local(devnet_job(steps, 3)).losses  # whole-model reference
     assert info["losses"] == pytest.approx(list(local), rel=1e-4)
     assert info["loss_last"] < info["loss_first"]
     for i in range(3):  # each node's own store re-validates (assignments, supply)
         v = pnode("verify", "chain", "--data-dir", str(tmp_path / "dn" / f"node{i}"))
         assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_a_cheating_node_is_caught_slashed_and_jailed_and_honest_ones_are_not(tmp_path):
+    """The attack battery's devnet form (issue 16): node0 scales its gradients by 0.01."""
+    r = pnode("devnet", "--nodes", "3", "--steps", "6", "--audit-bps", "5000", "--byzantine",
+              "1", "--attack", "scaled-gradients", "--data-dir", str(tmp_path / "dn"), "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads(r.stdout)
+    cheater, *honest = info["nodes"]
+    assert info["verdicts"]["fail"] >= 1
+    assert info["verdicts"]["reasons"].get("gradient mismatch", 0) >= 1
+    assert cheater["slashed"] == 10 and cheater["jailed"]  # the whole bond, burned
+    assert all(n["slashed"] == 0 and not n["jailed"] for n in honest)
+    assert info["supply"] == 3 * 10 - 10 + info["minted"]  # the slash is burned, not paid
 
 
 def wait_for(net, what: str, predicate, limit: float = 180) -> None:

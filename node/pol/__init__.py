@@ -1,0 +1,20 @@
+"""Proof of Learning in a node: what workers keep, the fetch protocol, the verifier (specs/pol.md).
+
+Sub-modules: `archive` (what a worker keeps for its verifiers, a miner's
+own weight versions), `fetch` (`/pnode/pol/1.0.0`, both sides), `reexecute`
+(a unit re-run from its committed weights and inputs), `judge` (the
+verifier's procedure on one receipt), `verifier` (the service a mining node
+runs), `attacks` (cheating, for the attack battery only).
+"""
+
+from node.lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    "node.pol.archive": ("PolArchive", "RING"),
+    "node.pol.fetch": ("PolFetcher", "serve_pol"),
+    "node.pol.judge": ("Case", "Judgement", "judge"),
+    "node.pol.reexecute": ("Reexecutor", "Rerun", "WeightsMismatch"),
+    "node.pol.verifier": ("Verifier",),
+    "node.pol.attacks": ("ATTACKS", "VERIFIER_ATTACKS", "WORKER_ATTACKS", "WorkerAttack",
+                         "attack_hooks", "verifier_tamper"),
+})

@@ -1,0 +1,173 @@
+"""What a node keeps so that its work can be re-executed, and what it keeps to re-execute others'.
+
+Owns `PolArchive` (specs/pol.md 8). A worker keeps, for every unit it
+signed, the certificate, every tensor the certificate digests (inputs as
+consumed, outputs as produced, weight gradients, the weights read) and the
+two named sets (`weights_hash`, `grads_hash`), until no receipt of that step
+can still be audited. A verifier keeps its evidence as long, and every
+miner keeps a ring of its own weight versions (what it holds after each
+update), so it can judge a worker's `weights_hash` against weights of its
+own rather than the worker's word.
+
+Everything is stamped with a step and dropped by `prune`; tensors are kept
+once per digest (a forward and a backward of one section read the same
+weights). In memory: a restarted worker cannot answer for units it ran
+before the restart, and its verifiers say `UNAVAILABLE` (specs/pol.md 6.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from ledger.codec import encode
+from node.mine import named_digest, tensor_digest
+from proof_of_learning.certificate import Evidence, UnitCert, cert_hash, evidence_hash
+
+__all__ = ["PolArchive", "RING"]
+
+#: Weight versions a miner keeps of its own (a verdict comes a few blocks after its unit).
+RING = 16
+
+
+class PolArchive:
+    """Certificates, evidence, tensors by digest and named sets, each stamped with a step."""
+
+    def __init__(self, ring: int = RING):
+        self.ring = ring
+        self._objects: dict[bytes, tuple[int, bytes]] = {}  # cert/evidence hash: (step, encoding)
+        self._tensors: dict[bytes, tuple[int, torch.Tensor]] = {}  # digest: (step, CPU tensor)
+        self._named: dict[bytes, tuple[int, dict[str, bytes]]] = {}  # hash: (step, name: digest)
+        self._versions: dict[int, dict[str, bytes]] = {}  # own weights: version: name: digest
+        self._receipts: dict[bytes, int] = {}  # receipts whose units are kept: their step
+
+    def __len__(self) -> int:
+        return len(self._objects) + len(self._tensors) + len(self._named)
+
+    # -- keeping ------------------------------------------------------------------------
+
+    def keep_tensors(self, step: int, tensors: Iterable[torch.Tensor]) -> dict[bytes, torch.Tensor]:
+        """Keep CPU copies by digest; returns them by digest."""
+        out = {}
+        for t in tensors:
+            t = t.detach().to("cpu", copy=True)
+            digest = tensor_digest(t)
+            self._stamp_tensor(digest, t, step)
+            out[digest] = t
+        return out
+
+    def keep_digested(self, step: int, tensors: Mapping[bytes, torch.Tensor]) -> None:
+        """Keep tensors already digested (CPU copies, by their `tensor_digest`)."""
+        for digest, t in tensors.items():
+            self._stamp_tensor(digest, t, step)
+
+    def _stamp_tensor(self, digest: bytes, t: torch.Tensor, step: int) -> None:
+        old = self._tensors.get(digest)
+        self._tensors[digest] = (max(step, old[0]) if old else step, old[1] if old else t)
+
+    def keep_named(self, step: int, digests: Mapping[str, bytes]) -> bytes:
+        """Keep a named set (its tensors kept apart, by digest); returns its `tensors_digest`."""
+        key = named_digest(dict(digests))
+        old = self._named.get(key)
+        self._named[key] = (max(step, old[0]) if old else step, dict(digests))
+        return key
+
+    def keep_unit(self, step: int, cert: UnitCert, results, receipt_hash: bytes) -> None:
+        """Keep what a verifier of one signed unit needs (module docstring).
+
+        Args:
+            step: the unit's step.
+            cert: its certificate.
+            results: its phases' `node.mine.step_plan.PhaseResult`s (their ``kept``
+                tensors, ``weights`` and ``grads`` digests).
+            receipt_hash: the receipt that commits it (see `forget`).
+        """
+        weights: dict[str, bytes] = {}
+        grads: dict[str, bytes] = {}
+        for r in results:
+            self.keep_digested(step, r.kept)
+            weights.update(r.weights)
+            grads.update(r.grads)
+        self.keep_named(step, weights)
+        if grads:
+            self.keep_named(step, grads)
+        self.keep_cert(step, cert)
+        self._receipts[receipt_hash] = step
+
+    def receipts(self) -> dict[bytes, int]:
+        """The receipts whose units are kept: their steps, by hash (a copy)."""
+        return dict(self._receipts)
+
+    def forget(self, done: set[bytes], step_now: int) -> None:
+        """Forget the receipts in ``done`` (no audit can come), then prune what none needs.
+
+        Everything stamped before the oldest step of a kept receipt (or
+        ``step_now`` when none is kept) goes.
+        """
+        for h in done:
+            self._receipts.pop(h, None)
+        self.prune(min([*self._receipts.values(), step_now]))
+
+    def keep_cert(self, step: int, cert: UnitCert) -> bytes:
+        """Keep a certificate; returns its `cert_hash`."""
+        key = cert_hash(cert)
+        self._objects[key] = (step, encode(cert))
+        return key
+
+    def keep_evidence(self, step: int, evidence: Evidence) -> bytes:
+        """Keep evidence this node served with a verdict; returns its `evidence_hash`."""
+        key = evidence_hash(evidence)
+        self._objects[key] = (step, encode(evidence))
+        return key
+
+    def keep_version(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        """Record this node's own weights after ``version`` updates (the ring's newest)."""
+        digests = {}
+        for name, t in weights.items():  # equal tensors (every norm's ones) share a digest
+            (digest, _), = self.keep_tensors(version, [t]).items()
+            digests[name] = digest
+        self._versions[version] = digests
+        for old in sorted(self._versions)[:-self.ring]:
+            del self._versions[old]
+
+    # -- reading ------------------------------------------------------------------------
+
+    def encoded(self, key: bytes) -> bytes | None:
+        """A kept certificate's or evidence's encoding by its hash."""
+        item = self._objects.get(key)
+        return None if item is None else item[1]
+
+    def tensor(self, digest: bytes) -> torch.Tensor | None:
+        item = self._tensors.get(digest)
+        return None if item is None else item[1]
+
+    def named(self, key: bytes) -> dict[str, torch.Tensor] | None:
+        """The named set whose `tensors_digest` is ``key``, every tensor present, else None."""
+        item = self._named.get(key)
+        if item is None:
+            return None
+        out = {name: self.tensor(d) for name, d in item[1].items()}
+        return None if any(t is None for t in out.values()) else out
+
+    def version(self, version: int, names: Iterable[str]) -> dict[str, torch.Tensor] | None:
+        """This node's own tensors ``names`` after ``version`` updates; None unless all kept."""
+        digests = self._versions.get(version)
+        if digests is None:
+            return None
+        out = {n: self.tensor(digests[n]) for n in names if n in digests}
+        return out if all(t is not None for t in out.values()) else None
+
+    def versions(self) -> list[int]:
+        return sorted(self._versions)
+
+    # -- forgetting ---------------------------------------------------------------------
+
+    def prune(self, before: int) -> None:
+        """Drop what is stamped before step ``before``, except tensors of the weight ring."""
+        ring = {d for digests in self._versions.values() for d in digests.values()}
+        for table in (self._objects, self._named):
+            for key in [k for k, item in table.items() if item[0] < before]:
+                del table[key]
+        for key in [k for k, item in self._tensors.items() if item[0] < before and k not in ring]:
+            del self._tensors[key]

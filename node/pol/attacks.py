@@ -1,0 +1,138 @@
+"""Cheating workers and verifiers, for the attack battery only (issue 16; specs/pol.md 11).
+
+Owns `WorkerAttack` and `verifier_tamper`: the ways a node can cheat, kept
+apart from the honest path. Nothing here runs unless `pnode start
+--attack KIND` (a hidden, test-only option that `pnode devnet --byzantine K
+--attack KIND` passes to K nodes) asks for it. A cheating worker still signs
+a well-formed certificate: it commits what it really pushed, so the lie is
+in the work, where only re-execution finds it.
+
+Worker attacks (the phase as run honestly, then changed before it is
+committed and pushed):
+
+- ``random-update``: every weight gradient replaced by noise of the same norm;
+- ``scaled-gradients``: every weight gradient x0.01 (a smaller learning rate);
+- ``stale-weights``: the node never steps its held sections (skips updates);
+- ``wrong-data``: the units that read tokens read another batch (shifted);
+- ``replay``: a unit's outputs are its outputs of the step before;
+- ``perturbed-forward``: noise of 1e-3 of the max added to forward outputs;
+- ``wrong-loss-grad``: the last forward's dL/dy halved.
+
+Verifier attacks: ``lazy-verifier`` passes everything without looking;
+``malicious-verifier`` fails everything with made-up evidence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from node.mine import Phase, PhaseResult, StepPlan, input_name
+from node.wire import ATTN_PARTIAL, MLP_PARTIAL
+from proof_of_learning.certificate import EXACT, OUTPUT_MISMATCH, PASS, Digest, Evidence
+
+__all__ = ["ATTACKS", "VERIFIER_ATTACKS", "WORKER_ATTACKS", "WorkerAttack", "attack_hooks",
+           "verifier_tamper"]
+
+WORKER_ATTACKS = ("random-update", "scaled-gradients", "stale-weights", "wrong-data", "replay",
+                  "perturbed-forward", "wrong-loss-grad")
+VERIFIER_ATTACKS = ("lazy-verifier", "malicious-verifier")
+ATTACKS = WORKER_ATTACKS + VERIFIER_ATTACKS
+
+
+class WorkerAttack:
+    """A cheating worker's phase runner and update rule (module docstring).
+
+    Args:
+        kind: one of `WORKER_ATTACKS`.
+        seed: the noise's seed.
+    """
+
+    def __init__(self, kind: str, seed: int = 0):
+        if kind not in WORKER_ATTACKS:
+            raise ValueError(f"not a worker attack: {kind!r} (one of {', '.join(WORKER_ATTACKS)})")
+        self.kind = kind
+        self.gen = torch.Generator().manual_seed(seed)
+        self._last: dict[tuple[int, str], dict[str, torch.Tensor]] = {}  # replay's memory
+
+    def steps_section(self, section: int) -> bool:
+        """Whether the node applies updates to a held section (stale-weights: never)."""
+        return self.kind != "stale-weights"
+
+    def run_phase(self, plan: StepPlan):
+        """A replacement for ``plan.run`` (same arguments) that cheats."""
+        def run(phase: Phase, t: int, inputs, ids: torch.Tensor, targets: torch.Tensor
+                ) -> PhaseResult:
+            if self.kind == "wrong-data":
+                ids, targets = torch.roll(ids, 1, dims=1), torch.roll(targets, 1, dims=1)
+            r = plan.run(phase, t, inputs, ids, targets)
+            with torch.no_grad():
+                self._cheat(plan, phase, r)
+            return r
+        return run
+
+    def _cheat(self, plan: StepPlan, phase: Phase, r: PhaseResult) -> None:
+        if self.kind in ("random-update", "scaled-gradients") and r.grads:
+            self._change_grads(r)
+        elif self.kind == "perturbed-forward" and phase.forward:
+            for name, t in self._outputs(plan, phase, r).items():
+                scale = float(t.abs().max()) * 1e-3
+                t.add_(torch.randn(t.shape, generator=self.gen).to(t) * scale)
+                r.outputs[name] = r.keep(t)
+        elif self.kind == "wrong-loss-grad" and "g" in r.outputs:
+            g = next(ts["g"] for _, key, ts in r.pushes if "g" in ts)
+            g.mul_(0.5)
+            r.outputs["g"] = r.keep(g)
+        elif self.kind == "replay":
+            outs = self._outputs(plan, phase, r)
+            before = self._last.get((phase.index, phase.kind))
+            self._last[(phase.index, phase.kind)] = {n: t.clone() for n, t in outs.items()}
+            if before is not None:
+                for name, t in outs.items():
+                    t.copy_(before[name])
+                    r.outputs[name] = r.keep(t)
+
+    def _change_grads(self, r: PhaseResult) -> None:
+        changed = {}
+        for _, _, tensors in r.pushes:
+            for name, g in tensors.items():
+                if name not in r.grads:
+                    continue
+                if self.kind == "scaled-gradients":
+                    g.mul_(0.01)
+                else:
+                    noise = torch.randn(g.shape, generator=self.gen).to(g)
+                    g.copy_(noise * (g.norm() / noise.norm().clamp_min(1e-30)))
+                changed[name] = g
+        r.produced(changed)
+
+    @staticmethod
+    def _outputs(plan: StepPlan, phase: Phase, r: PhaseResult) -> dict[str, torch.Tensor]:
+        """The phase's own passed-on outputs by certificate name (the tensors pushed)."""
+        if phase.kind == "whole" and "y" in r.out:
+            return {"y": r.out["y"]}
+        if phase.forward and phase.kind in r.out:
+            what = ATTN_PARTIAL if phase.kind == "attention" else MLP_PARTIAL
+            return {input_name(what, phase.section): r.out[phase.kind]}
+        return {}
+
+
+def verifier_tamper(kind: str):
+    """The evidence a cheating verifier sends instead of its judgement's (``tamper`` of
+    `node.pol.verifier.Verifier`)."""
+    if kind not in VERIFIER_ATTACKS:
+        raise ValueError(f"not a verifier attack: {kind!r}")
+
+    def tamper(case, judgement) -> Evidence:
+        reason = PASS if kind == "lazy-verifier" else OUTPUT_MISMATCH
+        made_up = () if reason == PASS else (Digest("y", bytes(range(32))),)
+        return Evidence(case.receipt_hash, case.receipt.cert_hash, reason, EXACT, 0, made_up, ())
+    return tamper
+
+
+def attack_hooks(kind: str | None):
+    """(the miner's ``tamper``, the verifier's ``tamper``) for ``kind`` (None: honest)."""
+    if kind is None:
+        return None, None
+    if kind in VERIFIER_ATTACKS:
+        return None, verifier_tamper(kind)
+    return WorkerAttack(kind), None

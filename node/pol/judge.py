@@ -1,0 +1,221 @@
+"""Judging one sampled receipt: fetch, check, re-execute, compare (specs/pol.md 7.1).
+
+Owns `judge`, the verifier's procedure, and the `Case` it judges. It
+returns the `Evidence` whose reason the verdict carries. Its one rule of
+fairness (specs/pol.md 6.3): what cannot be fetched is `UNAVAILABLE`, never
+a fail; every failing reason rests on bytes the worker signed or served.
+
+In order: the certificate (by `cert_hash`: none, `UNAVAILABLE`; not a
+well-formed certificate of this receipt, `MALFORMED`); the weights it read
+(by `weights_hash`), compared with this node's own weights of that step
+where it holds them (beyond the threshold: `UNCHAINED_INPUT`); the inputs
+(by digest), a backward's `h` against its stage's forward receipt; the
+re-run; then `data_hash` (`WRONG_DATA`), the inputs the re-run derived
+itself (stage 0's embedding: `UNCHAINED_INPUT`), and the outputs, loss,
+gradients and norm, by digest (all equal: `PASS`, exact) or by distance
+(section 7.2: `PASS`, `OUTPUT_MISMATCH` or `GRADIENT_MISMATCH`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ledger.types import Receipt, UnitTemplate, unit_id
+from node import torch_thread
+from node.mine import named_digest, tensor_digest
+from node.pol.archive import PolArchive
+from node.pol.fetch import PolFetcher
+from node.pol.reexecute import Reexecutor, WeightsMismatch
+from proof_of_learning.certificate import (
+    EXACT, GRADIENT_MISMATCH, INF_BITS, MALFORMED, OUTPUT_MISMATCH, PASS, THRESHOLD, TOLERANCE,
+    UNAVAILABLE, UNCHAINED_INPUT, WRONG_DATA, Distance, Evidence, UnitCert, bits_float,
+    decode_cert, digest_map, digests, distance, float32_bits, passes, rel_max_err,
+)
+from proof_of_learning.errors import PolError
+
+__all__ = ["Case", "Judgement", "judge"]
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """A sampled receipt this node must judge, with what the chain says around it.
+
+    peers: whom to ask, the worker first; forward_input(step, index): the
+    accepted input hash of a backward unit's stage's forward unit (None:
+    unknown, the check is skipped).
+    """
+
+    receipt_hash: bytes
+    receipt: Receipt
+    units: tuple[UnitTemplate, ...]
+    height: int
+    peers: tuple[str, ...]
+    forward_input: Callable[[int, int], Awaitable[bytes | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """The evidence, and the unit's step and index (-1 when no certificate was read)."""
+
+    evidence: Evidence
+    step: int = -1
+    index: int = -1
+    detail: str = ""  # what failed, for the log (not on chain)
+
+    @property
+    def reason(self) -> int:
+        return self.evidence.reason
+
+
+def _exact(case: Case, reason: int, recomputed: dict[str, bytes] | None = None,
+           cert: UnitCert | None = None, detail: str = "") -> Judgement:
+    ev = Evidence(case.receipt_hash, case.receipt.cert_hash, reason, EXACT, 0,
+                  digests(recomputed or {}), ())
+    return Judgement(ev, cert.step if cert else -1, cert.index if cert else -1, detail)
+
+
+def receipt_problem(cert: UnitCert, receipt: Receipt, units, rx: Reexecutor) -> str | None:
+    """Why ``cert`` is not a certificate of ``receipt`` (specs/pol.md 3.4), or None."""
+    if (cert.job_id, cert.unit_id, cert.weights_hash) != (receipt.job_id, receipt.unit_id,
+                                                           receipt.weights_hash):
+        return "job, unit or weights hash differ from the receipt's"
+    if cert.index >= len(units) or unit_id(cert.job_id, cert.step, units[cert.index]) != \
+            receipt.unit_id:
+        return "step and index do not name the receipt's unit"
+    plan = rx.plan
+    u = cert.index % (2 * plan.k)
+    forward = u < plan.k
+    s = u if forward else 2 * plan.k - 1 - u
+    inputs, outputs = digest_map(cert.inputs), digest_map(cert.outputs)
+    if inputs.get("h" if forward else "g") != receipt.input_hash:
+        return "the receipt's input hash is not the certificate's input"
+    if plan.pieces[s] is None:
+        expected = outputs.get("y")
+    else:
+        halves = {name.split("/")[0].split(" ")[0].lower(): d for name, d in outputs.items()
+                  if "/" in name}
+        expected = named_digest(halves) if halves else None
+    if expected != receipt.output_hash:
+        return "the receipt's output hash is not the certificate's outputs"
+    return None
+
+
+async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArchive
+                ) -> Judgement:
+    """The verifier's procedure on one receipt (module docstring); never raises for bad peers."""
+    r, peers = case.receipt, case.peers
+    raw = await fetcher.cert_bytes(peers, r.job_id, r.cert_hash)
+    if raw is None:
+        return _exact(case, UNAVAILABLE, detail="no peer served the certificate")
+    try:
+        cert = decode_cert(raw)
+    except PolError as exc:
+        return _exact(case, MALFORMED, detail=str(exc))
+    problem = receipt_problem(cert, r, case.units, rx)
+    if problem is not None:
+        return _exact(case, MALFORMED, cert=cert, detail=problem)
+    weights = await fetcher.named(peers, r.job_id, cert.weights_hash)
+    if weights is None:
+        return _exact(case, UNAVAILABLE, cert=cert, detail="no peer served the weights")
+    if set(weights) != rx.read_set(cert.index):
+        return _exact(case, UNCHAINED_INPUT, cert=cert, detail="weights of other parameters")
+    own = archive.version(cert.step, weights)
+    stale = _stale(weights, own) if own else None
+    if stale is not None:
+        return _exact(case, UNCHAINED_INPUT, {"weights": named_digest(
+            {n: tensor_digest(t) for n, t in own.items()})}, cert, stale)
+    committed_inputs = digest_map(cert.inputs)
+    needed = rx.needed_inputs(cert.step, cert.index)
+    if not set(needed) <= set(committed_inputs):
+        return _exact(case, MALFORMED, cert=cert, detail="inputs missing from the certificate")
+    inputs = {}
+    for name in needed:
+        t = await fetcher.tensor(peers, r.job_id, committed_inputs[name])
+        if t is None:
+            return _exact(case, UNAVAILABLE, cert=cert, detail=f"no peer served input {name}")
+        inputs[name] = t
+    forward_h = await case.forward_input(cert.step, cert.index)
+    if forward_h is not None and committed_inputs.get("h") != forward_h:
+        return _exact(case, UNCHAINED_INPUT, cert=cert, detail="h is not its forward's input")
+    try:
+        run = await torch_thread.run_sync(rx.rerun, r.job_id, cert.step, r.unit_id, cert.index,
+                                          weights, inputs)
+    except (WeightsMismatch, ValueError, RuntimeError) as exc:  # shapes it cannot take
+        return _exact(case, UNCHAINED_INPUT, cert=cert, detail=f"cannot re-run: {exc}")
+    return await _compare(case, cert, run, fetcher)
+
+
+def _stale(weights: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> str | None:
+    """Which tensor the unit read is beyond the threshold from this node's own at that
+    step (None: none is)."""
+    for name, mine in sorted(own.items()):
+        theirs = weights[name]
+        if tensor_digest(theirs) == tensor_digest(mine):
+            continue
+        d = rel_max_err(theirs.double().numpy(), mine.double().numpy())
+        if d >= THRESHOLD:
+            return f"weights {name} are {d:.3g} from this node's own at that step"
+    return None
+
+
+async def _compare(case: Case, cert: UnitCert, run, fetcher: PolFetcher) -> Judgement:
+    """Steps 2, 3 (what the re-run derived) and 4, 5 of specs/pol.md 7.1."""
+    mine = run.cert
+    outputs, my_outputs = digest_map(cert.outputs), digest_map(mine.outputs)
+    recomputed = {**my_outputs, "data": mine.data_hash, "grads": mine.grads_hash,
+                  "weights": mine.weights_hash}
+    if set(outputs) != set(my_outputs) or set(digest_map(cert.inputs)) != set(
+            digest_map(mine.inputs)):
+        return _exact(case, MALFORMED, recomputed, cert, "names unlike the unit's")
+    if mine.data_hash != cert.data_hash:
+        return _exact(case, WRONG_DATA, recomputed, cert, "not the step's batch")
+    if digest_map(mine.inputs) != digest_map(cert.inputs):
+        return _exact(case, UNCHAINED_INPUT, recomputed, cert, "h is not the batch's embedding")
+    if outputs == my_outputs and (cert.grads_hash, cert.loss_bits, cert.grad_norm_bits) == (
+            mine.grads_hash, mine.loss_bits, mine.grad_norm_bits):
+        return _exact(case, PASS, recomputed, cert)
+    job = case.receipt.job_id
+    out_d: list[Distance] = []
+    for name, d in outputs.items():
+        if d != my_outputs[name]:
+            committed = await fetcher.tensor(case.peers, job, d)
+            if committed is None:
+                return _exact(case, UNAVAILABLE, recomputed, cert, f"no peer served {name}")
+            out_d.append(distance(name, _np(committed), _np(run.kept[my_outputs[name]])))
+    if cert.loss_bits != mine.loss_bits:
+        out_d.append(_scalar("loss", cert.loss_bits, mine.loss_bits))
+    grad_d: list[Distance] = []
+    if cert.grads_hash != mine.grads_hash:
+        theirs = await fetcher.named(case.peers, job, cert.grads_hash)
+        if theirs is None:
+            return _exact(case, UNAVAILABLE, recomputed, cert, "no peer served the gradients")
+        for name in sorted(set(theirs) | set(run.grads)):
+            if name not in theirs or name not in run.grads:
+                grad_d.append(Distance(name, INF_BITS))
+            else:
+                grad_d.append(distance(name, _np(theirs[name]), _np(run.kept[run.grads[name]])))
+    if cert.grad_norm_bits != mine.grad_norm_bits:
+        grad_d.append(_scalar("grad norm", cert.grad_norm_bits, mine.grad_norm_bits))
+    reason = PASS if passes(out_d + grad_d) else OUTPUT_MISMATCH if not passes(out_d) \
+        else GRADIENT_MISMATCH
+    dist = tuple(sorted(out_d + grad_d, key=lambda x: x.name.encode()))
+    ev = Evidence(case.receipt_hash, case.receipt.cert_hash, reason, TOLERANCE,
+                  float32_bits(THRESHOLD), digests(recomputed), dist)
+    worst = max(dist, key=lambda x: bits_float(x.rel_max_err_bits) or float("inf"))
+    return Judgement(ev, cert.step, cert.index,
+                     f"largest distance {bits_float(worst.rel_max_err_bits):.3g} ({worst.name})")
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu").double().numpy()
+
+
+def _scalar(name: str, committed_bits: int, mine_bits: int) -> Distance:
+    a, b = bits_float(committed_bits), bits_float(mine_bits)
+    if a is None or b is None:
+        return Distance(name, INF_BITS)
+    return distance(name, np.float64(a), np.float64(b))

@@ -1,0 +1,179 @@
+"""The verifier: re-executing the sampled units the chain assigns to this node (specs/pol.md 7).
+
+Owns `Verifier`, which a mining node runs beside its `Miner`. After each
+new tip it lists the `Pending` receipts that are sampled, name this node's
+key as their verifier and have no verdict yet (`ledger.audit`), judges each
+(`node.pol.judge.judge`: fetch, check, re-execute, compare), keeps the
+evidence where `/pnode/pol/1.0.0` serves it, and submits a signed
+`Verdict` naming the evidence's hash.
+
+Only units of the job this node mines can be judged (it alone has the
+job's config); another job's sampled receipts are left alone, and the
+chain strikes the silence (specs/pol.md 6.3).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from libp2p.peer.id import ID
+
+from compute.data import JobConfig
+from ledger import audit
+from ledger.crypto import SigningKey
+from ledger.errors import ValidationError
+from ledger.rules import candidates
+from ledger.state import JOB, NODE, PENDING, Overlay
+from ledger.types import ZERO_SIG, Receipt, Verdict, sign, tx_hash, unit_id
+from node import torch_thread
+from node.chain import ChainService, TxGossip
+from node.mine import matches
+from node.pol.archive import PolArchive
+from node.pol.fetch import PolFetcher
+from node.pol.judge import Case, judge
+from node.pol.reexecute import Reexecutor
+from proof_of_learning.certificate import REASONS
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Verifier"]
+
+#: Blocks before a receipt's to search for its stage's forward receipt (a backward's h).
+SEARCH_BACK = 64
+
+
+class Verifier:
+    """Judges this node's sampled receipts of ``config``'s job (module docstring).
+
+    Args:
+        service, txs: the node's chain service and transaction gossip.
+        key: the node key (the chain names verifiers by it; it signs verdicts).
+        config: the job this node mines.
+        archive: where evidence is kept for `/pnode/pol/1.0.0`, and this
+            node's own weight versions are read.
+        fetcher: fetches what a judgement needs from peers.
+        report: gets a line per verdict.
+        tamper: test-only (`node.pol.attacks`): changes the evidence before
+            it is signed (a lazy or malicious verifier).
+    """
+
+    def __init__(self, service: ChainService, txs: TxGossip, key: SigningKey,
+                 config: JobConfig, archive: PolArchive, fetcher: PolFetcher, *,
+                 report: Callable[[str], None] = lambda line: None, tamper=None):
+        self.service, self.txs, self.key, self.config = service, txs, key, config
+        self.archive, self.fetcher, self.report, self.tamper = archive, fetcher, report, tamper
+        self.reexecutor: Reexecutor | None = None
+        self.judged: set[bytes] = set()  # receipt hashes with a verdict submitted
+        self.sent = {name: 0 for name in REASONS}
+        self.last_step = 0  # the newest step judged (evidence is kept from it)
+
+    def status(self) -> dict:
+        """The verifier's fields of `pnode status`: verdicts sent, by reason."""
+        return {"verdicts": {n: c for n, c in self.sent.items() if c}}
+
+    async def run(self) -> None:
+        """Judge sampled receipts until cancelled."""
+        tip = None
+        while True:
+            if tip is not None:
+                await self.service.wait_tip_change(tip)
+            tip, cases = await self.service.call(self._cases)
+            for case in cases:
+                if self.reexecutor is None:
+                    self.reexecutor = await torch_thread.run_sync(Reexecutor, self.config)
+                await self._judge_and_send(case)
+
+    async def _judge_and_send(self, case: Case) -> None:
+        try:
+            judgement = await judge(case, self.fetcher, self.reexecutor, self.archive)
+        except Exception:  # a bug here must not take the node down; the chain strikes silence
+            log.exception("judging receipt %s..", case.receipt_hash.hex()[:16])
+            self.judged.add(case.receipt_hash)
+            return
+        evidence = judgement.evidence
+        if self.tamper is not None:
+            evidence = self.tamper(case, judgement)
+        self.last_step = max(self.last_step, judgement.step)
+        ev_hash = self.archive.keep_evidence(self.last_step, evidence)
+        verdict = sign(Verdict(self.service.chain.chain_id, self.key.public, case.receipt_hash,
+                               evidence.reason, ev_hash, ZERO_SIG), self.key)
+        self.judged.add(case.receipt_hash)
+        try:
+            await self.txs.submit(verdict)
+        except ValidationError as exc:  # e.g. its window closed meanwhile
+            log.info("verdict on %s.. refused: %s", case.receipt_hash.hex()[:16], exc)
+            return
+        self.sent[REASONS[evidence.reason]] += 1
+        detail = f" ({judgement.detail})" if judgement.detail else ""
+        self.report(f"verified step {judgement.step} unit {judgement.index} of "
+                    f"{case.receipt.node_key.hex()[:8]}..: {REASONS[evidence.reason]}{detail}")
+
+    # -- the chain's view (in the chain thread) -----------------------------------------
+
+    def _forward_lookup(self, job_id: bytes, units, height: int):
+        async def forward_input(step: int, index: int) -> bytes | None:
+            return await self.service.call(_forward_input, self.service.chain, job_id, units,
+                                           step, index, height)
+        return forward_input
+
+    def _cases(self) -> tuple[bytes, list[Case]]:
+        """(tip, the sampled receipts this node must judge and has not)."""
+        chain = self.service.chain
+        st = chain.state
+        me = self.key.public
+        job_id = next((j for j in st.ids(JOB) if matches(st.get(JOB + j).job, self.config)), None)
+        cases = []
+        if job_id is None:
+            return chain.tip_hash, cases
+        peers = [str(ID(st.get(NODE + c.node_key).peer_id)) for c in candidates(Overlay(st))]
+        for rh in st.ids(PENDING):
+            pending = st.get(PENDING + rh)
+            if pending.status != audit.SAMPLED or pending.verifier != me or rh in self.judged:
+                continue
+            receipt = _receipt_in(chain, pending.height, rh)
+            if receipt is None or receipt.job_id != job_id:
+                continue
+            node = st.get(NODE + receipt.node_key)
+            worker = str(ID(node.peer_id)) if node is not None else None
+            units = st.get(JOB + job_id).job.units
+            cases.append(Case(
+                receipt_hash=rh, receipt=receipt, units=units, height=pending.height,
+                peers=tuple([worker] * (worker is not None) + [p for p in peers if p != worker]),
+                forward_input=self._forward_lookup(job_id, units, pending.height)))
+        return chain.tip_hash, cases
+
+
+def _receipt_in(chain, height: int, receipt_hash: bytes) -> Receipt | None:
+    """The receipt with that hash in the main-chain block at ``height``."""
+    if height > chain.height:
+        return None
+    for tx in chain.block_at(height).txs:
+        if isinstance(tx, Receipt) and tx_hash(tx) == receipt_hash:
+            return tx
+    return None
+
+
+def _forward_input(chain, job_id: bytes, units, step: int, index: int,
+                   height: int) -> bytes | None:
+    """The accepted input hash (its h) of backward unit ``index``'s stage's forward unit.
+
+    Searched in the blocks up to ``height`` (the backward's receipt comes
+    after its forward ran); None when not found (the check is skipped).
+    Runs in the chain thread.
+    """
+    k2 = len(units) // _replicas(units)
+    r, u = divmod(index, k2)
+    if u < k2 // 2:
+        return None  # a forward unit
+    forward = unit_id(job_id, step, units[r * k2 + (k2 - 1 - u)])
+    for h in range(height, max(0, height - SEARCH_BACK), -1):
+        for tx in chain.block_at(h).txs:
+            if isinstance(tx, Receipt) and tx.unit_id == forward:
+                return tx.input_hash
+    return None
+
+
+def _replicas(units) -> int:
+    return max(u.replica for u in units) + 1
+

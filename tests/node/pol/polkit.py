@@ -1,0 +1,113 @@
+"""A worker's step run in-process, archived as a miner archives it, for judging (tests only).
+
+`LocalFetcher` stands in for the network *only* in the judge's tests: it
+answers from a worker's `PolArchive` through the same `reply_for` the real
+protocol handler uses and checks replies as `PolFetcher` does, so the
+judge's logic is tested apart from libp2p (tests/node/pol/test_fetch.py
+runs the protocol over real hosts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from compute.data import batch, load_corpus, make_model
+from compute.train import make_sections
+from ledger.codec import decode, encode
+from ledger.types import ZERO_SIG, Receipt, tx_hash, unit_id
+from node.mine.devnet import devnet_job
+from node.mine.jobs import job_units
+from node.mine.step_plan import StepPlan
+from node.pol.archive import PolArchive
+from node.pol.fetch import PolFetcher, reply_for
+from node.pol.judge import Case
+from node.wire import PolReply, PolRequest
+
+JOB = b"j" * 32
+
+
+class LocalFetcher(PolFetcher):
+    """`PolFetcher` whose requests go to an archive in this process (module docstring)."""
+
+    def __init__(self, archives: dict[str, PolArchive]):
+        super().__init__(host=None)
+        self.archives = archives
+        self.asked: list[tuple[int, bytes]] = []
+
+    async def _ask(self, peers, kind, job_id, key, check):
+        for peer in peers:
+            self.asked.append((kind, key))
+            reply = decode(encode(reply_for(self.archives[peer], PolRequest(kind, job_id, key))),
+                           PolReply)
+            if reply.found:
+                return check(reply)
+        return None
+
+
+@dataclass
+class Worker:
+    """One process's run of a job's steps, every unit archived with its receipt."""
+
+    config: object
+    model: object
+    sections: object
+    plan: StepPlan
+    archive: PolArchive
+    receipts: dict[tuple[int, int], Receipt]  # (step, unit index): receipt
+    units: tuple
+
+
+def make_worker(k: int = 2, replicas: int = 1, **job) -> Worker:
+    config = devnet_job(4, 3, batch_size=2, seq_len=16, k=k, replicas=replicas, **job)
+    model = make_model(config)
+    sections = make_sections(model, config)
+    plan = StepPlan(model, sections, (2, 16, config.model.dim), replicas)
+    from compute.blocks import model_partition
+    units = job_units(model_partition(model, config.k, config.mlp_slices), replicas)
+    return Worker(config, model, sections, plan, PolArchive(), {}, units)
+
+
+def run_step(w: Worker, t: int, run=None) -> None:
+    """Every unit of step ``t`` (``run``: a cheating `plan.run`), archived; then the update."""
+    from compute.blocks import add_grads
+    from compute.train import average_replicas
+    run = run or w.plan.run
+    corpus = load_corpus(w.config.data)
+    R = w.config.replicas
+    shards = [batch(w.config, t, r, R, corpus=corpus) for r in range(R)]
+    n = len(w.units)
+    phases = sorted((p for i in range(n) for p in w.plan.phases(i)), key=lambda p: p.order)
+    inbox, done = {}, {}
+    for phase in phases:
+        needs = w.plan.needs(t, phase)
+        result = run(phase, t, {key: inbox[key] for key in needs}, *shards[phase.replica])
+        for _, key, tensors in result.pushes:
+            inbox[key] = tensors
+        done.setdefault(phase.index, []).append(result)
+        if phase.last:
+            uid = unit_id(JOB, t, w.units[phase.index])
+            cert = w.plan.certificate(JOB, t, uid, phase.index, done[phase.index])
+            hashes = w.plan.receipt_hashes(JOB, t, uid, phase.index, done[phase.index], cert)
+            receipt = Receipt("test", b"k" * 32, JOB, uid, *hashes, ZERO_SIG)
+            w.archive.keep_unit(t, cert, done[phase.index], tx_hash(receipt))
+            w.receipts[(t, phase.index)] = receipt
+    per_replica = []
+    for r in range(R):
+        grads = {}
+        for key in w.plan.update_needs(t, r, range(w.plan.k)):
+            add_grads(grads, {n: v for n, v in inbox[key].items() if n != "g"})
+        per_replica.append(grads)
+    grads = average_replicas(per_replica)
+    with torch.no_grad():
+        for opt in (*w.sections.optimizers, w.sections.client):
+            opt.step(grads)
+
+
+def case_of(w: Worker, t: int, index: int, forward_input=None) -> Case:
+    receipt = w.receipts[(t, index)]
+
+    async def fwd(step, i):  # as the verifier's chain lookup: None for a forward unit
+        return forward_input if i % (2 * w.plan.k) >= w.plan.k else None
+    return Case(tx_hash(receipt), receipt, w.units, 1, ("worker",), fwd)

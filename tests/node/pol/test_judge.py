@@ -1,0 +1,123 @@
+"""node.pol.judge: honest units pass bit-exactly; each cheat gets its failing reason.
+
+One process runs a worker's steps (tests/node/pol/polkit.py) and a verifier
+with its own `Reexecutor` judges the archived units through `LocalFetcher`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import trio
+
+from node.pol.archive import PolArchive
+from node.pol.attacks import WorkerAttack
+from node.pol.judge import judge
+from node.pol.reexecute import Reexecutor
+from proof_of_learning.certificate import (
+    EXACT, GRADIENT_MISMATCH, MALFORMED, OUTPUT_MISMATCH, PASS, TOLERANCE, UNAVAILABLE,
+    UNCHAINED_INPUT, WRONG_DATA, check_evidence,
+)
+from tests.node.pol.polkit import LocalFetcher, case_of, make_worker, run_step
+
+
+def judge_all(w, t, verifier_archive=None, forward_input=None):
+    rx = Reexecutor(w.config)
+    fetcher = LocalFetcher({"worker": w.archive})
+    out = {}
+    for (step, index) in sorted(w.receipts):
+        if step != t:
+            continue
+        j = trio.run(judge, case_of(w, t, index, forward_input), fetcher, rx,
+                     verifier_archive or PolArchive())
+        check_evidence(j.evidence)  # whatever the verdict, its evidence is well-formed
+        out[index] = j
+    return out
+
+
+@pytest.mark.parametrize("k, replicas", [(2, 1), (5, 1), (2, 2)])
+def test_every_honest_unit_passes_exactly(k, replicas):
+    w = make_worker(k, replicas)
+    run_step(w, 0)
+    run_step(w, 1)
+    for t in (0, 1):
+        verdicts = judge_all(w, t)
+        assert len(verdicts) == 2 * k * replicas
+        for index, j in verdicts.items():
+            assert (j.reason, j.evidence.mode) == (PASS, EXACT), (t, index)
+            assert (j.step, j.index) == (t, index)
+
+
+@pytest.mark.parametrize("kind, reasons", [
+    ("scaled-gradients", {GRADIENT_MISMATCH}),
+    ("random-update", {GRADIENT_MISMATCH}),
+    ("perturbed-forward", {OUTPUT_MISMATCH}),
+    ("wrong-loss-grad", {OUTPUT_MISMATCH}),
+    ("wrong-data", {WRONG_DATA}),
+])
+def test_a_cheating_worker_fails(kind, reasons):
+    w = make_worker(2)
+    run_step(w, 0, WorkerAttack(kind).run_phase(w.plan))
+    verdicts = judge_all(w, 0)
+    failed = {i: j.reason for i, j in verdicts.items() if j.reason != PASS}
+    assert failed and set(failed.values()) <= reasons, failed
+    for j in verdicts.values():
+        if j.reason in (GRADIENT_MISMATCH, OUTPUT_MISMATCH):
+            assert j.evidence.mode == TOLERANCE  # the distances are on record
+
+
+def test_replay_of_the_last_steps_outputs_fails():
+    w = make_worker(2)
+    attack = WorkerAttack("replay")
+    run_step(w, 0, attack.run_phase(w.plan))
+    run_step(w, 1, attack.run_phase(w.plan))
+    assert all(j.reason == PASS for j in judge_all(w, 0).values())  # nothing to replay yet
+    failed = {i: j.reason for i, j in judge_all(w, 1).items() if j.reason != PASS}
+    assert failed and set(failed.values()) == {OUTPUT_MISMATCH}
+
+
+def test_stale_weights_are_unchained_against_the_verifiers_own():
+    w = make_worker(2)
+    mine = make_worker(2)  # the verifier: an honest holder of the same job
+    run_step(w, 0)
+    run_step(mine, 0)
+    honest = {n: p for n, p in mine.model.named_parameters()}
+    verifier_archive = PolArchive()
+    verifier_archive.keep_version(1, honest)
+    # The cheater's step 1 is run on weights it never updated.
+    stale = make_worker(2)
+    stale.receipts, stale.archive = {}, PolArchive()
+    run_step(stale, 0)
+    with torch.no_grad():
+        for (_, p), p0 in zip(stale.model.named_parameters(), make_worker(2).model.parameters()):
+            p.copy_(p0)
+    run_step(stale, 1)
+    verdicts = {i: j.reason for i, j in judge_all(stale, 1, verifier_archive).items()}
+    assert set(verdicts.values()) == {UNCHAINED_INPUT}
+    run_step(w, 1)  # the honest worker's step 1 agrees with the verifier's weights
+    assert {j.reason for j in judge_all(w, 1, verifier_archive).values()} == {PASS}
+
+
+def test_a_backward_whose_h_is_not_its_forwards_is_unchained():
+    w = make_worker(2)
+    run_step(w, 0)
+    verdicts = judge_all(w, 0, forward_input=b"\x01" * 32)
+    backward = {i: j.reason for i, j in verdicts.items() if i >= 2}
+    assert set(backward.values()) == {UNCHAINED_INPUT}
+    assert {verdicts[i].reason for i in (0, 1)} == {PASS}  # a forward has no forward to match
+
+
+def test_what_cannot_be_fetched_is_unavailable_never_a_fail():
+    w = make_worker(2)
+    run_step(w, 0)
+    w.archive.prune(10)  # the worker forgot everything
+    assert {j.reason for j in judge_all(w, 0).values()} == {UNAVAILABLE}
+
+
+def test_a_certificate_that_is_not_the_receipts_is_malformed():
+    from dataclasses import replace
+    w = make_worker(2)
+    run_step(w, 0)
+    for key, r in list(w.receipts.items()):  # receipts that name another unit's certificate
+        w.receipts[key] = replace(r, cert_hash=w.receipts[(0, (key[1] + 1) % 4)].cert_hash)
+    assert {j.reason for j in judge_all(w, 0).values()} == {MALFORMED}
