@@ -155,6 +155,9 @@ class StepPlan:
                        for stage in stages(model, self.forward, mlp_slices=self.m)]
         self.stage_of = {s: i for i, stage in enumerate(self.stages) for s in stage}
         self.pieces = [piece_of(model, spec, self.m) for spec in self.forward]
+        # Digests of the weights by name when the caller took them already (a verifier
+        # checked them on arrival): `run` neither copies nor digests the weights then.
+        self.weight_digests: dict[str, bytes] | None = None
 
     def has(self, s: int, half: str) -> bool:
         """Whether section ``s`` is a piece with that half."""
@@ -273,7 +276,9 @@ class StepPlan:
         else:
             h = inputs[(*t, ACTIVATION, stage[0])]["h"]
         r = PhaseResult(inp=h)
-        r.weights = {n: r.keep(p) for n, p in self.read_weights(phase).items()}
+        read, known = self.read_weights(phase), self.weight_digests
+        r.weights = {n: known[n] for n in read} if known is not None else {
+            n: r.keep(p) for n, p in read.items()}
         r.inputs = self._input_digests(r, phase, t, h, inputs)
         head = phase.forward and i == len(self.stages) - 1 and phase.kind in ("whole", "publish")
         if i == 0 or head:  # it embeds the batch, or takes the loss

@@ -158,6 +158,10 @@ class PolArchive:
         out = {n: self.tensor(digests[n]) for n in names if n in digests}
         return out if all(t is not None for t in out.values()) else None
 
+    def version_digests(self, version: int) -> dict[str, bytes]:
+        """The `tensor_digest` of each of this node's own tensors after ``version`` updates."""
+        return dict(self._versions.get(version, {}))
+
     def versions(self) -> list[int]:
         return sorted(self._versions)
 

@@ -21,7 +21,7 @@ from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger import crypto
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError
-from node.mine import tensor_digest, tensors_digest
+from node.mine import named_digest, tensor_digest
 from node.net import Host, RequestError
 from node.pol.archive import PolArchive
 from node.wire import (
@@ -128,12 +128,14 @@ class PolFetcher:
         return await self._ask(peers, TENSOR, job_id, digest, check)
 
     async def named(self, peers: Sequence[str], job_id: bytes, key: bytes
-                    ) -> dict[str, torch.Tensor] | None:
-        def check(reply: PolReply) -> dict[str, torch.Tensor]:
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, bytes]] | None:
+        """The named set whose `tensors_digest` is ``key``, with each tensor's digest."""
+        def check(reply: PolReply) -> tuple[dict[str, torch.Tensor], dict[str, bytes]]:
             named = {t.name: decode_tensor(t.data) for t in reply.tensors}
-            if len(named) != len(reply.tensors) or tensors_digest(named) != key:
+            digests = {n: tensor_digest(t) for n, t in named.items()}
+            if len(named) != len(reply.tensors) or named_digest(digests) != key:
                 raise ValueError("named tensors that do not match their digest")
-            return named
+            return named, digests
         return await self._ask(peers, NAMED, job_id, key, check)
 
 

@@ -26,7 +26,7 @@ import torch
 
 from ledger.types import Receipt, UnitTemplate, unit_id
 from node import torch_thread
-from node.mine import named_digest, tensor_digest
+from node.mine import named_digest
 from node.pol.archive import PolArchive
 from node.pol.fetch import PolFetcher
 from node.pol.reexecute import Reexecutor, WeightsMismatch
@@ -118,16 +118,16 @@ async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArc
     problem = receipt_problem(cert, r, case.units, rx)
     if problem is not None:
         return _exact(case, MALFORMED, cert=cert, detail=problem)
-    weights = await fetcher.named(peers, r.job_id, cert.weights_hash)
-    if weights is None:
+    fetched = await fetcher.named(peers, r.job_id, cert.weights_hash)
+    if fetched is None:
         return _exact(case, UNAVAILABLE, cert=cert, detail="no peer served the weights")
+    weights, weight_digests = fetched
     if set(weights) != rx.read_set(cert.index):
         return _exact(case, UNCHAINED_INPUT, cert=cert, detail="weights of other parameters")
-    own = archive.version(cert.step, weights)
-    stale = _stale(weights, own) if own else None
+    stale = _stale(weights, weight_digests, archive, cert.step)
     if stale is not None:
-        return _exact(case, UNCHAINED_INPUT, {"weights": named_digest(
-            {n: tensor_digest(t) for n, t in own.items()})}, cert, stale)
+        own = {n: d for n, d in archive.version_digests(cert.step).items() if n in weights}
+        return _exact(case, UNCHAINED_INPUT, {"weights": named_digest(own)}, cert, stale)
     committed_inputs = digest_map(cert.inputs)
     needed = rx.needed_inputs(cert.step, cert.index)
     if not set(needed) <= set(committed_inputs):
@@ -143,18 +143,23 @@ async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArc
         return _exact(case, UNCHAINED_INPUT, cert=cert, detail="h is not its forward's input")
     try:
         run = await torch_thread.run_sync(rx.rerun, r.job_id, cert.step, r.unit_id, cert.index,
-                                          weights, inputs)
+                                          weights, inputs, weight_digests)
     except (WeightsMismatch, ValueError, RuntimeError) as exc:  # shapes it cannot take
         return _exact(case, UNCHAINED_INPUT, cert=cert, detail=f"cannot re-run: {exc}")
     return await _compare(case, cert, run, fetcher)
 
 
-def _stale(weights: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> str | None:
+def _stale(weights: dict[str, torch.Tensor], digests: dict[str, bytes], archive: PolArchive,
+           step: int) -> str | None:
     """Which tensor the unit read is beyond the threshold from this node's own at that
-    step (None: none is)."""
-    for name, mine in sorted(own.items()):
+    step (None: none is, or this node kept no weights of its own for that step)."""
+    own = archive.version_digests(step)
+    for name in sorted(set(own) & set(weights)):
         theirs = weights[name]
-        if tensor_digest(theirs) == tensor_digest(mine):
+        if digests[name] == own[name]:
+            continue
+        mine = archive.tensor(own[name])
+        if mine is None:
             continue
         d = rel_max_err(theirs.double().numpy(), mine.double().numpy())
         if d >= THRESHOLD:
@@ -190,9 +195,10 @@ async def _compare(case: Case, cert: UnitCert, run, fetcher: PolFetcher) -> Judg
         out_d.append(_scalar("loss", cert.loss_bits, mine.loss_bits))
     grad_d: list[Distance] = []
     if cert.grads_hash != mine.grads_hash:
-        theirs = await fetcher.named(case.peers, job, cert.grads_hash)
-        if theirs is None:
+        fetched = await fetcher.named(case.peers, job, cert.grads_hash)
+        if fetched is None:
             return _exact(case, UNAVAILABLE, recomputed, cert, "no peer served the gradients")
+        theirs = fetched[0]
         for name in sorted(set(theirs) | set(run.grads)):
             if name not in theirs or name not in run.grads:
                 grad_d.append(Distance(name, INF_BITS))

@@ -72,13 +72,16 @@ class Reexecutor:
         return out
 
     def rerun(self, job_id: bytes, step: int, unit: bytes, index: int, weights: Tensors,
-              inputs: dict[str, torch.Tensor]) -> Rerun:
+              inputs: dict[str, torch.Tensor], digests: dict[str, bytes] | None = None
+              ) -> Rerun:
         """Run unit ``index`` of ``step`` with ``weights`` loaded and ``inputs`` by name.
 
         Args:
             job_id, step, unit, index: the unit (as its certificate names it).
             weights: the read set by parameter name (fetched by `weights_hash`).
             inputs: each of `needed_inputs` by its certificate name.
+            digests: the weights' `tensor_digest`s, when the caller has them (not
+                taken again).
 
         Raises:
             WeightsMismatch: ``weights`` is not the unit's read set, or a shape differs.
@@ -90,8 +93,12 @@ class Reexecutor:
                     for name, key in self.needed_inputs(step, index).items()}
         replica = phases[0].replica
         ids, targets = batch(self.config, step, replica, self.config.replicas, corpus=self.corpus)
-        results: list[PhaseResult] = [self.plan.run(p, step, messages, ids, targets)
-                                      for p in phases]
+        self.plan.weight_digests = digests
+        try:
+            results: list[PhaseResult] = [self.plan.run(p, step, messages, ids, targets)
+                                          for p in phases]
+        finally:
+            self.plan.weight_digests = None
         cert = self.plan.certificate(job_id, step, unit, index, results)
         kept: dict[bytes, torch.Tensor] = {}
         grads: dict[str, bytes] = {}

@@ -9,7 +9,8 @@ runs the protocol over real hosts).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -57,13 +58,17 @@ class Worker:
     archive: PolArchive
     receipts: dict[tuple[int, int], Receipt]  # (step, unit index): receipt
     units: tuple
+    seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # each unit's run
 
 
 def make_worker(k: int = 2, replicas: int = 1, **job) -> Worker:
-    config = devnet_job(4, 3, batch_size=2, seq_len=16, k=k, replicas=replicas, **job)
+    """A worker of the devnet's job (small batches unless ``job`` says otherwise)."""
+    config = devnet_job(4, 3, **{"batch_size": 2, "seq_len": 16, "k": k, "replicas": replicas,
+                                 **job})
     model = make_model(config)
     sections = make_sections(model, config)
-    plan = StepPlan(model, sections, (2, 16, config.model.dim), replicas)
+    plan = StepPlan(model, sections, (config.batch_size, config.seq_len, config.model.dim),
+                    replicas)
     from compute.blocks import model_partition
     units = job_units(model_partition(model, config.k, config.mlp_slices), replicas)
     return Worker(config, model, sections, plan, PolArchive(), {}, units)
@@ -82,7 +87,10 @@ def run_step(w: Worker, t: int, run=None) -> None:
     inbox, done = {}, {}
     for phase in phases:
         needs = w.plan.needs(t, phase)
+        began = time.perf_counter()
         result = run(phase, t, {key: inbox[key] for key in needs}, *shards[phase.replica])
+        w.seconds[(t, phase.index)] = w.seconds.get((t, phase.index), 0.0) + \
+            time.perf_counter() - began
         for _, key, tensors in result.pushes:
             inbox[key] = tensors
         done.setdefault(phase.index, []).append(result)

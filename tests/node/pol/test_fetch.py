@@ -9,7 +9,6 @@ other bytes under a hash is passed over for the next peer and named in
 from __future__ import annotations
 
 import torch
-import trio
 
 from ledger.codec import encode
 from ledger.types import tx_hash
@@ -58,14 +57,14 @@ def test_a_verifier_fetches_what_the_worker_kept_and_skips_a_liar():
             peers = [str(liar.peer_id), str(worker.peer_id)]  # the liar first
             raw = await fetcher.cert_bytes(peers, JOB, receipt.cert_hash)
             assert raw is not None and cert_hash(decode_cert(raw)) == receipt.cert_hash
-            weights = await fetcher.named(peers, JOB, cert.weights_hash)
-            assert weights is not None and weights.keys() == w.archive.named(cert.weights_hash).keys()
+            weights, _ = await fetcher.named(peers, JOB, cert.weights_hash)
+            assert weights.keys() == w.archive.named(cert.weights_hash).keys()
             for name, digest in digest_map(cert.inputs).items():
                 t = await fetcher.tensor(peers, JOB, digest)
                 assert t is not None and torch.equal(t, w.archive.tensor(digest)), name
-            grads = await fetcher.named(peers, JOB, cert.grads_hash)
+            grads, digests = await fetcher.named(peers, JOB, cert.grads_hash)
             kept = w.archive.named(cert.grads_hash)
-            assert grads is not None and grads.keys() == kept.keys()
+            assert grads.keys() == kept.keys() == digests.keys()
             assert all(torch.equal(grads[n], kept[n]) for n in grads)
             assert set(fetcher.bad) == {str(liar.peer_id)}
             # Nobody has it: None, which the judge turns into UNAVAILABLE.

@@ -1,0 +1,196 @@
+"""Proof of Learning figures (issue 16): verification cost, honest distances, detection, bytes.
+
+One process plays a worker running the devnet's default job (its units
+phase by phase, archived as a miner archives them: tests/node/pol/polkit.py)
+and a verifier judging every unit with the node's own code
+(`node.pol.judge.judge`, a `Reexecutor`, fetches answered from the worker's
+archive through the protocol's encoder: the network is left out, the
+bytes are counted).
+
+1. Cost: seconds to train a step (every unit's phases: the baseline) vs
+   seconds to judge every unit of it, both at 1 torch thread, step by step;
+   the verification fraction at an audit rate p is p x the median of the
+   per-step judge / train ratios (target <= 10 % at the default p = 0.1).
+2. Honest distances: the worker at 1 torch thread, the verifier at 2; the
+   largest distance over every committed tensor (0: bit-exact).
+3. Detection: per worker attack (node/pol/attacks.py), the share of a
+   cheater's units an audit fails, and the receipts a cheater signs before
+   its first failing audit at p (1 / (p x share)).
+4. Bytes: a receipt, a verdict, evidence (exact, tolerance), and what one
+   audit fetches.
+
+Usage:  .venv/bin/python bench/pol_bench.py [--steps 9] [--audit-bps 1000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import torch  # noqa: E402
+import trio  # noqa: E402
+
+from ledger.codec import encode  # noqa: E402
+from ledger.types import ZERO_SIG, Verdict  # noqa: E402
+from node.pol import WORKER_ATTACKS, PolArchive, Reexecutor, WorkerAttack, judge  # noqa: E402
+from node.wire import PolReply  # noqa: E402
+from proof_of_learning.certificate import EXACT, PASS, REASONS, bits_float  # noqa: E402
+from tests.node.pol.polkit import LocalFetcher, case_of, make_worker, run_step  # noqa: E402
+
+DEFAULT_JOB = {"batch_size": 16, "seq_len": 64}  # the devnet's: `devnet_job`'s defaults
+
+
+class CountingFetcher(LocalFetcher):
+    """Counts the bytes of every reply, as they would cross the wire."""
+
+    def __init__(self, archives):
+        super().__init__(archives)
+        self.bytes = 0
+
+    async def _ask(self, peers, kind, job_id, key, check):
+        from node.pol.fetch import reply_for
+        from node.wire import PolRequest
+        for peer in peers:
+            reply = reply_for(self.archives[peer], PolRequest(kind, job_id, key))
+            self.bytes += len(encode(reply))
+            if reply.found:
+                return check(reply)
+        return None
+
+
+_REEXECUTORS: dict = {}
+
+
+def judge_step(w, t: int, threads: int, archive=None) -> tuple[dict, float, list[int]]:
+    """(judgement per unit index, seconds, fetched bytes per unit) at ``threads``.
+
+    The `Reexecutor` is made once per job, as a node makes it (not timed).
+    """
+    torch.set_num_threads(threads)
+    rx = _REEXECUTORS.setdefault(id(w.config), Reexecutor(w.config))
+    out, sizes = {}, []
+    began = time.perf_counter()
+    for (step, index) in sorted(w.receipts):
+        if step != t:
+            continue
+        fetcher = CountingFetcher({"worker": w.archive})
+        out[index] = trio.run(judge, case_of(w, t, index), fetcher, rx, archive or PolArchive())
+        sizes.append(fetcher.bytes)
+    return out, time.perf_counter() - began, sizes
+
+
+def cost_and_noise(steps: int) -> dict:
+    torch.set_num_threads(1)
+    w = make_worker(2, **DEFAULT_JOB)
+    train_s, judge_s, worst, passes, units, fetched, exact = 0.0, 0.0, 0.0, 0, 0, [], 0
+    ratios = []
+    for t in range(steps):
+        torch.set_num_threads(1)
+        began = time.perf_counter()
+        run_step(w, t)
+        seconds_t = time.perf_counter() - began
+        train_s += seconds_t
+        _, seconds, sizes = judge_step(w, t, threads=1)  # the cost: as many threads as training
+        judge_s += seconds
+        ratios.append(seconds / seconds_t)
+        fetched += sizes
+        judged, _, _ = judge_step(w, t, threads=2)  # the noise: another thread count
+        for j in judged.values():
+            units += 1
+            passes += j.reason == PASS
+            exact += j.evidence.mode == EXACT
+            for d in j.evidence.distances:
+                worst = max(worst, bits_float(d.rel_max_err_bits) or 0.0)
+    return {"steps": steps, "units": units, "train_s": train_s, "judge_s": judge_s,
+            "median_ratio": statistics.median(ratios),
+            "honest_pass": passes, "honest_exact": exact, "honest_worst_distance": worst,
+            "fetch_bytes_per_audit": sum(fetched) / len(fetched)}
+
+
+def detection() -> dict:
+    torch.set_num_threads(1)
+    out = {}
+    for kind in WORKER_ATTACKS:
+        w = make_worker(2)
+        attack = WorkerAttack(kind)
+        verifier = PolArchive()
+        honest = make_worker(2)
+        for t in range(2):
+            run_step(w, t, attack.run_phase(w.plan) if kind != "stale-weights" else None)
+            run_step(honest, t)
+            verifier.keep_version(t + 1, dict(honest.model.named_parameters()))
+            if kind == "stale-weights":  # the cheater never steps: back to its initial weights
+                with torch.no_grad():
+                    for p, p0 in zip(w.model.parameters(), make_worker(2).model.parameters()):
+                        p.copy_(p0)
+        # Only a holder's own weights unmask stale ones (the other attacks' weights drift from
+        # the cheated updates too, which the ring would also catch: left out to show each kind).
+        judged, _, _ = judge_step(w, 1, threads=1,
+                                  archive=verifier if kind == "stale-weights" else None)
+        failed = [j.reason for j in judged.values() if j.reason != PASS]
+        out[kind] = {"units": len(judged), "failed": len(failed),
+                     "reasons": sorted({REASONS[r] for r in failed})}
+    return out
+
+
+def sizes() -> dict:
+    w = make_worker(2)
+    run_step(w, 0)
+    receipt = w.receipts[(0, 3)]
+    verdict = Verdict("devnet-abcdef", b"v" * 32, bytes(32), 1, bytes(32), ZERO_SIG)
+    judged, _, _ = judge_step(w, 0, threads=1)
+    exact = len(encode(judged[3].evidence))
+    bad = make_worker(2)
+    run_step(bad, 0, WorkerAttack("scaled-gradients").run_phase(bad.plan))
+    tol = max(len(encode(j.evidence)) for j in judge_step(bad, 0, threads=1)[0].values())
+    return {"receipt": len(encode(receipt)), "receipt_weights_hash_field": 34,
+            "verdict": len(encode(verdict)), "evidence_exact": exact, "evidence_tolerance": tol,
+            "empty_reply": len(encode(PolReply(0, b"", ())))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=9)
+    ap.add_argument("--audit-bps", type=int, default=1000)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    p = args.audit_bps / 10_000
+    cost = cost_and_noise(args.steps)
+    det = detection()
+    size = sizes()
+    fraction = p * cost["median_ratio"]
+    info = {"cost": cost, "verification_fraction": fraction, "audit_bps": args.audit_bps,
+            "detection": det, "bytes": size}
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return
+    print(f"{'measure':44} {'value':>14}")
+    print(f"{'train: every unit of a step, s/step':44} {cost['train_s'] / args.steps:>14.3f}"
+          "   (baseline)")
+    print(f"{'judge: every unit of a step, s/step':44} {cost['judge_s'] / args.steps:>14.3f}")
+    print(f"{'judge / train, median over steps':44} {cost['median_ratio']:>14.2f}x")
+    print(f"{f'verification fraction at p = {p:g}':44} {fraction:>14.1%}")
+    print(f"{'honest units passed (1 vs 2 threads)':44} "
+          f"{cost['honest_pass']:>7}/{cost['units']:<6}")
+    print(f"{'  of them bit-exact':44} {cost['honest_exact']:>7}/{cost['units']:<6}")
+    print(f"{'largest honest distance':44} {cost['honest_worst_distance']:>14.3g}")
+    print(f"{'bytes fetched per audit (mean)':44} {cost['fetch_bytes_per_audit']:>14,.0f}")
+    for k, v in size.items():
+        print(f"{'bytes: ' + k:44} {v:>14,}")
+    print(f"\n{'attack':20} {'units failed':>14} {'receipts to catch at p':>24}  reasons")
+    for kind, d in det.items():
+        share = d["failed"] / d["units"]
+        expect = f"{1 / (p * share):.1f}" if share else "never"
+        print(f"{kind:20} {d['failed']:>6}/{d['units']:<7} {expect:>24}  {', '.join(d['reasons'])}")
+
+
+if __name__ == "__main__":
+    main()
