@@ -40,30 +40,14 @@ import trio  # noqa: E402
 
 from ledger.codec import encode  # noqa: E402
 from ledger.types import ZERO_SIG, Verdict  # noqa: E402
-from node.pol import WORKER_ATTACKS, PolArchive, Reexecutor, WorkerAttack, judge  # noqa: E402
+from node.pol import (  # noqa: E402
+    WORKER_ATTACKS, ArchiveFetcher, PolArchive, Reexecutor, WorkerAttack, judge,
+)
 from node.wire import PolReply  # noqa: E402
 from proof_of_learning.certificate import EXACT, PASS, REASONS, bits_float  # noqa: E402
-from tests.node.pol.polkit import LocalFetcher, case_of, make_worker, run_step  # noqa: E402
+from tests.node.pol.polkit import case_of, make_worker, run_step  # noqa: E402
 
 DEFAULT_JOB = {"batch_size": 16, "seq_len": 64}  # the devnet's: `devnet_job`'s defaults
-
-
-class CountingFetcher(LocalFetcher):
-    """Counts the bytes of every reply, as they would cross the wire."""
-
-    def __init__(self, archives):
-        super().__init__(archives)
-        self.bytes = 0
-
-    async def _ask(self, peers, kind, job_id, key, check):
-        from node.pol.fetch import reply_for
-        from node.wire import PolRequest
-        for peer in peers:
-            reply = reply_for(self.archives[peer], PolRequest(kind, job_id, key))
-            self.bytes += len(encode(reply))
-            if reply.found:
-                return check(reply)
-        return None
 
 
 _REEXECUTORS: dict = {}
@@ -81,7 +65,7 @@ def judge_step(w, t: int, threads: int, archive=None) -> tuple[dict, float, list
     for (step, index) in sorted(w.receipts):
         if step != t:
             continue
-        fetcher = CountingFetcher({"worker": w.archive})
+        fetcher = ArchiveFetcher({"worker": w.archive})
         out[index] = trio.run(judge, case_of(w, t, index), fetcher, rx, archive or PolArchive())
         sizes.append(fetcher.bytes)
     return out, time.perf_counter() - began, sizes

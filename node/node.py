@@ -176,6 +176,7 @@ class Node:
         self.registrar: Registrar | None = None
         self.miner = None
         self.verifier = None
+        self.archive = None  # what the miner keeps for its verifiers (node.pol.PolArchive)
         self.addr: str | None = None
         self.service: ChainService | None = None
         self.fault_source: ChainService | None = None  # kept after run, to name the fault
@@ -273,7 +274,8 @@ class Node:
     def control_ops(self) -> dict[str, ControlOp]:
         """The control socket's ops (a subclass or a later component may add some)."""
         return {"status": self.status, "account": self.account, "submit_tx": self.submit_tx,
-                "hold_production": self.hold_production, "registry": self.registry}
+                "hold_production": self.hold_production, "registry": self.registry,
+                "pol_export": self.pol_export, "pol_audit": self.pol_audit}
 
     def extra_status(self) -> dict[str, Any]:
         """The ``status`` op's serving fields: span, sessions, throughput, the swarm seen."""
@@ -353,6 +355,28 @@ class Node:
         txid = await self.txs.submit(decode(raw, TX_TYPES))
         return {"txid": txid.hex()}
 
+    async def pol_export(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The ``pol_export`` op: a window file of this node's kept units (`node.pol.export_op`)."""
+        from node.mine import config_json
+        from node.pol import export_op
+        return await self._pol_op(export_op, self.archive,
+                                  config_json(self.mine.job) if self.mine else "",
+                                  self.miner.job_id if self.miner else None, args)
+
+    async def pol_audit(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The ``pol_audit`` op: judge recent receipts (`node.pol.Verifier.audit`)."""
+        if self.verifier is None:
+            raise BadRequest("this node runs no verifier (it mines no job)")
+        return await self._pol_op(self.verifier.audit, args)
+
+    @staticmethod
+    async def _pol_op(fn, *args) -> dict[str, Any]:
+        from proof_of_learning.errors import PolError
+        try:
+            return await fn(*args)
+        except PolError as exc:
+            raise BadRequest(str(exc)) from None
+
     def _running(self) -> ChainService:
         if self.service is None or self.txs is None:
             raise BadRequest("the node is stopping")
@@ -410,9 +434,8 @@ class Node:
         await self.registrar.run()
 
     async def _mine_after(self, joined: trio.Event, key) -> None:
-        """Mine and verify once the first syncs are over (`node.mine.miner.Miner`,
-        `node.pol.verifier.Verifier`): the miner keeps what its verifiers need, and
-        `/pnode/pol/1.0.0` serves it."""
+        """Mine and verify (`node.mine.Miner`, `node.pol.Verifier`) once the first syncs are
+        over; the miner keeps what its verifiers fetch over `/pnode/pol/1.0.0`."""
         from node.errors import MinerError
         from node.mine import Miner  # torch loads with it
         from node.pol import PolArchive, PolFetcher, Verifier, attack_hooks, serve_pol
@@ -420,7 +443,7 @@ class Node:
 
         with trio.move_on_after(self.network.catch_up_s):
             await joined.wait()
-        archive = PolArchive()
+        archive = self.archive = PolArchive()
         self.service.host.set_request_handler(POL_PROTOCOL, serve_pol(archive),
                                               max_request_size=MAX_POL_REQUEST)
         worker_tamper, verifier_tamper = attack_hooks(self.mine.attack)

@@ -25,6 +25,7 @@ from node.cli.common import (
     ask_node_or_store, data_dir_option, emit, format_coins, json_option, parse_layers,
     passphrase_option,
 )
+from node.cli.pol import pol
 from node.cli.start import start
 from node.cli.train import devnet, train
 from node.cli.verify import proof, verify
@@ -47,10 +48,11 @@ def main_group() -> None:
       pnode train --steps 200                   # train the default job locally
       pnode ledger show 1 --json
       pnode verify chain                        # exit 1 on the first bad block
+      pnode pol export --out w.pol && pnode verify cert w.pol   # re-execute a window
     """
 
 
-for command in (start, train, devnet, proof, verify):  # the commands of node/cli's other modules
+for command in (start, train, devnet, proof, verify, pol):  # the commands of node/cli's other modules
     main_group.add_command(command)
 
 

@@ -14,6 +14,7 @@ from ledger.errors import DecodeError, StoreError, ValidationError
 from ledger.proofs import ReceiptProof, verify_receipt_proof
 from node.cli import common
 from node.cli.common import EXIT_CHECK_FAILED, data_dir_option, emit, json_option
+from node.cli.pol import verify_cert, verify_pol
 from node.datadir import DataDir
 from node.errors import ChainCorruptError, ProofError
 
@@ -42,7 +43,7 @@ def proof(receipt_id, data_dir) -> None:
 
 @click.group()
 def verify() -> None:
-    """Check the ledger or a proof; exit 0 if it holds, 1 if it does not."""
+    """Check the ledger, a proof or a window of work; exit 0 if it holds, 1 if it does not."""
 
 
 @verify.command("chain")
@@ -142,3 +143,7 @@ def verify_proof(proof_file, block_hash, data_dir, as_json) -> None:
         result = {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
     _report(as_json, result, lambda: f"ok: receipt is leaf {proof_obj.index} of the log at "
                                      f"height {proof_obj.header.height}")
+
+
+verify.add_command(verify_cert)  # node/cli/pol.py: re-executing a window file
+verify.add_command(verify_pol)  # node/cli/pol.py: the join-time audit

@@ -59,7 +59,7 @@ from ledger.crypto import SigningKey
 from ledger.errors import ValidationError
 from ledger.rules import candidates
 from ledger.state import JOB, NODE, PENDING, UNIT, Overlay
-from ledger.types import ZERO_SIG, Receipt, sign, tx_hash, unit_id
+from ledger.types import ZERO_SIG, Receipt, sign, unit_id
 from node import torch_thread
 from node.chain import ChainService, TxGossip
 from node.errors import BadPush, MinerError
@@ -365,7 +365,7 @@ class Miner:
         receipt = sign(Receipt(self.service.chain.chain_id, self.key.public, view.job_id, unit,
                                *hashes, ZERO_SIG), self.key)
         if self.archive is not None:
-            self.archive.keep_unit(t, cert, results, tx_hash(receipt))
+            self.archive.keep_unit(t, cert, results, receipt)
         self._receipts[(t, index)] = receipt
         del self._phases[(t, index)]
         if await self._submit(receipt):

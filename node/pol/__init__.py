@@ -4,17 +4,20 @@ Sub-modules: `archive` (what a worker keeps for its verifiers, a miner's
 own weight versions), `fetch` (`/pnode/pol/1.0.0`, both sides), `reexecute`
 (a unit re-run from its committed weights and inputs), `judge` (the
 verifier's procedure on one receipt), `verifier` (the service a mining node
-runs), `attacks` (cheating, for the attack battery only).
+runs), `window` (window files: `pnode pol export`, `pnode verify cert`),
+`attacks` (cheating, for the attack battery only).
 """
 
 from node.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.pol.archive": ("PolArchive", "RING"),
-    "node.pol.fetch": ("PolFetcher", "serve_pol"),
+    "node.pol.fetch": ("ArchiveFetcher", "PolFetcher", "serve_pol"),
     "node.pol.judge": ("Case", "Judgement", "judge"),
     "node.pol.reexecute": ("Reexecutor", "Rerun", "WeightsMismatch"),
     "node.pol.verifier": ("Verifier",),
+    "node.pol.window": ("WindowError", "WindowReport", "export_op", "export_window",
+                        "verify_window"),
     "node.pol.attacks": ("ATTACKS", "VERIFIER_ATTACKS", "WORKER_ATTACKS", "WorkerAttack",
                          "attack_hooks", "verifier_tamper"),
 })

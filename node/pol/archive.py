@@ -22,25 +22,30 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from ledger.codec import encode
+from ledger.types import tx_hash
 from node.mine import named_digest, tensor_digest
 from proof_of_learning.certificate import Evidence, UnitCert, cert_hash, evidence_hash
 
-__all__ = ["PolArchive", "RING"]
+__all__ = ["KEEP_STEPS", "PolArchive", "RING"]
 
 #: Weight versions a miner keeps of its own (a verdict comes a few blocks after its unit).
 RING = 16
+#: Steps whose units a worker keeps even after their audits can no longer come, so
+#: that `pnode pol export` can still write them.
+KEEP_STEPS = 4
 
 
 class PolArchive:
     """Certificates, evidence, tensors by digest and named sets, each stamped with a step."""
 
-    def __init__(self, ring: int = RING):
-        self.ring = ring
+    def __init__(self, ring: int = RING, keep_steps: int = KEEP_STEPS):
+        self.ring, self.keep_steps = ring, keep_steps
         self._objects: dict[bytes, tuple[int, bytes]] = {}  # cert/evidence hash: (step, encoding)
         self._tensors: dict[bytes, tuple[int, torch.Tensor]] = {}  # digest: (step, CPU tensor)
         self._named: dict[bytes, tuple[int, dict[str, bytes]]] = {}  # hash: (step, name: digest)
         self._versions: dict[int, dict[str, bytes]] = {}  # own weights: version: name: digest
         self._receipts: dict[bytes, int] = {}  # receipts whose units are kept: their step
+        self._receipt_bytes: dict[bytes, bytes] = {}  # and their encodings
 
     def __len__(self) -> int:
         return len(self._objects) + len(self._tensors) + len(self._named)
@@ -73,7 +78,7 @@ class PolArchive:
         self._named[key] = (max(step, old[0]) if old else step, dict(digests))
         return key
 
-    def keep_unit(self, step: int, cert: UnitCert, results, receipt_hash: bytes) -> None:
+    def keep_unit(self, step: int, cert: UnitCert, results, receipt) -> None:
         """Keep what a verifier of one signed unit needs (module docstring).
 
         Args:
@@ -81,7 +86,7 @@ class PolArchive:
             cert: its certificate.
             results: its phases' `node.mine.step_plan.PhaseResult`s (their ``kept``
                 tensors, ``weights`` and ``grads`` digests).
-            receipt_hash: the receipt that commits it (see `forget`).
+            receipt: the `Receipt` that commits it (see `forget`).
         """
         weights: dict[str, bytes] = {}
         grads: dict[str, bytes] = {}
@@ -93,21 +98,36 @@ class PolArchive:
         if grads:
             self.keep_named(step, grads)
         self.keep_cert(step, cert)
+        receipt_hash = tx_hash(receipt)
         self._receipts[receipt_hash] = step
+        self._receipt_bytes[receipt_hash] = encode(receipt)
+
+    def receipt(self, receipt_hash: bytes) -> bytes | None:
+        """A kept receipt's encoding."""
+        return self._receipt_bytes.get(receipt_hash)
+
+    def named_digests(self, key: bytes) -> dict[str, bytes] | None:
+        """A kept named set's digests by name."""
+        item = self._named.get(key)
+        return None if item is None else dict(item[1])
 
     def receipts(self) -> dict[bytes, int]:
         """The receipts whose units are kept: their steps, by hash (a copy)."""
         return dict(self._receipts)
 
     def forget(self, done: set[bytes], step_now: int) -> None:
-        """Forget the receipts in ``done`` (no audit can come), then prune what none needs.
+        """Forget the receipts in ``done`` (no audit can come) that are older than the last
+        ``keep_steps`` steps, then prune what none needs.
 
         Everything stamped before the oldest step of a kept receipt (or
-        ``step_now`` when none is kept) goes.
+        ``step_now - keep_steps`` when none is kept) goes.
         """
+        horizon = step_now - self.keep_steps
         for h in done:
-            self._receipts.pop(h, None)
-        self.prune(min([*self._receipts.values(), step_now]))
+            if self._receipts.get(h, horizon) < horizon:
+                del self._receipts[h]
+                self._receipt_bytes.pop(h, None)
+        self.prune(min([*self._receipts.values(), max(horizon, 0)]))
 
     def keep_cert(self, step: int, cert: UnitCert) -> bytes:
         """Keep a certificate; returns its `cert_hash`."""

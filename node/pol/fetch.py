@@ -33,7 +33,7 @@ from proof_of_learning.errors import PolError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PolFetcher", "serve_pol"]
+__all__ = ["ArchiveFetcher", "PolFetcher", "serve_pol"]
 
 _NOT_FOUND = PolReply(0, b"", ())
 
@@ -143,3 +143,26 @@ def _hashing_to(data: bytes, key: bytes) -> bytes:
     if crypto.domain_hash(crypto.H_CERT, data) != key:
         raise ValueError("certificate bytes that do not hash to the cert_hash asked for")
     return data
+
+
+class ArchiveFetcher(PolFetcher):
+    """A `PolFetcher` answered by archives in this process, by peer name.
+
+    What `pnode verify cert` judges a window file with (offline), and the
+    judge's tests: the same `reply_for` the protocol handler answers with,
+    through the codec, and the same checks on every reply.
+    """
+
+    def __init__(self, archives: dict[str, PolArchive]):
+        super().__init__(host=None)
+        self.archives = archives
+        self.bytes = 0  # of every reply, as it would cross the wire
+
+    async def _ask(self, peers, kind, job_id, key, check):
+        for peer in peers:
+            raw = encode(reply_for(self.archives[peer], PolRequest(kind, job_id, key)))
+            self.bytes += len(raw)
+            reply = decode(raw, PolReply)
+            if reply.found:
+                return check(reply)
+        return None

@@ -104,9 +104,12 @@ def receipt_problem(cert: UnitCert, receipt: Receipt, units, rx: Reexecutor) -> 
     return None
 
 
-async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArchive
-                ) -> Judgement:
-    """The verifier's procedure on one receipt (module docstring); never raises for bad peers."""
+async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArchive, *,
+                run_sync: Callable[..., Awaitable] = torch_thread.run_sync) -> Judgement:
+    """The verifier's procedure on one receipt (module docstring); never raises for bad peers.
+
+    ``run_sync`` runs the re-execution (the node's torch thread; offline, inline).
+    """
     r, peers = case.receipt, case.peers
     raw = await fetcher.cert_bytes(peers, r.job_id, r.cert_hash)
     if raw is None:
@@ -142,8 +145,8 @@ async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArc
     if forward_h is not None and committed_inputs.get("h") != forward_h:
         return _exact(case, UNCHAINED_INPUT, cert=cert, detail="h is not its forward's input")
     try:
-        run = await torch_thread.run_sync(rx.rerun, r.job_id, cert.step, r.unit_id, cert.index,
-                                          weights, inputs, weight_digests)
+        run = await run_sync(rx.rerun, r.job_id, cert.step, r.unit_id, cert.index, weights,
+                             inputs, weight_digests)
     except (WeightsMismatch, ValueError, RuntimeError) as exc:  # shapes it cannot take
         return _exact(case, UNCHAINED_INPUT, cert=cert, detail=f"cannot re-run: {exc}")
     return await _compare(case, cert, run, fetcher)

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
+from compute.blocks import model_partition
 from compute.data import JobConfig, batch, load_corpus, make_model
 from compute.train import make_sections
 from node.mine import (
-    Key, PhaseResult, StepPlan, Tensors, input_name, message_tensor,
+    Key, PhaseResult, StepPlan, Tensors, input_name, job_units, message_tensor,
 )
 from node.wire import ACTIVATION, GRADIENT
 from proof_of_learning.certificate import UnitCert
@@ -55,6 +56,12 @@ class Reexecutor:
         self.plan = StepPlan(self.model, sections, (c.batch_size, c.seq_len, c.model.dim),
                              c.replicas)
         self.corpus = load_corpus(config.data)
+
+    @property
+    def units(self):
+        """The job's units (`ledger.types.UnitTemplate`s), as its `Job` lists them."""
+        part = model_partition(self.model, self.config.k, self.config.mlp_slices)
+        return job_units(part, self.config.replicas)
 
     def read_set(self, index: int) -> set[str]:
         """The parameter names unit ``index`` reads (its `weights_hash` covers exactly these)."""

@@ -15,6 +15,7 @@ chain strikes the silence (specs/pol.md 6.3).
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 
 from libp2p.peer.id import ID
@@ -33,7 +34,8 @@ from node.pol.archive import PolArchive
 from node.pol.fetch import PolFetcher
 from node.pol.judge import Case, judge
 from node.pol.reexecute import Reexecutor
-from proof_of_learning.certificate import REASONS
+from proof_of_learning.certificate import FAILING, REASONS
+from proof_of_learning.errors import PolError
 
 log = logging.getLogger(__name__)
 
@@ -122,27 +124,84 @@ class Verifier:
         chain = self.service.chain
         st = chain.state
         me = self.key.public
-        job_id = next((j for j in st.ids(JOB) if matches(st.get(JOB + j).job, self.config)), None)
+        job_id, peers = self._job_and_peers()
         cases = []
         if job_id is None:
             return chain.tip_hash, cases
-        peers = [str(ID(st.get(NODE + c.node_key).peer_id)) for c in candidates(Overlay(st))]
         for rh in st.ids(PENDING):
             pending = st.get(PENDING + rh)
             if pending.status != audit.SAMPLED or pending.verifier != me or rh in self.judged:
                 continue
             receipt = _receipt_in(chain, pending.height, rh)
-            if receipt is None or receipt.job_id != job_id:
-                continue
-            node = st.get(NODE + receipt.node_key)
-            worker = str(ID(node.peer_id)) if node is not None else None
-            units = st.get(JOB + job_id).job.units
-            cases.append(Case(
-                receipt_hash=rh, receipt=receipt, units=units, height=pending.height,
-                peers=tuple([worker] * (worker is not None) + [p for p in peers if p != worker]),
-                forward_input=self._forward_lookup(job_id, units, pending.height)))
+            if receipt is not None and receipt.job_id == job_id:
+                cases.append(self._case(receipt, rh, pending.height, job_id, peers))
         return chain.tip_hash, cases
 
+    def _job_and_peers(self) -> tuple[bytes | None, list[str]]:
+        """The job this node can judge, and every bonded node's peer id (chain thread)."""
+        st = self.service.chain.state
+        job_id = next((j for j in st.ids(JOB) if matches(st.get(JOB + j).job, self.config)), None)
+        peers = [str(ID(st.get(NODE + c.node_key).peer_id)) for c in candidates(Overlay(st))]
+        return job_id, peers
+
+    def _case(self, receipt: Receipt, rh: bytes, height: int, job_id: bytes,
+              peers: list[str]) -> Case:
+        """A receipt's `Case`: its worker asked first, then every other bonded node."""
+        st = self.service.chain.state
+        node = st.get(NODE + receipt.node_key)
+        worker = str(ID(node.peer_id)) if node is not None else None
+        units = st.get(JOB + job_id).job.units
+        return Case(receipt_hash=rh, receipt=receipt, units=units, height=height,
+                    peers=tuple([worker] * (worker is not None) + [p for p in peers
+                                                                   if p != worker]),
+                    forward_input=self._forward_lookup(job_id, units, height))
+
+    def _recent_cases(self, blocks: int) -> list[Case]:
+        """Every receipt of this node's job in the last ``blocks`` blocks (chain thread)."""
+        chain = self.service.chain
+        job_id, peers = self._job_and_peers()
+        if job_id is None:
+            return []
+        return [self._case(tx, tx_hash(tx), h, job_id, peers)
+                for h in range(max(1, chain.height - blocks + 1), chain.height + 1)
+                for tx in chain.block_at(h).txs
+                if isinstance(tx, Receipt) and tx.job_id == job_id]
+
+    # -- the join-time audit (`pnode verify pol`) ---------------------------------------
+
+    async def audit(self, args: dict) -> dict:
+        """The ``pol_audit`` control op: judge receipts of the last ``blocks`` blocks.
+
+        Args (of the op): ``count`` (a sample of that many, drawn with this
+        node's own randomness, so no worker can know which; default 8),
+        ``all`` (every one instead), ``blocks`` (default 256). Nothing is
+        sent to the chain: this is the node's own check (specs/pol.md 10).
+
+        Raises:
+            PolError: bad arguments.
+        """
+        count, everything, blocks = args.get("count", 8), args.get("all", False), \
+            args.get("blocks", 256)
+        if not (isinstance(count, int) and isinstance(blocks, int) and count >= 1
+                and blocks >= 1 and isinstance(everything, bool)):
+            raise PolError('"count" and "blocks" must be whole numbers of at least 1, '
+                           '"all" true or false')
+        cases = await self.service.call(self._recent_cases, blocks)
+        chosen = cases if everything else random.SystemRandom().sample(
+            cases, min(count, len(cases)))
+        if chosen and self.reexecutor is None:
+            self.reexecutor = await torch_thread.run_sync(Reexecutor, self.config)
+        rows = []
+        for case in chosen:
+            j = await judge(case, self.fetcher, self.reexecutor, self.archive)
+            rows.append({"receipt": case.receipt_hash.hex(), "height": case.height,
+                         "worker": case.receipt.node_key.hex(), "step": j.step,
+                         "index": j.index, "reason": REASONS[j.reason], "detail": j.detail})
+        tally = {name: sum(r["reason"] == name for r in rows) for name in REASONS}
+        failed = sum(n for name, n in tally.items() if REASONS.index(name) in FAILING)
+        return {"receipts_seen": len(cases), "judged": len(rows), "failed": failed,
+                "passed": tally["pass"], "unavailable": tally["unavailable"],
+                "units": rows}
 
 def _receipt_in(chain, height: int, receipt_hash: bytes) -> Receipt | None:
     """The receipt with that hash in the main-chain block at ``height``."""

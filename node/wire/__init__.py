@@ -18,7 +18,7 @@ Codec tags (the ledger's own objects use 1-40; a tag is never reused):
     69-71  train: StepTensors, StateRequest, StateReply
     72-74  serve (push routing): Link, Linked, PushOpen
     75-77  serve (spot checks): StepClaim, SignedAnswer, SpotEvidence
-    78-79  pol: PolRequest, PolReply
+    78-81  pol: PolRequest, PolReply, PolWindow, NamedSet
 """
 
 from node.lazy import lazy_exports
@@ -37,8 +37,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "S_STEP", "SignedAnswer", "SpotEvidence", "StepClaim", "session_id", "step_claim",
     ),
     "node.wire.pol": (
-        "CERT", "EVIDENCE", "MAX_POL_FRAME", "MAX_POL_REQUEST", "NAMED", "POL_KINDS",
-        "POL_PROTOCOL", "TENSOR", "PolReply", "PolRequest",
+        "CERT", "EVIDENCE", "MAX_POL_FRAME", "MAX_POL_REQUEST", "MAX_WINDOW_ITEMS", "NAMED",
+        "POL_KINDS", "POL_PROTOCOL", "TENSOR", "NamedSet", "PolReply", "PolRequest", "PolWindow",
     ),
     "node.wire.span": ("ServerInfo", "SpanError"),
     "node.wire.sync": (

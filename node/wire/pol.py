@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from ledger.codec import U8, Hash32, MaxLen, wire
-from node.wire.averaging import Named
+from ledger.codec import U8, U32, U64, Hash32, MaxLen, wire
+from node.wire.averaging import Named, NamedTensor
 
 POL_PROTOCOL = "/pnode/pol/1.0.0"
 #: One reply: the weights a unit of a small job read fit with room.
@@ -45,3 +45,45 @@ class PolReply:
     found: U8
     data: Annotated[bytes, MaxLen(1 << 20)]
     tensors: Named
+
+
+@wire(81)
+@dataclass(frozen=True, slots=True)
+class NamedSet:
+    """A named set of a `PolWindow`: its `tensors_digest` and each name's tensor digest."""
+
+    key: Hash32
+    names: Annotated[tuple[Annotated[str, MaxLen(128)], ...], MaxLen(4096)]
+    digests: Annotated[tuple[Hash32, ...], MaxLen(4096)]
+
+
+#: A window file's limits: the units of up to a few hundred steps of a small job.
+MAX_WINDOW_ITEMS = 1 << 16
+
+
+@wire(80)
+@dataclass(frozen=True, slots=True)
+class PolWindow:
+    """K steps of a worker's archive, for re-execution offline (`pnode pol export`,
+    `pnode verify cert`; specs/pol.md 10).
+
+    ``receipts``: each unit's encoded `Receipt` in (step, unit) order;
+    ``receipts_root``: the Merkle root (specs/ledger.md 3) over their hashes;
+    ``objects``: their certificates' encodings; ``named``: the named sets
+    they commit; ``tensors``: every tensor by its digest (hex as the name);
+    ``start_state``/``end_state``: `tensors_digest` of the exporter's own
+    weights after ``first_step`` and ``first_step + steps`` updates (zeros
+    when it kept none).
+    """
+
+    config: Annotated[str, MaxLen(1 << 16)]
+    job_id: Hash32
+    first_step: U64
+    steps: U32
+    receipts_root: Hash32
+    start_state: Hash32
+    end_state: Hash32
+    receipts: Annotated[tuple[Annotated[bytes, MaxLen(4096)], ...], MaxLen(MAX_WINDOW_ITEMS)]
+    objects: Annotated[tuple[Annotated[bytes, MaxLen(1 << 20)], ...], MaxLen(MAX_WINDOW_ITEMS)]
+    named: Annotated[tuple[NamedSet, ...], MaxLen(MAX_WINDOW_ITEMS)]
+    tensors: Annotated[tuple[NamedTensor, ...], MaxLen(MAX_WINDOW_ITEMS)]

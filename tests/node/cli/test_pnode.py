@@ -160,7 +160,7 @@ def test_bad_input_is_one_line_and_exit_2(pnode, tmp_path, args, message):
 @pytest.mark.parametrize("command", [
     ["init"], ["produce"], ["train"], ["status"], ["proof"], ["ledger", "show"],
     ["verify", "chain"], ["verify", "block"],
-    ["verify", "proof"],
+    ["verify", "proof"], ["verify", "cert"], ["verify", "pol"], ["pol", "export"],
 ])
 def test_every_command_has_help_with_examples(pnode, command):
     r = pnode(*command, "--help")

@@ -1,10 +1,9 @@
 """A worker's step run in-process, archived as a miner archives it, for judging (tests only).
 
-`LocalFetcher` stands in for the network *only* in the judge's tests: it
-answers from a worker's `PolArchive` through the same `reply_for` the real
-protocol handler uses and checks replies as `PolFetcher` does, so the
-judge's logic is tested apart from libp2p (tests/node/pol/test_fetch.py
-runs the protocol over real hosts).
+The judge's tests fetch through `node.pol.fetch.ArchiveFetcher` (the
+archive's replies through the codec, checked as over the wire), so its
+logic is tested apart from libp2p; tests/node/pol/test_fetch.py runs the
+protocol over real hosts.
 """
 
 from __future__ import annotations
@@ -16,35 +15,16 @@ import torch
 
 from compute.data import batch, load_corpus, make_model
 from compute.train import make_sections
-from ledger.codec import decode, encode
-from ledger.types import ZERO_SIG, Receipt, tx_hash, unit_id
+from ledger.crypto import SigningKey
+from ledger.types import ZERO_SIG, Receipt, sign, tx_hash, unit_id
 from node.mine.devnet import devnet_job
 from node.mine.jobs import job_units
 from node.mine.step_plan import StepPlan
 from node.pol.archive import PolArchive
-from node.pol.fetch import PolFetcher, reply_for
 from node.pol.judge import Case
-from node.wire import PolReply, PolRequest
 
 JOB = b"j" * 32
-
-
-class LocalFetcher(PolFetcher):
-    """`PolFetcher` whose requests go to an archive in this process (module docstring)."""
-
-    def __init__(self, archives: dict[str, PolArchive]):
-        super().__init__(host=None)
-        self.archives = archives
-        self.asked: list[tuple[int, bytes]] = []
-
-    async def _ask(self, peers, kind, job_id, key, check):
-        for peer in peers:
-            self.asked.append((kind, key))
-            reply = decode(encode(reply_for(self.archives[peer], PolRequest(kind, job_id, key))),
-                           PolReply)
-            if reply.found:
-                return check(reply)
-        return None
+KEY = SigningKey(b"\x05" * 32)  # the worker's node key: it signs its receipts
 
 
 @dataclass
@@ -98,8 +78,8 @@ def run_step(w: Worker, t: int, run=None) -> None:
             uid = unit_id(JOB, t, w.units[phase.index])
             cert = w.plan.certificate(JOB, t, uid, phase.index, done[phase.index])
             hashes = w.plan.receipt_hashes(JOB, t, uid, phase.index, done[phase.index], cert)
-            receipt = Receipt("test", b"k" * 32, JOB, uid, *hashes, ZERO_SIG)
-            w.archive.keep_unit(t, cert, done[phase.index], tx_hash(receipt))
+            receipt = sign(Receipt("test", KEY.public, JOB, uid, *hashes, ZERO_SIG), KEY)
+            w.archive.keep_unit(t, cert, done[phase.index], receipt)
             w.receipts[(t, phase.index)] = receipt
     per_replica = []
     for r in range(R):

@@ -98,7 +98,11 @@ def test_pruning_forgets_by_step_but_keeps_the_weight_ring():
     every = a.version(0, params)  # equal tensors (the norms' ones) share one digest
     assert every.keys() == params.keys() and all(torch.equal(every[n], params[n]) for n in params)
     ring = a.version(0, ["tok_emb.weight"])
-    a.forget(set(a.receipts()), step_now=1)
+    a.forget(set(a.receipts()), step_now=a.keep_steps)  # step 0 is still among the last ones
+    assert a.encoded(receipt.cert_hash) is not None and len(a.receipts()) == 4
+    a.forget(set(), step_now=a.keep_steps + 1)  # not done: kept whatever its age
+    assert len(a.receipts()) == 4
+    a.forget(set(a.receipts()), step_now=a.keep_steps + 1)
     assert a.receipts() == {} and a.encoded(receipt.cert_hash) is None
     assert torch.equal(a.version(0, ["tok_emb.weight"])["tok_emb.weight"], ring["tok_emb.weight"])
     for v in range(1, 20):  # the ring keeps the newest RING versions

@@ -1,7 +1,7 @@
 """node.pol.judge: honest units pass bit-exactly; each cheat gets its failing reason.
 
 One process runs a worker's steps (tests/node/pol/polkit.py) and a verifier
-with its own `Reexecutor` judges the archived units through `LocalFetcher`.
+with its own `Reexecutor` judges the archived units through `ArchiveFetcher`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 import trio
 
-from node.pol.archive import PolArchive
+from node.pol import ArchiveFetcher, PolArchive
 from node.pol.attacks import WorkerAttack
 from node.pol.judge import judge
 from node.pol.reexecute import Reexecutor
@@ -18,12 +18,12 @@ from proof_of_learning.certificate import (
     EXACT, GRADIENT_MISMATCH, MALFORMED, OUTPUT_MISMATCH, PASS, TOLERANCE, UNAVAILABLE,
     UNCHAINED_INPUT, WRONG_DATA, check_evidence,
 )
-from tests.node.pol.polkit import LocalFetcher, case_of, make_worker, run_step
+from tests.node.pol.polkit import case_of, make_worker, run_step
 
 
 def judge_all(w, t, verifier_archive=None, forward_input=None):
     rx = Reexecutor(w.config)
-    fetcher = LocalFetcher({"worker": w.archive})
+    fetcher = ArchiveFetcher({"worker": w.archive})
     out = {}
     for (step, index) in sorted(w.receipts):
         if step != t:

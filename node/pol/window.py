@@ -1,0 +1,228 @@
+"""Window certificates: K steps of a worker's units, exported and re-executed offline (specs/pol.md 10).
+
+Owns `export_window` (what `pnode pol export` asks a running node for: its
+`PolArchive`'s units of steps [first, first + K) with every certificate and
+tensor they name, as one `PolWindow`) and `verify_window` (what `pnode
+verify cert FILE` does: judge every unit of the file with the verifier's
+own procedure, `node.pol.judge.judge`, through an `ArchiveFetcher` over the
+file, step by step). Anyone can so re-check a worker's units after their
+windows closed, and refute a verifier that failed them (specs/pol.md 6.6).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from compute.quant import decode_tensor, encode_tensor
+from ledger import merkle
+from ledger.codec import decode, encode
+from ledger.errors import DecodeError
+from ledger.types import Receipt, signature_ok, tx_hash, unit_id
+from node.mine import config_from_json, named_digest
+from node.pol.archive import PolArchive
+from node.pol.fetch import ArchiveFetcher
+from node.pol.judge import Case, Judgement, judge
+from node.pol.reexecute import Reexecutor
+from node.wire import NamedSet, NamedTensor, PolWindow
+from proof_of_learning.certificate import (
+    PASS, REASONS, bits_float, cert_hash, decode_cert, digest_map,
+)
+from proof_of_learning.errors import PolError
+
+__all__ = ["WindowError", "WindowReport", "export_op", "export_window", "verify_window"]
+
+_FILE = "window"  # the peer name the file's archive answers as
+
+
+class WindowError(PolError):
+    """A window file that cannot be checked at all (not a window, a bad config)."""
+
+
+def export_window(archive: PolArchive, config_json: str, job_id: bytes, first: int,
+                  steps: int) -> PolWindow:
+    """The kept units of steps [first, first + steps) of ``job_id`` as a `PolWindow`.
+
+    Raises:
+        WindowError: the archive keeps no unit of those steps.
+    """
+    chosen = []
+    for h, step in archive.receipts().items():
+        raw = archive.receipt(h)
+        receipt = decode(raw, Receipt)
+        if first <= step < first + steps and receipt.job_id == job_id:
+            cert = decode_cert(archive.encoded(receipt.cert_hash))
+            chosen.append((step, cert.index, h, raw, cert))
+    if not chosen:
+        raise WindowError(f"this node keeps no unit of steps {first}..{first + steps - 1} "
+                          f"(it keeps steps {sorted(set(archive.receipts().values()))})")
+    chosen.sort()
+    objects, named, tensors = [], {}, {}
+    for _, _, _, _, cert in chosen:
+        objects.append(archive.encoded(cert_hash(cert)))
+        for key in (cert.weights_hash, cert.grads_hash):
+            digests = archive.named_digests(key)
+            if digests is not None:
+                named[key] = digests
+                tensors.update({d: archive.tensor(d) for d in digests.values()})
+        for d in [*digest_map(cert.inputs).values(), *digest_map(cert.outputs).values()]:
+            if (t := archive.tensor(d)) is not None:
+                tensors[d] = t
+    hashes = [h for _, _, h, _, _ in chosen]
+    ring = [named_digest(archive.version_digests(v)) if archive.version_digests(v) else bytes(32)
+            for v in (first, first + steps)]
+    return PolWindow(
+        config=config_json, job_id=job_id, first_step=first, steps=steps,
+        receipts_root=merkle.merkle_root(hashes), start_state=ring[0], end_state=ring[1],
+        receipts=tuple(raw for _, _, _, raw, _ in chosen), objects=tuple(objects),
+        named=tuple(NamedSet(k, tuple(v), tuple(v.values())) for k, v in named.items()),
+        tensors=tuple(NamedTensor(d.hex(), encode_tensor(t)) for d, t in tensors.items()
+                      if t is not None))
+
+
+@dataclass
+class WindowReport:
+    """What `verify_window` found: per step and per unit, and the verdict."""
+
+    job_id: bytes
+    first_step: int
+    steps: int
+    root_ok: bool
+    signatures_ok: bool
+    units: list[dict] = field(default_factory=list)  # step, index, receipt, reason, distance
+
+    @property
+    def passed(self) -> bool:
+        return self.root_ok and self.signatures_ok and bool(self.units) and all(
+            u["reason"] == "pass" for u in self.units)
+
+    def per_step(self) -> list[dict]:
+        out = {}
+        for u in self.units:
+            s = out.setdefault(u["step"], {"step": u["step"], "units": 0, "failed": 0,
+                                           "max_distance": 0.0, "loss": None})
+            s["units"] += 1
+            s["failed"] += u["reason"] != "pass"
+            s["max_distance"] = max(s["max_distance"], u["distance"])
+            if u["loss"] is not None:
+                s["loss"] = u["loss"]
+        return [out[k] for k in sorted(out)]
+
+
+def _load(window: PolWindow) -> tuple[PolArchive, list[Receipt]]:
+    archive = PolArchive()
+    try:
+        receipts = [decode(raw, Receipt) for raw in window.receipts]
+        for raw in window.objects:
+            cert = decode_cert(raw)
+            archive.keep_cert(window.first_step, cert)
+        for t in window.tensors:
+            archive.keep_digested(window.first_step, {bytes.fromhex(t.name): decode_tensor(t.data)})
+        for s in window.named:
+            archive.keep_named(window.first_step, dict(zip(s.names, s.digests)))
+    except (DecodeError, ValueError, PolError) as exc:
+        raise WindowError(f"not a window file: {exc}") from None
+    return archive, receipts
+
+
+def verify_window(window: PolWindow, progress: Callable[[int, int], None] = lambda i, n: None
+                  ) -> WindowReport:
+    """Judge every unit of ``window`` offline, as its verifier would have (module docstring).
+
+    Raises:
+        WindowError: the file cannot be checked at all.
+    """
+    try:
+        config = config_from_json(window.config)
+    except ValueError as exc:
+        raise WindowError(f"the window's job config: {exc}") from None
+    archive, receipts = _load(window)
+    rx = Reexecutor(config)
+    units = rx.units
+    hashes = [tx_hash(r) for r in receipts]
+    report = WindowReport(window.job_id, window.first_step, window.steps,
+                          root_ok=merkle.merkle_root(hashes) == window.receipts_root,
+                          signatures_ok=all(signature_ok(r) for r in receipts))
+    by_unit = {r.unit_id: r for r in receipts}
+    fetcher = ArchiveFetcher({_FILE: archive})
+    for n, (receipt, h) in enumerate(zip(receipts, hashes)):
+        case = Case(h, receipt, units, 0, (_FILE,), _forward_lookup(by_unit, units, window))
+        j: Judgement = trio.run(functools.partial(judge, run_sync=_inline), case, fetcher, rx,
+                                PolArchive())
+        report.units.append(_row(j, receipt, h, archive))
+        progress(n + 1, len(receipts))
+    return report
+
+
+async def _inline(fn, *args):
+    """Offline there is no torch thread to keep free: run the re-execution here."""
+    return fn(*args)
+
+
+def _forward_lookup(by_unit: dict, units, window: PolWindow):
+    async def forward_input(step: int, index: int) -> bytes | None:
+        k2 = len(units) // (max(u.replica for u in units) + 1)
+        r, u = divmod(index, k2)
+        if u < k2 // 2:
+            return None
+        forward = by_unit.get(unit_id(window.job_id, step, units[r * k2 + (k2 - 1 - u)]))
+        return None if forward is None else forward.input_hash
+    return forward_input
+
+
+def _row(j: Judgement, receipt: Receipt, h: bytes, archive: PolArchive) -> dict:
+    distance = max((bits_float(d.rel_max_err_bits) or float("inf")
+                    for d in j.evidence.distances), default=0.0)
+    loss = None
+    raw = archive.encoded(receipt.cert_hash)
+    if raw is not None:
+        try:
+            loss = bits_float(decode_cert(raw).loss_bits)
+        except PolError:
+            pass
+    return {"step": j.step, "index": j.index, "receipt": h.hex(), "worker": receipt.node_key.hex(),
+            "reason": REASONS[j.reason], "passed": j.reason == PASS, "distance": distance,
+            "detail": j.detail, "loss": loss}
+
+
+
+async def export_op(archive: PolArchive | None, config_json: str, job_id: bytes | None,
+                    args: dict) -> dict:
+    """The node's ``pol_export`` control op: write a window file (`pnode pol export`).
+
+    Args (of the op): ``out`` (a path the node may write), ``first`` (default: the
+    oldest kept step), ``steps`` (default: every kept step from ``first``).
+
+    Raises:
+        WindowError: the node keeps nothing, or the arguments are wrong.
+    """
+    if archive is None or job_id is None or not archive.receipts():
+        raise WindowError("this node keeps no units (it mines no job, or has run none "
+                          "whose audit window is open)")
+    kept = sorted(set(archive.receipts().values()))
+    first, steps, out = args.get("first", kept[0]), args.get("steps"), args.get("out")
+    steps = kept[-1] - first + 1 if steps is None else steps
+    if not isinstance(out, str) or not out:
+        raise WindowError('"out" must be the path of the file to write')
+    if not (isinstance(first, int) and isinstance(steps, int) and first >= 0 and steps >= 1):
+        raise WindowError('"first" and "steps" must be whole numbers (steps at least 1)')
+    window = export_window(archive, config_json, job_id, first, steps)
+    data = encode(window)
+    await trio.to_thread.run_sync(_write_new, out, data)
+    return {"path": out, "bytes": len(data), "units": len(window.receipts),
+            "first_step": first, "steps": steps, "kept_steps": kept,
+            "receipts_root": window.receipts_root.hex()}
+
+
+def _write_new(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file, so a reader never sees half."""
+    import os
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
