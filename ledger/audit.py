@@ -13,8 +13,10 @@ from ledger import crypto, schedule
 
 #: `Pending.status`: its draw is still to come (block h+2), it was drawn
 #: and not sampled, it is sampled and awaits its verifier's verdict, it
-#: passed, or it must be sampled at the next prelude (its account failed).
-DRAW_DUE, UNSAMPLED, SAMPLED, PASSED, FORCED = range(5)
+#: passed, it must be sampled at the next prelude (its account failed), its
+#: pass's re-check is drawn at the next prelude, or a second verifier
+#: re-checks its pass (specs/pol.md 6.5).
+DRAW_DUE, UNSAMPLED, SAMPLED, PASSED, FORCED, RECHECK_DUE, RECHECKING = range(7)
 BPS = 10_000
 
 
@@ -34,7 +36,8 @@ def is_sampled(seed: bytes, audit_bps: int) -> bool:
 
 
 def audit_verifier(candidates: Iterable[tuple[schedule.Candidate, bytes]], seed: bytes,
-                   worker_account: bytes, layers: tuple[int, int], height: int) -> bytes | None:
+                   worker_account: bytes, layers: tuple[int, int], height: int,
+                   also_excluded: bytes | None = None) -> bytes | None:
     """The node key that must re-execute a sampled unit; None when no one may.
 
     Args:
@@ -43,13 +46,16 @@ def audit_verifier(candidates: Iterable[tuple[schedule.Candidate, bytes]], seed:
         worker_account: the account the receipt pays (its nodes never judge it).
         layers: the unit's [layer_start, layer_end).
         height: the current height (a jailed node comes after a free one).
+        also_excluded: another account whose nodes may not judge it (a
+            re-check: the first verifier's).
 
     Returns:
         The candidate minimising (does not cover the layers, jailed,
         tiebreak(seed, key)): a holder of the unit's layers if any, then
         one not jailed, then the lowest tiebreak.
     """
-    others = [c for c, account in candidates if account != worker_account]
+    others = [c for c, account in candidates
+              if account != worker_account and account != also_excluded]
     if not others:
         return None
     best = min(others, key=lambda c: (not c.covers(*layers), c.jailed_until > height,

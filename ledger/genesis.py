@@ -31,7 +31,7 @@ DEFAULT_PARAMS: Mapping[str, int] = MappingProxyType(dict(
     unit_timeout=20, max_block_txs=5000, slash_bps=10_000,
     # No audits until nodes run verifiers (specs/pol.md, Status): a drawn
     # verifier that cannot answer would be struck for its silence.
-    audit_bps=0, verify_fee=COIN, verdict_window=30))
+    audit_bps=0, verify_fee=COIN, verdict_window=30, recheck_bps=1000))
 
 #: A devnet chain: fast slots and short windows, so a short run pays out.
 DEVNET_PARAMS: Mapping[str, int] = MappingProxyType(dict(
@@ -42,7 +42,8 @@ DEVNET_PARAMS: Mapping[str, int] = MappingProxyType(dict(
 #: The test chains (tests/ledger/chainkit.py): windows of a few blocks, so a
 #: test reaches a payout or a timeout in a handful of blocks.
 TEST_PARAMS: Mapping[str, int] = MappingProxyType(dict(
-    DEFAULT_PARAMS, slot_ms=1000, challenge_window=3, unit_timeout=4, verdict_window=3))
+    DEFAULT_PARAMS, slot_ms=1000, challenge_window=3, unit_timeout=4, verdict_window=3,
+    recheck_bps=0))
 
 
 def chain_params(preset: Mapping[str, int], job_authority: bytes, /, **overrides) -> Params:

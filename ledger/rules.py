@@ -222,7 +222,7 @@ def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt, raw: bytes) -> None:
     # Its audit is drawn at height + 2, from a block hash nobody knew when it was signed.
     st.put(PENDING + receipt_hash, Pending(node.account, tx.node_key, unit.layer_start,
                                            unit.layer_end, ctx.height, ctx.height + window,
-                                           ZERO32, audit.DRAW_DUE))
+                                           ZERO32, ZERO32, audit.DRAW_DUE))
     log = st.log()
     frontier = merkle.Frontier(log.size, log.peaks).append(merkle.leaf_hash(raw))
     st.put(KEY_LOG, replace(log, size=frontier.size, peaks=frontier.peaks))
@@ -287,7 +287,7 @@ def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict, raw: bytes) -> None:
     pending = st.get(PENDING + tx.receipt_hash)
     if pending is None:
         raise BadVerdict("no receipt with that hash is waiting in its challenge window")
-    if pending.status != audit.SAMPLED:
+    if pending.status not in (audit.SAMPLED, audit.RECHECKING):
         raise BadVerdict("that receipt is not awaiting a verdict (not sampled, not drawn "
                          "yet, or judged)")
     if tx.verifier != pending.verifier:
@@ -299,22 +299,29 @@ def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict, raw: bytes) -> None:
     verifier = st.get(NODE + tx.verifier)
     if verifier is None:
         raise NotRegistered("verifier is no longer registered")
-    if tx.reason == UNAVAILABLE:  # no proof, no pay; no fee, and nobody is at fault for sure
-        st.delete(PENDING + tx.receipt_hash)
+    recheck = pending.status == audit.RECHECKING
+    if tx.reason == UNAVAILABLE:
+        if recheck:  # the first verifier's pass stands: the worker is paid, no fee
+            st.put(PENDING + tx.receipt_hash, replace(pending, status=audit.PASSED))
+        else:  # no proof, no pay; no fee, and nobody is at fault for sure
+            st.delete(PENDING + tx.receipt_hash)
         return
     _mint(st, verifier.account, st.params().verify_fee)  # a flat fee: pass or fail alike
     if tx.reason == PASS:
-        st.put(PENDING + tx.receipt_hash, replace(pending, status=audit.PASSED))
+        # A first pass is re-checked with probability recheck_bps (drawn next prelude).
+        again = not recheck and st.params().recheck_bps > 0
+        st.put(PENDING + tx.receipt_hash, replace(
+            pending, status=audit.RECHECK_DUE if again else audit.PASSED))
         return
     # A failing verdict: the reward is never minted, the bond burned, a strike,
-    # and every other receipt of the account still unaudited gets audited.
+    # and every other receipt of the account still unaudited gets audited. On a
+    # re-check, the first verifier passed work that fails: it pays the same.
     st.delete(PENDING + tx.receipt_hash)
-    worker = st.account(pending.account)
-    slashed = worker.bond * st.params().slash_bps // audit.BPS
-    st.put_account(pending.account, replace(worker, bond=worker.bond - slashed))
-    supply = st.get(KEY_SUPPLY)
-    st.put(KEY_SUPPLY, replace(supply, burned=supply.burned + slashed))
-    _jail(st, ctx, pending.node_key)
+    _slash(st, ctx, pending.account, pending.node_key)
+    if recheck:
+        lazy = st.get(NODE + pending.first_verifier)
+        if lazy is not None:
+            _slash(st, ctx, lazy.account, pending.first_verifier)
     for receipt_hash in st.ids(PENDING):
         other = st.get(PENDING + receipt_hash)
         if other.account == pending.account and other.status in (audit.DRAW_DUE,
@@ -322,33 +329,51 @@ def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict, raw: bytes) -> None:
             st.put(PENDING + receipt_hash, replace(other, status=audit.FORCED))
 
 
+def _slash(st: Overlay, ctx: Any, account_id: bytes, node_key: bytes) -> None:
+    """Burn ``slash_bps`` of the account's bond and give it a jail strike (specs/pol.md 6.2)."""
+    account = st.account(account_id)
+    slashed = account.bond * st.params().slash_bps // audit.BPS
+    st.put_account(account_id, replace(account, bond=account.bond - slashed))
+    supply = st.get(KEY_SUPPLY)
+    st.put(KEY_SUPPLY, replace(supply, burned=supply.burned + slashed))
+    _jail(st, ctx, node_key)
+
+
 def draw_audits(st: Overlay, ctx: Any) -> None:
-    """Draw the audit of every receipt included two blocks ago, and of the FORCED ones.
+    """Draw the audit of every receipt included two blocks ago, of the FORCED ones, and
+    the re-check of every pass of the last block.
 
     The seed is the parent's hash: the block after the receipt's (or after
-    the failing verdict that forced it). A sampled receipt gets its
-    verifier and ``verdict_window`` more blocks; one with no possible
-    verifier is not sampled.
+    the failing verdict that forced it, or the block holding the pass). A
+    sampled receipt gets its verifier and ``verdict_window`` more blocks;
+    one with no possible verifier is not sampled. A re-check's verifier is
+    of neither the worker's nor the first verifier's account
+    (specs/pol.md 6.5); a pass not drawn for one stays passed.
     """
     params = st.params()
     mature = None  # the same for every draw of this block: computed once, when needed
     for receipt_hash in st.ids(PENDING):
         pending = st.get(PENDING + receipt_hash)
         due = pending.status == audit.DRAW_DUE and pending.height + 2 <= ctx.height
-        if not (due or pending.status == audit.FORCED):
+        if not (due or pending.status in (audit.FORCED, audit.RECHECK_DUE)):
             continue
         seed = audit.audit_seed(ctx.prev_hash, receipt_hash)
+        recheck = pending.status == audit.RECHECK_DUE
+        rate = params.recheck_bps if recheck else params.audit_bps
         verifier = None
-        if pending.status == audit.FORCED or audit.is_sampled(seed, params.audit_bps):
+        if pending.status == audit.FORCED or audit.is_sampled(seed, rate):
             mature = _mature(st, ctx.height - 2) if mature is None else mature
+            first = st.get(NODE + pending.verifier) if recheck else None
             verifier = audit.audit_verifier(mature, seed, pending.account,
                                             (pending.layer_start, pending.layer_end),
-                                            ctx.height)
+                                            ctx.height, first.account if first else None)
         if verifier is None:
-            st.put(PENDING + receipt_hash, replace(pending, status=audit.UNSAMPLED))
+            st.put(PENDING + receipt_hash, replace(
+                pending, status=audit.PASSED if recheck else audit.UNSAMPLED))
         else:
             st.put(PENDING + receipt_hash, replace(
-                pending, status=audit.SAMPLED, verifier=verifier,
+                pending, status=audit.RECHECKING if recheck else audit.SAMPLED,
+                verifier=verifier, first_verifier=pending.verifier if recheck else ZERO32,
                 final_height=ctx.height + params.verdict_window))
 
 
@@ -392,7 +417,7 @@ def finalize_rewards(st: Overlay, ctx: Any) -> None:
         pending = st.get(PENDING + receipt_hash)
         if pending.final_height <= ctx.height:
             _mint(st, pending.account, reward)
-            if pending.status == audit.SAMPLED:  # its verifier stayed silent: a strike
+            if pending.status in (audit.SAMPLED, audit.RECHECKING):  # its verifier was silent
                 _jail(st, ctx, pending.verifier)
             st.delete(PENDING + receipt_hash)
 

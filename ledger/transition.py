@@ -111,8 +111,8 @@ def _check_params(p) -> None:
     problems = []
     if not 1 <= p.max_block_txs <= MAX_TXS_LIMIT:
         problems.append(f"max_block_txs {p.max_block_txs} not in [1, {MAX_TXS_LIMIT}]")
-    if p.slash_bps > 10_000 or p.audit_bps > 10_000:
-        problems.append("slash_bps and audit_bps are basis points: at most 10000")
+    if max(p.slash_bps, p.audit_bps, p.recheck_bps) > 10_000:
+        problems.append("slash_bps, audit_bps and recheck_bps are basis points: at most 10000")
     if p.unit_timeout < 1 or p.verdict_window < 1 or p.slot_ms < 1:
         problems.append("unit_timeout, verdict_window and slot_ms must be at least 1")
     if p.challenge_window < 3:  # the audit draw comes at height + 2, before the window closes

@@ -271,7 +271,7 @@ class Block:
     txs: Annotated[tuple[Tx, ...], MaxLen(100_000)]
 
 
-@wire(14, 2)
+@wire(14, 3)
 @dataclass(frozen=True, slots=True)
 class Params:
     """Chain-wide constants, fixed at genesis and committed in the state root."""
@@ -287,6 +287,7 @@ class Params:
     audit_bps: U32  # receipts sampled for re-execution (specs/pol.md 5)
     verify_fee: U64  # minted to the verifier of a sampled receipt, pass or fail
     verdict_window: U32  # blocks a drawn verifier has for its verdict
+    recheck_bps: U32  # passes re-checked by a second verifier (version 3, specs/pol.md 6.5)
     job_authority: Key32
 
 
@@ -358,15 +359,17 @@ class Assignment:
     output_hash: Hash32
 
 
-@wire(24, 2)
+@wire(24, 3)
 @dataclass(frozen=True, slots=True)
 class Pending:
     """An accepted receipt whose reward waits for its window (and its audit, if drawn).
 
     layer_start, layer_end: the unit's layers (whom the audit prefers);
     height: where the receipt was included (its draw comes at height + 2);
-    verifier: the drawn verifier, zeros until then; status: `ledger.audit`
-    DRAW_DUE, UNSAMPLED, SAMPLED, PASSED or FORCED.
+    verifier: the drawn verifier, zeros until then; first_verifier: while a
+    pass is re-checked, the verifier that passed it (version 3), else zeros;
+    status: `ledger.audit` DRAW_DUE, UNSAMPLED, SAMPLED, PASSED, FORCED,
+    RECHECK_DUE or RECHECKING.
     """
 
     account: Key32
@@ -376,6 +379,7 @@ class Pending:
     height: U64
     final_height: U64
     verifier: Key32
+    first_verifier: Key32
     status: U8
 
 

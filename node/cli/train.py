@@ -93,15 +93,19 @@ def _train_with_progress(job, decomposed: bool, *, quiet: bool, train_local):
 @click.option("--audit-bps", type=click.IntRange(0, 10_000), default=None,
               help="Receipts audited by re-execution, in basis points [default: the devnet "
                    "preset's, 1000 = 10%].")
+@click.option("--recheck-bps", type=click.IntRange(0, 10_000), default=None,
+              help="Passes re-checked by a second verifier, in basis points [default: the "
+                   "preset's, 1000].")
 @click.option("--byzantine", type=click.IntRange(0, 16), default=0, show_default=True,
               help="How many nodes (node0, node1, ...) cheat, as --attack says.")
-@click.option("--attack", default=None, metavar="KIND",
+@click.option("--attack", default=None, metavar="KIND[,KIND...]",
               help="How the byzantine nodes cheat: random-update, scaled-gradients, "
                    "stale-weights, wrong-data, replay, perturbed-forward, wrong-loss-grad, "
-                   "lazy-verifier, malicious-verifier.")
+                   "lazy-verifier, malicious-verifier; a comma list gives node i the i-th "
+                   "(an empty entry: honest), else every byzantine node the one kind.")
 @json_option
 def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, audit_bps,
-           byzantine, attack, as_json) -> None:
+           recheck_bps, byzantine, attack, as_json) -> None:
     """Start a local devnet: N node processes on loopback mine the default job.
 
     A fresh genesis registers every node (node i < 2 holds one section of the
@@ -120,6 +124,7 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, audi
       pnode devnet --nodes 3 --replicas 2            # two shards of every step
       pnode devnet --nodes 2 --gpu 0                 # both nodes mine on cuda:0
       pnode devnet --byzantine 1 --attack scaled-gradients --json   # node0 cheats
+      pnode devnet --nodes 4 --byzantine 3 --attack scaled-gradients,,lazy-verifier
     """
     import tempfile
 
@@ -128,25 +133,20 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, audi
 
     from node.cli import devnet_run
 
-    if (byzantine > 0) != (attack is not None) or byzantine > n_nodes:
-        raise click.UsageError("--byzantine K and --attack KIND go together, K at most --nodes")
-    if attack is not None:
-        from node.pol import ATTACKS
-        if attack not in ATTACKS:
-            raise click.UsageError(f"--attack: {attack!r} is not one of {', '.join(ATTACKS)}")
+    attacks = _attacks(byzantine, attack, n_nodes)
     if gpu is not None:
         from compute.device import resolve_device  # a clear error when there is no such GPU
         resolve_device(f"cuda:{gpu}")
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="pnode-devnet-"))
     secret = os.environ.get("PNODE_PASSPHRASE", "devnet")
     err = Console(stderr=True)
-    dirs, job_file = devnet_run.create(
-        root, n_nodes, steps, secret, job_overrides={"replicas": replicas},
-        params={} if audit_bps is None else {"audit_bps": audit_bps})
+    params = {name: v for name, v in (("audit_bps", audit_bps), ("recheck_bps", recheck_bps))
+              if v is not None}
+    dirs, job_file = devnet_run.create(root, n_nodes, steps, secret,
+                                       job_overrides={"replicas": replicas}, params=params)
     say = (lambda line: None) if as_json else (lambda line: err.print(line))
     say(f"devnet in {root}: {n_nodes} nodes, job of {steps} steps"
         + (f", mining on cuda:{gpu}" if gpu is not None else ""))
-    attacks = {i: attack for i in range(byzantine)}
     with devnet_run.Devnet(dirs, job_file, log=say, gpu=gpu, attacks=attacks) as net:
         for i in range(n_nodes):  # nobody produces before all are up
             net.start(i, wait_peers=n_nodes - 1)
@@ -181,3 +181,21 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, audi
           + (f", {n['slashed']} coins slashed" if n["slashed"] else "")
           + (", jailed" if n["jailed"] else "")
           for i, n in enumerate(info["nodes"]))]))
+
+
+def _attacks(byzantine: int, attack: str | None, n_nodes: int) -> dict[int, str]:
+    """Node index -> how it cheats, from --byzantine and --attack (see their help)."""
+    if (byzantine > 0) != (attack is not None) or byzantine > n_nodes:
+        raise click.UsageError("--byzantine K and --attack KIND go together, K at most --nodes")
+    if attack is None:
+        return {}
+    from node.pol import ATTACKS
+    kinds = attack.split(",")
+    if len(kinds) > 1 and len(kinds) != byzantine:
+        raise click.UsageError(f"--attack lists {len(kinds)} kinds for {byzantine} byzantine "
+                               "nodes")
+    for kind in kinds:
+        if kind and kind not in ATTACKS:
+            raise click.UsageError(f"--attack: {kind!r} is not one of {', '.join(ATTACKS)}")
+    return {i: kinds[i if len(kinds) > 1 else 0] for i in range(byzantine)
+            if kinds[i if len(kinds) > 1 else 0]}

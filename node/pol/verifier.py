@@ -1,8 +1,9 @@
 """The verifier: re-executing the sampled units the chain assigns to this node (specs/pol.md 7).
 
 Owns `Verifier`, which a mining node runs beside its `Miner`. After each
-new tip it lists the `Pending` receipts that are sampled, name this node's
-key as their verifier and have no verdict yet (`ledger.audit`), judges each
+new tip it lists the `Pending` receipts that are sampled (or whose pass is
+re-checked), name this node's key as their verifier and have no verdict
+from it yet (`ledger.audit`), judges each
 (`node.pol.judge.judge`: fetch, check, re-execute, compare), keeps the
 evidence where `/pnode/pol/1.0.0` serves it, and submits a signed
 `Verdict` naming the evidence's hash.
@@ -130,7 +131,8 @@ class Verifier:
             return chain.tip_hash, cases
         for rh in st.ids(PENDING):
             pending = st.get(PENDING + rh)
-            if pending.status != audit.SAMPLED or pending.verifier != me or rh in self.judged:
+            if pending.status not in (audit.SAMPLED, audit.RECHECKING) \
+                    or pending.verifier != me or rh in self.judged:
                 continue
             receipt = _receipt_in(chain, pending.height, rh)
             if receipt is not None and receipt.job_id == job_id:

@@ -448,10 +448,88 @@ def test_a_silent_verifier_is_struck_and_the_worker_paid(audited):
     receipt, rh, pending = _sampled(net, db)
     verifier_account = db.state.get(NODE + pending.verifier).account
     worker_before = db.state.get(ACCOUNT + pending.account).balance
-    grow(db, net, db.state.get(KEY_PARAMS).verdict_window)
+    grow(db, net, db.state.get(KEY_PARAMS).verdict_window - 1)
+    assert db.state.get(PENDING + rh) is not None
+    # (Its other strikes: unit deadlines this test lets pass; the silence is one more.)
+    strikes = getattr(db.state.get(JAIL + verifier_account), "strikes", 0)
+    grow(db, net, 1)  # the final height: the reward is paid, the silence struck
     assert db.state.get(PENDING + rh) is None
-    assert db.state.get(JAIL + verifier_account).strikes == 1
+    assert db.state.get(JAIL + verifier_account).strikes == strikes + 1
     assert db.state.get(ACCOUNT + pending.account).balance >= worker_before + COIN
+    check_supply(db.state)
+
+
+@pytest.fixture
+def rechecked():
+    """A job chain where every receipt is audited and every pass re-checked."""
+    net = make_net(with_job=True, audit_bps=10_000, recheck_bps=10_000)
+    return net, new_db(net)
+
+
+def _rechecking(net, db):
+    """A sampled receipt, passed by its verifier; the block after, its re-check drawn."""
+    receipt, rh, first = _sampled(net, db)
+    grow(db, net, 1, [_verdict(net, first, rh, PASS, bytes(32))])
+    assert db.state.get(PENDING + rh).status == audit.RECHECK_DUE
+    grow(db, net, 1)
+    second = db.state.get(PENDING + rh)
+    assert second.status == audit.RECHECKING
+    return receipt, rh, first, second
+
+
+def test_a_pass_is_rechecked_by_another_account_than_the_worker_and_the_first(rechecked):
+    net, db = rechecked
+    receipt, rh, first, second = _rechecking(net, db)
+    account = lambda key: db.state.get(NODE + key).account  # noqa: E731
+    assert second.first_verifier == first.verifier
+    assert account(second.verifier) not in (account(first.verifier), first.account)
+    assert second.final_height == db.height + db.state.get(KEY_PARAMS).verdict_window
+
+
+def test_a_failing_recheck_slashes_the_worker_and_the_lazy_first_verifier(rechecked):
+    net, db = rechecked
+    receipt, rh, first, second = _rechecking(net, db)
+    lazy = db.state.get(NODE + first.verifier).account
+    bonds = {a: db.state.get(ACCOUNT + a).bond for a in (first.account, lazy)}
+    supply_before = db.state.get(KEY_SUPPLY)
+    grow(db, net, 1, [_verdict(net, second, rh, GRADIENT_MISMATCH)])
+    assert db.state.get(PENDING + rh) is None
+    for a in (first.account, lazy):  # both lose the whole bond (slash_bps 10000), a strike
+        assert db.state.get(ACCOUNT + a).bond == 0 and db.state.get(JAIL + a).strikes >= 1
+    assert db.state.get(KEY_SUPPLY).burned == supply_before.burned + sum(bonds.values())
+    check_supply(db.state)
+
+
+def test_a_passing_recheck_pays_its_fee_and_an_unavailable_one_keeps_the_pass(rechecked):
+    net, db = rechecked
+    receipt, rh, first, second = _rechecking(net, db)
+    checker = db.state.get(NODE + second.verifier).account
+    before = db.state.get(ACCOUNT + checker).balance
+    grow(db, net, 1, [_verdict(net, second, rh, PASS, bytes(32))])
+    assert db.state.get(PENDING + rh).status == audit.PASSED
+    assert db.state.get(ACCOUNT + checker).balance == before + db.state.get(KEY_PARAMS).verify_fee
+    # Another receipt: the re-checker cannot fetch; the first pass stands, no fee.
+    net2 = make_net(with_job=True, audit_bps=10_000, recheck_bps=10_000)
+    db2 = new_db(net2)
+    _, rh2, _, second2 = _rechecking(net2, db2)
+    checker2 = db2.state.get(NODE + second2.verifier).account
+    before2 = db2.state.get(ACCOUNT + checker2).balance
+    grow(db2, net2, 1, [_verdict(net2, second2, rh2, UNAVAILABLE, bytes(32))])
+    assert db2.state.get(PENDING + rh2).status == audit.PASSED
+    assert db2.state.get(ACCOUNT + checker2).balance == before2
+
+
+def test_a_silent_rechecker_is_struck_and_the_worker_paid(rechecked):
+    net, db = rechecked
+    receipt, rh, first, second = _rechecking(net, db)
+    checker = db.state.get(NODE + second.verifier).account
+    worker_before = db.state.get(ACCOUNT + first.account).balance
+    grow(db, net, second.final_height - db.height - 1)
+    strikes = getattr(db.state.get(JAIL + checker), "strikes", 0)
+    grow(db, net, 1)
+    assert db.state.get(PENDING + rh) is None
+    assert db.state.get(JAIL + checker).strikes == strikes + 1
+    assert db.state.get(ACCOUNT + first.account).balance >= worker_before + COIN
     check_supply(db.state)
 
 
@@ -578,6 +656,7 @@ def test_inference_payment_pays_servers(chain):
 @pytest.mark.parametrize("overrides, reason", [
     ({"slash_bps": 10_001}, "basis points"),
     ({"audit_bps": 20_000}, "basis points"),
+    ({"recheck_bps": 10_001}, "basis points"),
     ({"unit_timeout": 0}, "at least 1"),
     ({"verdict_window": 0}, "at least 1"),
     ({"challenge_window": 2}, "at least 3"),
