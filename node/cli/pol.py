@@ -78,14 +78,11 @@ def verify_cert(window_file, as_json) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
-    from ledger.codec import decode
-    from ledger.errors import DecodeError
-    from node.pol import WindowError, verify_window
-    from node.wire import PolWindow
+    from node.pol import WindowError, read_window, verify_window
 
     try:
-        window = decode(Path(window_file).read_bytes(), PolWindow)
-    except (OSError, DecodeError) as exc:
+        window = read_window(window_file)
+    except (OSError, WindowError) as exc:
         raise ProofError(f"cannot read window file {window_file}: {exc}") from None
     with Progress(console=Console(stderr=True), transient=True,
                   disable=as_json or not sys.stderr.isatty()) as bar:

@@ -86,6 +86,7 @@ class _View:
     steps: int
     mine: tuple[int, ...]  # unit indices of the open step assigned to this node, not done
     holders: tuple[tuple[str, ...], ...]  # per section: peer ids of the nodes covering it
+    assignees: dict[int, str]  # unit index of the open step: the peer id it is assigned to
     miners: tuple[str, ...]  # every registered node's peer id
     span: tuple[int, int] | None  # this node's registered layers
 
@@ -226,20 +227,25 @@ class Miner:
         mine_rec = by_key.get(self.key.public)
         span = (mine_rec.layer_start, mine_rec.layer_end) if mine_rec else None
         if job_id is None:
-            return _View(chain.tip_hash, None, 0, 0, (), (), miners, span)
+            return _View(chain.tip_hash, None, 0, 0, (), (), {}, miners, span)
         record = st.get(JOB + job_id)
         units = record.job.units
         holders = tuple(tuple(sorted(str(ID(n.peer_id)) for n in nodes
                                      if n.layer_start <= t.layer_start and t.layer_end <= n.layer_end))
                         for t in units[:len(units) // 2])
-        mine = []
+        mine, assignees = [], {}
         if record.step < record.job.steps:
             for i, t in enumerate(units):
                 a = st.get(UNIT + unit_id(job_id, record.step, t))
-                if a is not None and a.node_key == self.key.public and not a.done:
+                if a is None:
+                    continue
+                if a.node_key == self.key.public and not a.done:
                     mine.append(i)
+                node = st.get(NODE + a.node_key)
+                if node is not None:
+                    assignees[i] = str(ID(node.peer_id))
         return _View(chain.tip_hash, job_id, record.step, record.job.steps,
-                     tuple(mine), holders, miners, span)
+                     tuple(mine), holders, assignees, miners, span)
 
     def _unauditable(self, kept: dict[bytes, int], step: int) -> set[bytes]:
         """Of ``kept`` (receipt hash: step), those no audit can come for: with no `Pending`
@@ -295,7 +301,7 @@ class Miner:
             self._averagers[s] = averager
         self.transfer = Transfer(
             self.host, self._background, job_id=self.job_id, replicas=self.config.replicas,
-            expected=self.plan.expected, registered=self._registered,
+            expected=self.plan.expected, registered=self._registered, producer=self._producer,
             version=lambda: self.version, wait_tip_change=self.service.wait_tip_change,
             device=self.device, wait_s=self.wait_s, push_wait_s=self.push_wait_s,
             push_retry_s=self.push_retry_s)
@@ -321,6 +327,13 @@ class Miner:
         self.plan = StepPlan(self.model, self.sections, (c.batch_size, c.seq_len, c.model.dim),
                              c.replicas)
         return {"commitments": commitments(self.config)}
+
+    def _producer(self, key) -> str | None:
+        """The peer the chain assigned the unit that pushes ``key`` (open step only)."""
+        view = self._view
+        if view is None or key[0] != view.step:
+            return None
+        return view.assignees.get(self.plan.producer(key))
 
     def _registered(self) -> tuple[str, ...] | None:
         """Every registered node's peer id as the last look saw them (None before it)."""

@@ -222,6 +222,21 @@ class StepPlan:
                     keys.append(key)
         return [(t, r, HEAD_GRADS, CLIENT)] + keys + [(t, r, EMBED_GRADS, CLIENT)]
 
+    def producer(self, key: Key) -> int:
+        """The index of the unit that pushes message ``key`` (only its assignee may)."""
+        _, r, what, s = key
+        base, last, i = r * 2 * self.k, len(self.stages) - 1, self.stage_of.get(s, 0)
+        forward, backward = (lambda x: base + x), (lambda x: base + 2 * self.k - 1 - x)
+        if what == ACTIVATION:  # the previous stage's forward publisher
+            return forward(self.stages[i - 1][-1])
+        if what in (HEAD_GRADS, GRADIENT) and (what == HEAD_GRADS or i == last):
+            return forward(self.stages[last][-1])  # the last forward: the loss
+        if what == GRADIENT:  # the next stage's backward publisher
+            return backward(self.stages[i + 1][0])
+        if what in (ATTN_PARTIAL, MLP_PARTIAL):
+            return forward(s)
+        return backward(self.stages[0][0] if what == EMBED_GRADS else s)  # grads, shares
+
     def expected(self, what: int, section: int) -> dict[str, tuple[int, ...]]:
         """Names and shapes a push of ``what`` for ``section`` must hold.
 

@@ -48,6 +48,9 @@ class Transfer:
             exactly (`StepPlan.expected`; raises `BadPush` for no such push).
         registered: the peer ids of the registered nodes as the miner's
             current chain view has them, or None before its first look.
+        producer: the peer id the chain assigned the unit that pushes a
+            message (by its key), or None when the chain no longer (or not
+            yet) says: only that node's push of the key is taken.
         version: the updates the miner has applied (what steps it may use).
         wait_tip_change: returns once the chain's tip is no longer the one given.
         device: where the kept tensors live.
@@ -61,6 +64,7 @@ class Transfer:
                  expected: Callable[[int, int], dict[str, tuple[int, ...]]],
                  registered: Callable[[], Collection[str] | None],
                  version: Callable[[], int],
+                 producer: Callable[[Key], str | None] = lambda key: None,
                  wait_tip_change: Callable[[bytes], Awaitable[None]],
                  device: torch.device | str = "cpu", wait_s: float = 20.0,
                  push_wait_s: float = 5.0, push_retry_s: float = 60.0):
@@ -68,6 +72,7 @@ class Transfer:
         self.me = str(host.peer_id)
         self.job_id, self.replicas, self.expected = job_id, replicas, expected
         self.registered, self.version, self.wait_tip_change = registered, version, wait_tip_change
+        self.producer = producer
         self.device, self.wait_s = torch.device(device), wait_s
         self.push_wait_s, self.push_retry_s = push_wait_s, push_retry_s
         self._inbox: dict[Key, Tensors] = {}
@@ -197,7 +202,18 @@ class Transfer:
         version = self.version()
         if msg.step < version or msg.step > version + 2:
             return  # stale or far ahead: dropped, not an offence
-        self.deliver((msg.step, msg.replica, msg.what, msg.section), self.check(msg))
+        key = (msg.step, msg.replica, msg.what, msg.section)
+        tensors = self.check(msg)
+        sender = self.producer(key)
+        if sender is not None and sender != str(peer):
+            # Attack note: the first push of a key wins, so a registered node that
+            # pushed another's message first would poison its consumers. Only the
+            # assignee's is taken; not scored, as the sender may be a former
+            # assignee whose unit was reassigned after a timeout.
+            log.info("push of %s from %s dropped: the chain assigned its unit to %s",
+                     key, peer, sender)
+            return
+        self.deliver(key, tensors)
 
     def check(self, msg: StepTensors) -> Tensors:
         """The tensors of a push of this job, decoded.

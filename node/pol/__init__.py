@@ -17,7 +17,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.pol.reexecute": ("Reexecutor", "Rerun", "WeightsMismatch"),
     "node.pol.verifier": ("Verifier",),
     "node.pol.window": ("WindowError", "WindowReport", "export_op", "export_window",
-                        "verify_window"),
+                        "read_window", "verify_window", "write_window"),
     "node.pol.attacks": ("ATTACKS", "VERIFIER_ATTACKS", "WORKER_ATTACKS", "WorkerAttack",
                          "attack_hooks", "verifier_tamper"),
 })

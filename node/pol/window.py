@@ -12,8 +12,9 @@ windows closed, and refute a verifier that failed them (specs/pol.md 6.6).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 
@@ -33,7 +34,8 @@ from proof_of_learning.certificate import (
 )
 from proof_of_learning.errors import PolError
 
-__all__ = ["WindowError", "WindowReport", "export_op", "export_window", "verify_window"]
+__all__ = ["WindowError", "WindowReport", "export_op", "export_window", "read_window",
+           "verify_window", "write_window"]
 
 _FILE = "window"  # the peer name the file's archive answers as
 
@@ -210,19 +212,60 @@ async def export_op(archive: PolArchive | None, config_json: str, job_id: bytes 
     if not (isinstance(first, int) and isinstance(steps, int) and first >= 0 and steps >= 1):
         raise WindowError('"first" and "steps" must be whole numbers (steps at least 1)')
     window = export_window(archive, config_json, job_id, first, steps)
-    data = encode(window)
-    await trio.to_thread.run_sync(_write_new, out, data)
-    return {"path": out, "bytes": len(data), "units": len(window.receipts),
+    size = await trio.to_thread.run_sync(write_window, out, window)
+    return {"path": out, "bytes": size, "units": len(window.receipts),
             "first_step": first, "steps": steps, "kept_steps": kept,
             "receipts_root": window.receipts_root.hex()}
 
 
-def _write_new(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file, so a reader never sees half."""
-    import os
+#: A window file: this line, then frames of a 4-byte big-endian length and that many
+#: bytes: the `PolWindow` without its tensors, then each tensor as a `NamedTensor`
+#: (one codec object may not pass 32 MiB; a window of many steps does).
+WINDOW_MAGIC = b"pnode-pol-window/1\n"
+
+
+def write_window(path: str, window: PolWindow) -> int:
+    """Write ``window`` to ``path`` through a temporary file (a reader never sees half).
+
+    Returns:
+        The file's size in bytes.
+    """
+    frames = [encode(replace(window, tensors=())), *(encode(t) for t in window.tensors)]
     tmp = f"{path}.tmp"
     with open(tmp, "wb") as f:
-        f.write(data)
+        f.write(WINDOW_MAGIC)
+        for frame in frames:
+            f.write(len(frame).to_bytes(4, "big") + frame)
         f.flush()
         os.fsync(f.fileno())
+        size = f.tell()
     os.replace(tmp, path)
+    return size
+
+
+def read_window(path: str) -> PolWindow:
+    """The `PolWindow` of a window file.
+
+    Raises:
+        OSError: the file cannot be read.
+        WindowError: it is not a window file.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data.startswith(WINDOW_MAGIC):
+        raise WindowError("not a window file (no pnode-pol-window/1 header)")
+    frames, at = [], len(WINDOW_MAGIC)
+    while at < len(data):
+        size = int.from_bytes(data[at:at + 4], "big")
+        if at + 4 + size > len(data):
+            raise WindowError("not a window file: a frame runs past the end")
+        frames.append(data[at + 4:at + 4 + size])
+        at += 4 + size
+    if not frames:
+        raise WindowError("not a window file: no header frame")
+    try:
+        head = decode(frames[0], PolWindow)
+        tensors = tuple(decode(frame, NamedTensor) for frame in frames[1:])
+        return replace(head, tensors=tensors)
+    except (DecodeError, ValueError) as exc:
+        raise WindowError(f"not a window file: {exc}") from None

@@ -48,6 +48,7 @@ def run_step(k: int, device: str = "cpu", replicas: int = 1):
         if result.loss is not None:
             losses[phase.replica] = result.loss
         for group, key, tensors in result.pushes:
+            assert plan.producer(key) == phase.index  # whom a receiver takes this key from
             expect = plan.expected(key[2], key[3])
             assert {n: tuple(v.shape) for n, v in tensors.items()} == expect
             assert key[:2] == (0, phase.replica) and key not in inbox  # one message per key

@@ -209,6 +209,22 @@ def test_receive_keeps_a_good_push_and_drops_strangers_other_jobs_and_stale_step
     run(test)
 
 
+def test_only_the_assignee_of_the_producing_unit_may_push_a_key():
+    """A registered node pushing another's message first would poison it (first push wins)."""
+    assignee = {key(0): "a"}  # the chain gave key(0)'s producing unit to "a"; others unknown
+
+    async def test(transfer, tip, host):
+        transfer.state.registered = ("a", "b", "me")
+        await transfer.receive(await push_frame(step_tensors(h=torch.full(SHAPE, 9.0))), "b")
+        assert key(0) not in transfer  # dropped: "b" is not its producer
+        await transfer.receive(await push_frame(step_tensors()), "a")
+        assert key(0) in transfer and not torch.equal(
+            transfer._inbox[key(0)]["h"], torch.full(SHAPE, 9.0))
+        await transfer.receive(await push_frame(step_tensors(step=1)), "b")
+        assert key(1) in transfer  # the chain does not say (not the open step): taken
+    run(test, producer=lambda k: assignee.get(k))
+
+
 @pytest.mark.parametrize("msg, why", [
     (step_tensors(replica=2), "replica 2"),
     (step_tensors(x=torch.ones(SHAPE)), "unexpected tensor 'x'"),

@@ -15,7 +15,9 @@ from ledger.codec import decode, encode
 from ledger.types import Receipt
 from node.mine import config_json
 from node.pol.attacks import WorkerAttack
-from node.pol.window import WindowError, export_window, verify_window
+from node.pol.window import (
+    WindowError, export_window, read_window, verify_window, write_window,
+)
 from node.wire import PolWindow
 from tests.node.pol.polkit import JOB, make_worker, run_step
 
@@ -29,8 +31,15 @@ def signed_worker(attack: str | None = None, steps: int = 2):
 
 
 def window_file(w, first=0, steps=2) -> PolWindow:
+    """The exported window, through a file's bytes."""
+    import tempfile
     window = export_window(w.archive, config_json(w.config), JOB, first, steps)
-    return decode(encode(window), PolWindow)  # through the file's bytes
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/w.pol"
+        write_window(path, window)
+        back = read_window(path)
+    assert back == window
+    return back
 
 
 def test_an_honest_window_passes_every_unit_step_by_step():
@@ -65,6 +74,16 @@ def test_changed_receipts_break_the_root_or_the_signatures():
     forged = replace(other, output_hash=b"\x09" * 32)  # the signature no longer holds
     report = verify_window(replace(window, receipts=(encode(forged),) + window.receipts[1:]))
     assert not report.passed and not report.signatures_ok and not report.root_ok
+
+
+def test_a_file_that_is_not_a_window_is_a_clear_error(tmp_path):
+    for junk, why in ((b"hello", "no pnode-pol-window/1 header"),
+                      (b"pnode-pol-window/1\n\x00\x00\x00\x09abc", "runs past the end"),
+                      (b"pnode-pol-window/1\n", "no header frame"),
+                      (b"pnode-pol-window/1\n\x00\x00\x00\x01\xc1", "not a window file")):
+        (tmp_path / "j.pol").write_bytes(junk)
+        with pytest.raises(WindowError, match=why):
+            read_window(str(tmp_path / "j.pol"))
 
 
 def test_junk_is_a_clear_window_error():
