@@ -8,7 +8,9 @@ archive through the protocol's encoder: the network is left out, the
 bytes are counted).
 
 1. Cost: seconds to train a step (every unit's phases: the baseline) vs
-   seconds to judge every unit of it, both at 1 torch thread, step by step;
+   seconds to judge every unit of it, both at 1 torch thread, step by step,
+   the verifier holding the unit's layers as the draw prefers (its own
+   weights of the step in its ring: not fetched);
    the verification fraction at an audit rate p is p x the median of the
    per-step judge / train ratios (target <= 10 % at the default p = 0.1).
 2. Honest distances: the worker at 1 torch thread, the verifier at 2; the
@@ -19,7 +21,7 @@ bytes are counted).
 4. Bytes: a receipt, a verdict, evidence (exact, tolerance), and what one
    audit fetches.
 
-Usage:  .venv/bin/python bench/pol_bench.py [--steps 9] [--audit-bps 1000] [--json]
+Usage:  .venv/bin/python bench/pol_bench.py [--steps 9] [--seeds 1] [--audit-bps 1000] [--json]
 """
 
 from __future__ import annotations
@@ -71,18 +73,22 @@ def judge_step(w, t: int, threads: int, archive=None) -> tuple[dict, float, list
     return out, time.perf_counter() - began, sizes
 
 
-def cost_and_noise(steps: int) -> dict:
+def cost_and_noise(steps: int, seed: int = 0) -> dict:
     torch.set_num_threads(1)
-    w = make_worker(2, **DEFAULT_JOB)
+    w = make_worker(2, **DEFAULT_JOB, seed=seed)
     train_s, judge_s, worst, passes, units, fetched, exact = 0.0, 0.0, 0.0, 0, 0, [], 0
     ratios = []
     for t in range(steps):
         torch.set_num_threads(1)
+        # The verifier holds the unit's layers, as the draw prefers: its own weights of
+        # step t (an honest holder's are the worker's) are in its ring.
+        ring = PolArchive()
+        ring.keep_version(t, dict(w.model.named_parameters()))
         began = time.perf_counter()
         run_step(w, t)
         seconds_t = time.perf_counter() - began
         train_s += seconds_t
-        _, seconds, sizes = judge_step(w, t, threads=1)  # the cost: as many threads as training
+        _, seconds, sizes = judge_step(w, t, threads=1, archive=ring)  # the cost
         judge_s += seconds
         ratios.append(seconds / seconds_t)
         fetched += sizes
@@ -142,12 +148,18 @@ def sizes() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=9, help="steps per seed")
+    ap.add_argument("--seeds", type=int, default=1, help="job seeds (initial weights, batches)")
     ap.add_argument("--audit-bps", type=int, default=1000)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     p = args.audit_bps / 10_000
-    cost = cost_and_noise(args.steps)
+    runs = [cost_and_noise(args.steps, seed) for seed in range(args.seeds)]
+    cost = {k: sum(r[k] for r in runs) for k in ("steps", "units", "train_s", "judge_s",
+                                                  "honest_pass", "honest_exact")}
+    cost["median_ratio"] = statistics.median(r["median_ratio"] for r in runs)
+    cost["honest_worst_distance"] = max(r["honest_worst_distance"] for r in runs)
+    cost["fetch_bytes_per_audit"] = statistics.mean(r["fetch_bytes_per_audit"] for r in runs)
     det = detection()
     size = sizes()
     fraction = p * cost["median_ratio"]
@@ -157,9 +169,9 @@ def main() -> None:
         print(json.dumps(info, indent=1))
         return
     print(f"{'measure':44} {'value':>14}")
-    print(f"{'train: every unit of a step, s/step':44} {cost['train_s'] / args.steps:>14.3f}"
+    print(f"{'train: every unit of a step, s/step':44} {cost['train_s'] / cost['steps']:>14.3f}"
           "   (baseline)")
-    print(f"{'judge: every unit of a step, s/step':44} {cost['judge_s'] / args.steps:>14.3f}")
+    print(f"{'judge: every unit of a step, s/step':44} {cost['judge_s'] / cost['steps']:>14.3f}")
     print(f"{'judge / train, median over steps':44} {cost['median_ratio']:>14.2f}x")
     print(f"{f'verification fraction at p = {p:g}':44} {fraction:>14.1%}")
     print(f"{'honest units passed (1 vs 2 threads)':44} "

@@ -11,7 +11,9 @@ generating over the three servers (the same text as the local run; the
 client routes only through servers registered on the chain it follows,
 Alice's); then a short
 training run of the default job, and the same job mined by a three-node
-devnet (`pnode devnet`), whose coins per node equal its accepted units. Each step runs the installed `pnode` /
+devnet (`pnode devnet`), where a tenth of the units are re-executed by
+another node (Proof of Learning): a node's coins are its accepted units
+plus a fee per verdict it signed. Each step runs the installed `pnode` /
 `pwallet` commands exactly as a user would.
 
 Usage:  python -m node.cli.demo [--data-dir DIR]
@@ -176,7 +178,7 @@ def main() -> None:
         stop_swarm(nodes)
     step("The default training job, locally: the loss falls", "pnode", "train",
          "--steps", "60")
-    step("Mining: three node processes train that job together and earn a coin per unit",
+    step("Mining: three nodes train that job, audit a tenth of each other's units, earn coins",
          "pnode", "devnet", "--nodes", "3", "--steps", "20", "--data-dir",
          str(root / "devnet"))
     step("Each miner's chain re-validates: every receipt's assignment, the supply",
