@@ -163,8 +163,9 @@ class Miner:
         while True:
             view = self._view = await self.service.call(self._look)
             if self.archive is not None and view.job_id is not None:
-                done = await self.service.call(self._unauditable, self.archive.receipts(),
-                                               view.step)
+                done, audited = await self.service.call(self._unauditable,
+                                                        self.archive.receipts(), view.step)
+                self.archive.mark_audited(audited)
                 self.archive.forget(done, view.step)
             if not await self._ready(view):
                 await self.service.wait_tip_change(view.tip)
@@ -247,11 +248,14 @@ class Miner:
         return _View(chain.tip_hash, job_id, record.step, record.job.steps,
                      tuple(mine), holders, assignees, miners, span)
 
-    def _unauditable(self, kept: dict[bytes, int], step: int) -> set[bytes]:
-        """Of ``kept`` (receipt hash: step), those no audit can come for: with no `Pending`
-        left and of a step before ``step`` (included and past their window, or replaced)."""
+    def _unauditable(self, kept: dict[bytes, int], step: int) -> tuple[set[bytes], set[bytes]]:
+        """Of ``kept`` (receipt hash: step): those no audit can come for (no `Pending` left,
+        of a step before ``step``: past their window, judged or replaced), and those drawn
+        for an audit now (`Pending` with a verifier)."""
         st = self.service.chain.state
-        return {h for h, t in kept.items() if t < step and st.get(PENDING + h) is None}
+        pending = {h: st.get(PENDING + h) for h in kept}
+        return ({h for h, t in kept.items() if t < step and pending[h] is None},
+                {h for h, p in pending.items() if p is not None and p.verifier != bytes(32)})
 
     async def _keep_version(self) -> None:
         """Record this node's own weights at ``version`` (what it judges others' against)."""

@@ -26,13 +26,16 @@ from ledger.types import tx_hash
 from node.mine import named_digest, tensor_digest
 from proof_of_learning.certificate import Evidence, UnitCert, cert_hash, evidence_hash
 
-__all__ = ["KEEP_STEPS", "PolArchive", "RING"]
+__all__ = ["AUDITED_KEEP_STEPS", "KEEP_STEPS", "PolArchive", "RING"]
 
 #: Weight versions a miner keeps of its own (a verdict comes a few blocks after its unit).
 RING = 16
 #: Steps whose units a worker keeps even after their audits can no longer come, so
 #: that `pnode pol export` can still write them.
 KEEP_STEPS = 4
+#: Steps a worker keeps the units of its audited receipts: if a verifier failed one,
+#: the worker can still export it and anyone can re-execute it (`pnode verify cert`).
+AUDITED_KEEP_STEPS = 64
 
 
 class PolArchive:
@@ -46,6 +49,7 @@ class PolArchive:
         self._versions: dict[int, dict[str, bytes]] = {}  # own weights: version: name: digest
         self._receipts: dict[bytes, int] = {}  # receipts whose units are kept: their step
         self._receipt_bytes: dict[bytes, bytes] = {}  # and their encodings
+        self._audited: set[bytes] = set()  # kept receipts seen drawn for an audit
 
     def __len__(self) -> int:
         return len(self._objects) + len(self._tensors) + len(self._named)
@@ -115,18 +119,25 @@ class PolArchive:
         """The receipts whose units are kept: their steps, by hash (a copy)."""
         return dict(self._receipts)
 
+    def mark_audited(self, receipt_hashes: set[bytes]) -> None:
+        """Note kept receipts drawn for an audit: they are kept `AUDITED_KEEP_STEPS` steps."""
+        self._audited |= receipt_hashes & self._receipts.keys()
+
     def forget(self, done: set[bytes], step_now: int) -> None:
         """Forget the receipts in ``done`` (no audit can come) that are older than the last
-        ``keep_steps`` steps, then prune what none needs.
+        ``keep_steps`` steps (`AUDITED_KEEP_STEPS` for an audited one), then prune what
+        none needs.
 
         Everything stamped before the oldest step of a kept receipt (or
         ``step_now - keep_steps`` when none is kept) goes.
         """
         horizon = step_now - self.keep_steps
         for h in done:
-            if self._receipts.get(h, horizon) < horizon:
+            limit = step_now - AUDITED_KEEP_STEPS if h in self._audited else horizon
+            if self._receipts.get(h, limit) < limit:
                 del self._receipts[h]
                 self._receipt_bytes.pop(h, None)
+                self._audited.discard(h)
         self.prune(min([*self._receipts.values(), max(horizon, 0)]))
 
     def keep_cert(self, step: int, cert: UnitCert) -> bytes:

@@ -44,9 +44,9 @@ __all__ = ["Case", "Judgement", "judge"]
 class Case:
     """A sampled receipt this node must judge, with what the chain says around it.
 
-    peers: whom to ask, the worker first; forward_input(step, index): the
-    accepted input hash of a backward unit's stage's forward unit (None:
-    unknown, the check is skipped).
+    peers: whom to ask, the worker first; receipt_of(step, index): the
+    accepted receipt of another unit of the job (None: not found, the checks
+    that need it are skipped).
     """
 
     receipt_hash: bytes
@@ -54,7 +54,7 @@ class Case:
     units: tuple[UnitTemplate, ...]
     height: int
     peers: tuple[str, ...]
-    forward_input: Callable[[int, int], Awaitable[bytes | None]]
+    receipt_of: Callable[[int, int], Awaitable[Receipt | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,15 +142,53 @@ async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArc
         if t is None:
             return _exact(case, UNAVAILABLE, cert=cert, detail=f"no peer served input {name}")
         inputs[name] = t
-    forward_h = await case.forward_input(cert.step, cert.index)
-    if forward_h is not None and committed_inputs.get("h") != forward_h:
-        return _exact(case, UNCHAINED_INPUT, cert=cert, detail="h is not its forward's input")
+    unchained = await _unchained(case, cert, rx, fetcher, needed)
+    if unchained is not None:
+        return _exact(case, UNCHAINED_INPUT, cert=cert, detail=unchained)
     try:
         run = await run_sync(rx.rerun, r.job_id, cert.step, r.unit_id, cert.index, weights,
                              inputs, weight_digests)
     except (WeightsMismatch, ValueError, RuntimeError) as exc:  # shapes it cannot take
         return _exact(case, UNCHAINED_INPUT, cert=cert, detail=f"cannot re-run: {exc}")
     return await _compare(case, cert, run, fetcher)
+
+
+async def _unchained(case: Case, cert: UnitCert, rx: Reexecutor, fetcher: PolFetcher,
+                     needed: dict) -> str | None:
+    """Why an input is not what its producer committed (specs/pol.md 7.1 step 3), or None.
+
+    A backward unit's ``h`` must be its stage's forward receipt's input;
+    every fetched input must be the output its producing unit's certificate
+    names (``h`` <- ``y``; ``g`` <- the last forward's ``g`` or a backward's
+    ``y``; a piece's ``W/s`` <- the same name). A producer whose receipt or
+    certificate cannot be found is skipped, never held against the worker.
+    """
+    plan, committed = rx.plan, digest_map(cert.inputs)
+    r, u = divmod(cert.index, 2 * plan.k)
+    if u >= plan.k:  # a backward: its h is its forward's
+        forward = await case.receipt_of(cert.step, r * 2 * plan.k + (2 * plan.k - 1 - u))
+        if forward is not None and committed.get("h") != forward.input_hash:
+            return "h is not its forward's input"
+    for name, key in needed.items():
+        producer = plan.producer(key)
+        if producer == cert.index:
+            continue  # an earlier phase of the unit itself
+        receipt = await case.receipt_of(cert.step, producer)
+        raw = None if receipt is None else await fetcher.cert_bytes(
+            case.peers, case.receipt.job_id, receipt.cert_hash)
+        try:
+            outputs = None if raw is None else digest_map(decode_cert(raw).outputs)
+        except PolError:
+            outputs = None
+        if outputs is None:
+            continue
+        if "/" in name:
+            source = name
+        else:
+            source = "g" if name == "g" and "g" in outputs else "y"
+        if outputs.get(source) != committed[name]:
+            return f"input {name} is not output {source} of unit {producer}"
+    return None
 
 
 def _own_weights(archive: PolArchive, cert: UnitCert, rx: Reexecutor

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Verifier"]
 
-#: Blocks before a receipt's to search for its stage's forward receipt (a backward's h).
+#: Blocks before a receipt's to search for its producers' and its forward's receipts.
 SEARCH_BACK = 64
 
 
@@ -114,11 +114,11 @@ class Verifier:
 
     # -- the chain's view (in the chain thread) -----------------------------------------
 
-    def _forward_lookup(self, job_id: bytes, units, height: int):
-        async def forward_input(step: int, index: int) -> bytes | None:
-            return await self.service.call(_forward_input, self.service.chain, job_id, units,
+    def _receipt_lookup(self, job_id: bytes, units, height: int):
+        async def receipt_of(step: int, index: int) -> Receipt | None:
+            return await self.service.call(_receipt_of, self.service.chain, job_id, units,
                                            step, index, height)
-        return forward_input
+        return receipt_of
 
     def _cases(self) -> tuple[bytes, list[Case]]:
         """(tip, the sampled receipts this node must judge and has not)."""
@@ -156,7 +156,7 @@ class Verifier:
         return Case(receipt_hash=rh, receipt=receipt, units=units, height=height,
                     peers=tuple([worker] * (worker is not None) + [p for p in peers
                                                                    if p != worker]),
-                    forward_input=self._forward_lookup(job_id, units, height))
+                    receipt_of=self._receipt_lookup(job_id, units, height))
 
     def _recent_cases(self, blocks: int) -> list[Case]:
         """Every receipt of this node's job in the last ``blocks`` blocks (chain thread)."""
@@ -215,26 +215,15 @@ def _receipt_in(chain, height: int, receipt_hash: bytes) -> Receipt | None:
     return None
 
 
-def _forward_input(chain, job_id: bytes, units, step: int, index: int,
-                   height: int) -> bytes | None:
-    """The accepted input hash (its h) of backward unit ``index``'s stage's forward unit.
-
-    Searched in the blocks up to ``height`` (the backward's receipt comes
-    after its forward ran); None when not found (the check is skipped).
-    Runs in the chain thread.
-    """
-    k2 = len(units) // _replicas(units)
-    r, u = divmod(index, k2)
-    if u < k2 // 2:
-        return None  # a forward unit
-    forward = unit_id(job_id, step, units[r * k2 + (k2 - 1 - u)])
-    for h in range(height, max(0, height - SEARCH_BACK), -1):
+def _receipt_of(chain, job_id: bytes, units, step: int, index: int,
+                height: int) -> Receipt | None:
+    """The accepted receipt of unit ``index`` at ``step``, searched in the main chain's
+    blocks from ``SEARCH_BACK`` before ``height`` to the tip (chain thread)."""
+    if index >= len(units):
+        return None
+    wanted = unit_id(job_id, step, units[index])
+    for h in range(max(1, height - SEARCH_BACK), chain.height + 1):
         for tx in chain.block_at(h).txs:
-            if isinstance(tx, Receipt) and tx.unit_id == forward:
-                return tx.input_hash
+            if isinstance(tx, Receipt) and tx.unit_id == wanted:
+                return tx
     return None
-
-
-def _replicas(units) -> int:
-    return max(u.replica for u in units) + 1
-

@@ -151,7 +151,7 @@ def verify_window(window: PolWindow, progress: Callable[[int, int], None] = lamb
     by_unit = {r.unit_id: r for r in receipts}
     fetcher = ArchiveFetcher({_FILE: archive})
     for n, (receipt, h) in enumerate(zip(receipts, hashes)):
-        case = Case(h, receipt, units, 0, (_FILE,), _forward_lookup(by_unit, units, window))
+        case = Case(h, receipt, units, 0, (_FILE,), _receipt_lookup(by_unit, units, window))
         j: Judgement = trio.run(functools.partial(judge, run_sync=_inline), case, fetcher, rx,
                                 PolArchive())
         report.units.append(_row(j, receipt, h, archive))
@@ -164,15 +164,11 @@ async def _inline(fn, *args):
     return fn(*args)
 
 
-def _forward_lookup(by_unit: dict, units, window: PolWindow):
-    async def forward_input(step: int, index: int) -> bytes | None:
-        k2 = len(units) // (max(u.replica for u in units) + 1)
-        r, u = divmod(index, k2)
-        if u < k2 // 2:
-            return None
-        forward = by_unit.get(unit_id(window.job_id, step, units[r * k2 + (k2 - 1 - u)]))
-        return None if forward is None else forward.input_hash
-    return forward_input
+def _receipt_lookup(by_unit: dict, units, window: PolWindow):
+    async def receipt_of(step: int, index: int) -> Receipt | None:
+        return by_unit.get(unit_id(window.job_id, step, units[index])) \
+            if index < len(units) else None
+    return receipt_of
 
 
 def _row(j: Judgement, receipt: Receipt, h: bytes, archive: PolArchive) -> dict:

@@ -93,9 +93,12 @@ def run_step(w: Worker, t: int, run=None) -> None:
             opt.step(grads)
 
 
-def case_of(w: Worker, t: int, index: int, forward_input=None) -> Case:
+def case_of(w: Worker, t: int, index: int, receipts: dict | None = None) -> Case:
+    """The judge's case of unit ``index`` at ``t``; other units' receipts from
+    ``receipts`` (default: the worker's own, as the chain would hold them)."""
     receipt = w.receipts[(t, index)]
+    others = w.receipts if receipts is None else receipts
 
-    async def fwd(step, i):  # as the verifier's chain lookup: None for a forward unit
-        return forward_input if i % (2 * w.plan.k) >= w.plan.k else None
-    return Case(tx_hash(receipt), receipt, w.units, 1, ("worker",), fwd)
+    async def receipt_of(step, i):
+        return others.get((step, i))
+    return Case(tx_hash(receipt), receipt, w.units, 1, ("worker",), receipt_of)

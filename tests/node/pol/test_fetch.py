@@ -13,7 +13,7 @@ import torch
 from ledger.codec import encode
 from ledger.types import tx_hash
 from node.net import RequestError
-from node.pol.archive import PolArchive
+from node.pol.archive import AUDITED_KEEP_STEPS, PolArchive
 from node.pol.fetch import PolFetcher, serve_pol
 from node.wire import MAX_POL_REQUEST, POL_PROTOCOL, PolRequest
 from proof_of_learning.certificate import cert_hash, decode_cert, digest_map
@@ -102,7 +102,11 @@ def test_pruning_forgets_by_step_but_keeps_the_weight_ring():
     assert a.encoded(receipt.cert_hash) is not None and len(a.receipts()) == 4
     a.forget(set(), step_now=a.keep_steps + 1)  # not done: kept whatever its age
     assert len(a.receipts()) == 4
+    audited = tx_hash(receipt)
+    a.mark_audited({audited})  # drawn for an audit: kept much longer (a dispute's evidence)
     a.forget(set(a.receipts()), step_now=a.keep_steps + 1)
+    assert a.receipts() == {audited: 0} and a.encoded(receipt.cert_hash) is not None
+    a.forget({audited}, step_now=AUDITED_KEEP_STEPS + 1)
     assert a.receipts() == {} and a.encoded(receipt.cert_hash) is None
     assert torch.equal(a.version(0, ["tok_emb.weight"])["tok_emb.weight"], ring["tok_emb.weight"])
     for v in range(1, 20):  # the ring keeps the newest RING versions

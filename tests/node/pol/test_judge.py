@@ -6,6 +6,8 @@ with its own `Reexecutor` judges the archived units through `ArchiveFetcher`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import trio
@@ -16,19 +18,19 @@ from node.pol.judge import judge
 from node.pol.reexecute import Reexecutor
 from proof_of_learning.certificate import (
     EXACT, GRADIENT_MISMATCH, MALFORMED, OUTPUT_MISMATCH, PASS, TOLERANCE, UNAVAILABLE,
-    UNCHAINED_INPUT, WRONG_DATA, check_evidence,
+    UNCHAINED_INPUT, WRONG_DATA, check_evidence, decode_cert,
 )
 from tests.node.pol.polkit import case_of, make_worker, run_step
 
 
-def judge_all(w, t, verifier_archive=None, forward_input=None):
+def judge_all(w, t, verifier_archive=None, receipts=None):
     rx = Reexecutor(w.config)
     fetcher = ArchiveFetcher({"worker": w.archive})
     out = {}
     for (step, index) in sorted(w.receipts):
         if step != t:
             continue
-        j = trio.run(judge, case_of(w, t, index, forward_input), fetcher, rx,
+        j = trio.run(judge, case_of(w, t, index, receipts), fetcher, rx,
                      verifier_archive or PolArchive())
         check_evidence(j.evidence)  # whatever the verdict, its evidence is well-formed
         out[index] = j
@@ -101,10 +103,31 @@ def test_stale_weights_are_unchained_against_the_verifiers_own():
 def test_a_backward_whose_h_is_not_its_forwards_is_unchained():
     w = make_worker(2)
     run_step(w, 0)
-    verdicts = judge_all(w, 0, forward_input=b"\x01" * 32)
-    backward = {i: j.reason for i, j in verdicts.items() if i >= 2}
-    assert set(backward.values()) == {UNCHAINED_INPUT}
-    assert {verdicts[i].reason for i in (0, 1)} == {PASS}  # a forward has no forward to match
+    forward = w.receipts[(0, 0)]  # the chain says stage 0's forward took another h
+    receipts = {**w.receipts, (0, 0): replace(forward, input_hash=b"\x01" * 32)}
+    verdicts = judge_all(w, 0, receipts=receipts)
+    assert verdicts[3].reason == UNCHAINED_INPUT  # stage 0's backward
+    assert "forward" in verdicts[3].detail
+    assert {verdicts[i].reason for i in (0, 1, 2)} == {PASS}
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_an_input_that_is_not_its_producers_output_is_unchained(k):
+    """A consumer that took a pushed tensor its producer did not commit (a poisoned push)."""
+    w = make_worker(k)
+    run_step(w, 0)
+    liar = make_worker(k)  # another run's certificates, as if the producers committed other work
+    run_step(liar, 0, WorkerAttack("perturbed-forward").run_phase(liar.plan))
+    receipts = {key: liar.receipts[key] for key in w.receipts}
+    rx_archive = {"worker": w.archive}
+    for key in liar.receipts:  # the producers' certificates are served too
+        rx_archive["worker"].keep_cert(0, decode_cert(liar.archive.encoded(
+            liar.receipts[key].cert_hash)))
+    verdicts = judge_all(w, 0, receipts=receipts)
+    unchained = {i for i, j in verdicts.items() if j.reason == UNCHAINED_INPUT}
+    assert unchained, {i: (j.reason, j.detail) for i, j in verdicts.items()}
+    assert all("is not output" in verdicts[i].detail or "forward" in verdicts[i].detail
+               for i in unchained)
 
 
 def test_what_cannot_be_fetched_is_unavailable_never_a_fail():
