@@ -434,11 +434,10 @@ class Node:
         await self.registrar.run()
 
     async def _mine_after(self, joined: trio.Event, key) -> None:
-        """Mine and verify (`node.mine.Miner`, `node.pol.Verifier`) once the first syncs are
-        over; the miner keeps what its verifiers fetch over `/pnode/pol/1.0.0`."""
+        """Mine and verify (`node.mine.Miner`, `node.pol`) once the first syncs are over."""
         from node.errors import MinerError
         from node.mine import Miner  # torch loads with it
-        from node.pol import PolArchive, PolFetcher, Verifier, attack_hooks, serve_pol
+        from node.pol import PolArchive, PolFetcher, StateCheck, Verifier, attack_hooks, serve_pol
         from node.wire import MAX_POL_REQUEST, POL_PROTOCOL
 
         with trio.move_on_after(self.network.catch_up_s):
@@ -447,13 +446,14 @@ class Node:
         self.service.host.set_request_handler(POL_PROTOCOL, serve_pol(archive),
                                               max_request_size=MAX_POL_REQUEST)
         worker_tamper, verifier_tamper = attack_hooks(self.mine.attack)
+        fetcher = PolFetcher(self.service.host)
+        self.verifier = Verifier(self.service, self.txs, key, self.mine.job, archive, fetcher,
+                                 report=self.report, tamper=verifier_tamper)
         self.miner = Miner(self.service, self.txs, key, self.mine.job,
                            log_file=self.datadir.path / TRAIN_LOG,
                            average_every=self.mine.average_every, report=self.report,
-                           device=self.mine.device, archive=archive, tamper=worker_tamper)
-        self.verifier = Verifier(self.service, self.txs, key, self.mine.job, archive,
-                                 PolFetcher(self.service.host), report=self.report,
-                                 tamper=verifier_tamper)
+                           device=self.mine.device, archive=archive, tamper=worker_tamper,
+                           state_check=StateCheck(fetcher, self.verifier.receipts_of))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.verifier.run)
             try:

@@ -110,17 +110,19 @@ class Miner:
             node's own weight versions, kept to judge others'.
         tamper: test-only (`node.pol.attacks`): a cheating worker's phase
             runner and update rule.
+        state_check: whether to take a holder's state when catching up
+            (`node.pol.catchup.StateCheck`; None: the first that fits).
     """
 
     def __init__(self, service: ChainService, txs: TxGossip, node_key: SigningKey,
                  config: JobConfig, *, log_file: Path | None = None, average_every: int = 10,
                  wait_s: float = 20.0, report: Callable[[str], None] = lambda line: None,
-                 device: str = "cpu", archive=None, tamper=None):
+                 device: str = "cpu", archive=None, tamper=None, state_check=None):
         self.service, self.txs, self.key, self.config = service, txs, node_key, config
         self.host = service.host
         self.log_file, self.average_every, self.wait_s = log_file, average_every, wait_s
         self.report, self.device = report, torch.device(device)
-        self.archive, self.tamper = archive, tamper
+        self.archive, self.tamper, self.state_check = archive, tamper, state_check
         self.me = str(self.host.peer_id)
         self.job_id: bytes | None = None
         self.version = 0  # updates applied: the step whose units this node may run
@@ -311,7 +313,8 @@ class Miner:
             push_retry_s=self.push_retry_s)
         self.state_sync = StateSync(self.host, job_id=self.job_id, held=self.held,
                                     optimizer=self._optimizer, registered=self._registered,
-                                    version=lambda: self.version, wait_s=self.wait_s)
+                                    version=lambda: self.version, wait_s=self.wait_s,
+                                    accepts=self.state_check)
         # Only now: a push that comes earlier fails, and its sender tries again.
         self.host.set_handler(TRAIN_PROTOCOL, self.transfer.receive)
         self.host.set_request_handler(STATE_PROTOCOL, self.state_sync.serve,

@@ -51,6 +51,9 @@ class StateSync:
             current chain view has them, or None before its first look.
         version: the updates the miner has applied (the version it answers).
         wait_s: most seconds one request waits for its answer.
+        accepts: ``await accepts(job_id, section, step, state)``: whether to
+            take a holder's fitting state (`node.pol.catchup.StateCheck`);
+            None takes the first fitting one.
 
     Attributes:
         weights_version: the updates in the weights as the torch thread
@@ -61,8 +64,9 @@ class StateSync:
     def __init__(self, host: Host, *, job_id: bytes, held: Sequence[int],
                  optimizer: Callable[[int], SliceAdamW],
                  registered: Callable[[], Collection[str] | None],
-                 version: Callable[[], int], wait_s: float = 20.0):
+                 version: Callable[[], int], wait_s: float = 20.0, accepts=None):
         self.host, self.me = host, str(host.peer_id)
+        self.accepts = accepts
         self.job_id, self.held, self.optimizer = job_id, list(held), optimizer
         self.registered, self.version, self.wait_s = registered, version, wait_s
         self.weights_version = 0
@@ -95,7 +99,8 @@ class StateSync:
                 except (RequestError, DecodeError, WireTensorError) as exc:
                     log.info("state of section %s from %s: %s", s, peer, exc)
                     continue
-                if reply.version == step and self.fits(s, tensors):
+                if reply.version == step and self.fits(s, tensors) and (
+                        self.accepts is None or await self.accepts(job_id, s, step, tensors)):
                     got[s] = tensors
                     break
             if s not in got:

@@ -4,7 +4,8 @@ Sub-modules: `archive` (what a worker keeps for its verifiers, a miner's
 own weight versions), `fetch` (`/pnode/pol/1.0.0`, both sides), `reexecute`
 (a unit re-run from its committed weights and inputs), `judge` (the
 verifier's procedure on one receipt), `verifier` (the service a mining node
-runs), `window` (window files: `pnode pol export`, `pnode verify cert`),
+runs), `catchup` (a catching-up miner's check of a holder's state),
+`window` (window files: `pnode pol export`, `pnode verify cert`),
 `attacks` (cheating, for the attack battery only).
 """
 
@@ -16,6 +17,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.pol.judge": ("Case", "Judgement", "judge"),
     "node.pol.reexecute": ("Reexecutor", "Rerun", "WeightsMismatch"),
     "node.pol.verifier": ("Verifier",),
+    "node.pol.catchup": ("MAX_CHECKED", "StateCheck"),
     "node.pol.window": ("WindowError", "WindowReport", "export_op", "export_window",
                         "read_window", "verify_window", "write_window"),
     "node.pol.attacks": ("ATTACKS", "VERIFIER_ATTACKS", "WORKER_ATTACKS", "WorkerAttack",

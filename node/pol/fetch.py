@@ -53,7 +53,8 @@ def reply_for(archive: PolArchive, request: PolRequest) -> PolReply:
     named = archive.named(request.key)
     if named is None:
         return _NOT_FOUND
-    return PolReply(1, b"", tuple(NamedTensor(n, _tensor_bytes(t)) for n, t in sorted(named.items())))
+    return PolReply(1, b"", tuple(NamedTensor(n, _tensor_bytes(t))
+                                  for n, t in sorted(named.items())))
 
 
 def serve_pol(archive: PolArchive):
@@ -90,8 +91,9 @@ class PolFetcher:
         """The first checked answer from ``peers`` in order; None when none gives one."""
         for peer in peers:
             try:
-                raw = await self.host.request(peer, POL_PROTOCOL, encode(PolRequest(kind, job_id, key)),
-                                              timeout=self.wait_s, max_response_size=MAX_POL_FRAME)
+                request = encode(PolRequest(kind, job_id, key))
+                raw = await self.host.request(peer, POL_PROTOCOL, request, timeout=self.wait_s,
+                                              max_response_size=MAX_POL_FRAME)
                 reply = decode(raw, PolReply)
                 if not reply.found:
                     continue

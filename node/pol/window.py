@@ -1,4 +1,4 @@
-"""Window certificates: K steps of a worker's units, exported and re-executed offline (specs/pol.md 10).
+"""Window files: K steps of a worker's units, exported and re-executed offline (specs/pol.md 10).
 
 Owns `export_window` (what `pnode pol export` asks a running node for: its
 `PolArchive`'s units of steps [first, first + K) with every certificate and
