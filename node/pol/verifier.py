@@ -129,7 +129,9 @@ class Verifier:
         cases = []
         if job_id is None:
             return chain.tip_hash, cases
-        for rh in st.ids(PENDING):
+        pending_ids = st.ids(PENDING)
+        self.judged &= set(pending_ids)  # judged receipts since settled: forget them
+        for rh in pending_ids:
             pending = st.get(PENDING + rh)
             if pending.status not in (audit.SAMPLED, audit.RECHECKING) \
                     or pending.verifier != me or rh in self.judged:
