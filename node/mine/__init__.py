@@ -1,8 +1,9 @@
 """Mining: the miner loop, step plans, job records, replica averaging, the devnet's chain.
 
 Sub-modules: `miner` (`Miner`: runs the units the chain assigns this node,
-signs receipts), `transfer` (the step tensors' inbox, pushes and checks of
-what others push), `state_sync` (catching up from a holder's state, and
+signs receipts), `phases` (a step's message keys, `Phase`, `PhaseResult`),
+`transfer` (the step tensors' inbox, pushes and checks of what others
+push), `state_sync` (catching up from a holder's state, and
 serving it), `step_plan` (what each unit of a step reads, computes and
 pushes), `jobs` (a job's on-chain record and unit list), `averaging`
 (`Averager`, `/pnode/averaging`), `devnet` (the keys, genesis and job of a
@@ -15,8 +16,9 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.mine.miner": ("Miner",),
     "node.mine.jobs": ("config_from_json", "config_json", "job_units", "matches", "named_digest",
                        "tensor_digest", "tensors_digest"),
-    "node.mine.step_plan": ("Key", "Phase", "PhaseResult", "StepPlan", "Tensors", "input_name",
-                            "message_tensor"),
+    "node.mine.step_plan": ("StepPlan",),
+    "node.mine.phases": ("HALF_OF", "Key", "Phase", "PhaseResult", "Tensors", "input_name",
+                         "message_tensor"),
     "node.mine.averaging": ("Averager",),
     "node.mine.devnet": ("BOND", "DEVNET_PARAMS", "DevnetKeys", "devnet_genesis", "devnet_job"),
 })

@@ -66,7 +66,8 @@ from node.errors import BadPush, MinerError
 from node.mine.averaging import Averager
 from node.mine.jobs import commitments, job_units, matches
 from node.mine.state_sync import StateSync
-from node.mine.step_plan import Phase, PhaseResult, StepPlan
+from node.mine.phases import Phase, PhaseResult
+from node.mine.step_plan import StepPlan
 from node.mine.transfer import Transfer
 from node.wire import CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, TRAIN_PROTOCOL
 

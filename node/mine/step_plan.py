@@ -40,7 +40,6 @@ after a unit's last phase, `StepPlan.certificate` builds its `UnitCert`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -54,6 +53,9 @@ from compute.train import Sections, embed_backward, head_loss_block, stages
 from ledger.crypto import ZERO32
 from node.errors import BadPush
 from node.mine.jobs import named_digest, tensor_digest, tensors_digest
+from node.mine.phases import (
+    HALF_OF, Key, Phase, PhaseResult, StepReplica, Tensors, input_name, message_tensor,
+)
 from node.wire import (
     ACTIVATION, ATTN_PARTIAL, ATTN_SHARE, CLIENT, EMBED_GRADS, GRADIENT, HEAD_GRADS, MLP_PARTIAL,
     MLP_SHARE, SECTION_GRADS, WHATS,
@@ -62,76 +64,8 @@ from proof_of_learning.certificate import (
     NONE_BITS, UnitCert, cert_hash, check_cert, digests, float32_bits,
 )
 
-Key = tuple[int, int, int, int]  # (step, replica, what, section): one pushed message
-StepReplica = tuple[int, int]  # (step, replica): the key prefix of a phase's messages
-Tensors = dict[str, torch.Tensor]
-#: A push: (to the holders of these sections, or CLIENT: every miner), its key, its tensors.
-Push = tuple[tuple[int, ...] | int, Key, Tensors]
-
 _FORWARD_RANK = {"whole": 0, "attention": 0, "mlp": 1, "publish": 2}
 _BACKWARD_RANK = {"whole": 0, "mlp": 0, "attention": 1, "publish": 2}
-
-
-@dataclass(frozen=True, slots=True)
-class Phase:
-    """One step of running a unit: the unit, its section and direction, and which part."""
-
-    index: int  # into the job's units
-    replica: int
-    section: int
-    forward: bool
-    kind: str  # "whole", "attention", "mlp" or "publish"
-    order: tuple[int, ...]  # a node runs its phases of a step in this order
-    last: bool  # the unit's last phase: its receipt follows
-
-
-@dataclass(slots=True)
-class PhaseResult:
-    """What a phase sends, what its unit's receipt and certificate commit, its loss if any.
-
-    Every digest is taken as the phase runs, of the tensors as it read or
-    produced them: the step's update, later, cannot change what it commits.
-    """
-
-    pushes: list[Push] = field(default_factory=list)
-    # Digest of each parameter the phase read, by name (`read_weights`).
-    weights: dict[str, bytes] = field(default_factory=dict)
-    inp: torch.Tensor | None = None  # h (forward) or g (backward): the receipt's input_hash
-    out: Tensors = field(default_factory=dict)  # what the receipt's output_hash names
-    # Certificate inputs and outputs by name (specs/pol.md 3.2), each a `tensor_digest`.
-    inputs: dict[str, bytes] = field(default_factory=dict)
-    outputs: dict[str, bytes] = field(default_factory=dict)
-    # Each weight gradient produced, by parameter: its digest and its sum of squares (float64).
-    grads: dict[str, bytes] = field(default_factory=dict)
-    squares: dict[str, float] = field(default_factory=dict)
-    data: bytes = ZERO32  # tensors_digest of {"ids", "targets"} when the phase read tokens
-    loss: float | None = None
-    # A CPU copy of every tensor digested above, by digest: what the worker
-    # keeps for its verifier (node.pol.archive).
-    kept: dict[bytes, torch.Tensor] = field(default_factory=dict)
-
-    def keep(self, t: torch.Tensor) -> bytes:
-        """The `tensor_digest` of a CPU copy of ``t``, kept (a parameter may change later)."""
-        c = t.detach().to("cpu", copy=True)
-        digest = tensor_digest(c)
-        self.kept[digest] = c
-        return digest
-
-    def produced(self, grads: Tensors) -> None:
-        """Commit weight gradients the phase produced."""
-        for name, g in grads.items():
-            self.grads[name] = self.keep(g)
-            self.squares[name] = float(g.detach().double().square().sum())
-
-
-def input_name(what: int, section: int) -> str:
-    """The certificate name of a piece's partial or share: ``W/s`` (specs/pol.md 3.2)."""
-    return f"{WHATS[what]}/{section}"
-
-
-def message_tensor(what: int) -> str:
-    """Which tensor of a pushed message a unit reads: "h" (states, partials) or "g"."""
-    return "h" if what in (ACTIVATION, ATTN_PARTIAL, MLP_PARTIAL) else "g"
 
 
 class StepPlan:
@@ -164,11 +98,19 @@ class StepPlan:
         piece = self.pieces[s]
         return piece is not None and half in piece.halves
 
+    def unit_of(self, index: int) -> tuple[int, int, bool]:
+        """(replica, section, forward) of unit ``index`` (replica r's units: forward 0..k-1,
+        then backward k-1..0)."""
+        r, u = divmod(index, 2 * self.k)
+        return r, (u if u < self.k else 2 * self.k - 1 - u), u < self.k
+
+    def unit_index(self, replica: int, section: int, forward: bool) -> int:
+        """The inverse of `unit_of`."""
+        return replica * 2 * self.k + (section if forward else 2 * self.k - 1 - section)
+
     def phases(self, index: int) -> list[Phase]:
         """Unit ``index``'s phases in the order it runs them."""
-        r, u = divmod(index, 2 * self.k)
-        forward = u < self.k
-        s = u if forward else 2 * self.k - 1 - u
+        r, s, forward = self.unit_of(index)
         i = self.stage_of[s]
         if self.pieces[s] is None:
             kinds = ["whole"]
@@ -225,8 +167,9 @@ class StepPlan:
     def producer(self, key: Key) -> int:
         """The index of the unit that pushes message ``key`` (only its assignee may)."""
         _, r, what, s = key
-        base, last, i = r * 2 * self.k, len(self.stages) - 1, self.stage_of.get(s, 0)
-        forward, backward = (lambda x: base + x), (lambda x: base + 2 * self.k - 1 - x)
+        last, i = len(self.stages) - 1, self.stage_of.get(s, 0)
+        forward = lambda x: self.unit_index(r, x, True)  # noqa: E731
+        backward = lambda x: self.unit_index(r, x, False)  # noqa: E731
         if what == ACTIVATION:  # the previous stage's forward publisher
             return forward(self.stages[i - 1][-1])
         if what in (HEAD_GRADS, GRADIENT) and (what == HEAD_GRADS or i == last):
@@ -254,8 +197,7 @@ class StepPlan:
                     for i in range(self.forward[section].layer_start,
                                    self.forward[section].layer_end)
                     for n, p in self.model.layers[i].named_parameters()}
-        half = {ATTN_PARTIAL: "attention", MLP_PARTIAL: "mlp", MLP_SHARE: "mlp",
-                ATTN_SHARE: "attention"}.get(what)
+        half = HALF_OF.get(what)
         if half is not None and section < self.k and self.has(section, half):
             if what in (ATTN_PARTIAL, MLP_PARTIAL):
                 return {"h": self.hidden}
@@ -493,7 +435,6 @@ class StepPlan:
         out: Tensors = {}
         for r in results:
             out.update(r.out)
-        u = index % (2 * self.k)
-        whole = self.pieces[u if u < self.k else 2 * self.k - 1 - u] is None
+        whole = self.pieces[self.unit_of(index)[1]] is None
         out_hash = tensor_digest(out["y"]) if whole else tensors_digest(out)
         return cert.weights_hash, tensor_digest(results[0].inp), out_hash, cert_hash(cert)

@@ -27,7 +27,7 @@ from libp2p.peer.id import ID
 from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node.errors import BadPush
-from node.mine.step_plan import Key, Push, Tensors
+from node.mine.phases import Key, Push, Tensors
 from node.net import Host, read_frame, write_frame
 from node.wire import CLIENT, MAX_TRAIN_FRAME, TRAIN_PROTOCOL, WHATS, NamedTensor, StepTensors
 

@@ -88,7 +88,7 @@ class PolArchive:
         Args:
             step: the unit's step.
             cert: its certificate.
-            results: its phases' `node.mine.step_plan.PhaseResult`s (their ``kept``
+            results: its phases' `node.mine.phases.PhaseResult`s (their ``kept``
                 tensors, ``weights`` and ``grads`` digests).
             receipt: the `Receipt` that commits it (see `forget`).
         """
@@ -180,14 +180,6 @@ class PolArchive:
             return None
         out = {name: self.tensor(d) for name, d in item[1].items()}
         return None if any(t is None for t in out.values()) else out
-
-    def version(self, version: int, names: Iterable[str]) -> dict[str, torch.Tensor] | None:
-        """This node's own tensors ``names`` after ``version`` updates; None unless all kept."""
-        digests = self._versions.get(version)
-        if digests is None:
-            return None
-        out = {n: self.tensor(digests[n]) for n in names if n in digests}
-        return out if all(t is not None for t in out.values()) else None
 
     def version_digests(self, version: int) -> dict[str, bytes]:
         """The `tensor_digest` of each of this node's own tensors after ``version`` updates."""

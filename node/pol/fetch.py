@@ -28,7 +28,6 @@ from node.wire import (
     CERT, EVIDENCE, MAX_POL_FRAME, NAMED, POL_KINDS, POL_PROTOCOL, TENSOR, NamedTensor, PolReply,
     PolRequest,
 )
-from proof_of_learning.certificate import decode_evidence, evidence_hash
 from proof_of_learning.errors import PolError
 
 log = logging.getLogger(__name__)
@@ -109,14 +108,6 @@ class PolFetcher:
         """The encoding of the certificate whose `cert_hash` is ``key`` (not decoded here:
         bytes that hash right but do not decode are the worker's fault, `MALFORMED`)."""
         return await self._ask(peers, CERT, job_id, key, lambda r: _hashing_to(r.data, key))
-
-    async def evidence(self, peers: Sequence[str], job_id: bytes, key: bytes):
-        def check(reply: PolReply):
-            ev = decode_evidence(reply.data)
-            if evidence_hash(ev) != key:
-                raise ValueError("evidence does not hash to the key asked for")
-            return ev
-        return await self._ask(peers, EVIDENCE, job_id, key, check)
 
     async def tensor(self, peers: Sequence[str], job_id: bytes, digest: bytes
                      ) -> torch.Tensor | None:

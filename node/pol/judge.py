@@ -26,10 +26,11 @@ import torch
 
 from ledger.types import Receipt, UnitTemplate, unit_id
 from node import torch_thread
-from node.mine import named_digest
+from node.mine import HALF_OF, named_digest
 from node.pol.archive import PolArchive
 from node.pol.fetch import PolFetcher
 from node.pol.reexecute import Reexecutor, WeightsMismatch
+from node.wire import WHATS
 from proof_of_learning.certificate import (
     EXACT, GRADIENT_MISMATCH, INF_BITS, MALFORMED, OUTPUT_MISMATCH, PASS, THRESHOLD, TOLERANCE,
     UNAVAILABLE, UNCHAINED_INPUT, WRONG_DATA, Distance, Evidence, UnitCert, bits_float,
@@ -87,17 +88,15 @@ def receipt_problem(cert: UnitCert, receipt: Receipt, units, rx: Reexecutor) -> 
             receipt.unit_id:
         return "step and index do not name the receipt's unit"
     plan = rx.plan
-    u = cert.index % (2 * plan.k)
-    forward = u < plan.k
-    s = u if forward else 2 * plan.k - 1 - u
+    _, s, forward = plan.unit_of(cert.index)
     inputs, outputs = digest_map(cert.inputs), digest_map(cert.outputs)
     if inputs.get("h" if forward else "g") != receipt.input_hash:
         return "the receipt's input hash is not the certificate's input"
     if plan.pieces[s] is None:
         expected = outputs.get("y")
     else:
-        halves = {name.split("/")[0].split(" ")[0].lower(): d for name, d in outputs.items()
-                  if "/" in name}
+        halves = {HALF_OF[WHATS.index(name.split("/")[0])]: d for name, d in outputs.items()
+                  if "/" in name and name.split("/")[0] in WHATS}
         expected = named_digest(halves) if halves else None
     if expected != receipt.output_hash:
         return "the receipt's output hash is not the certificate's outputs"
@@ -164,9 +163,9 @@ async def _unchained(case: Case, cert: UnitCert, rx: Reexecutor, fetcher: PolFet
     certificate cannot be found is skipped, never held against the worker.
     """
     plan, committed = rx.plan, digest_map(cert.inputs)
-    r, u = divmod(cert.index, 2 * plan.k)
-    if u >= plan.k:  # a backward: its h is its forward's
-        forward = await case.receipt_of(cert.step, r * 2 * plan.k + (2 * plan.k - 1 - u))
+    r, s, is_forward = plan.unit_of(cert.index)
+    if not is_forward:  # a backward: its h is its forward's
+        forward = await case.receipt_of(cert.step, plan.unit_index(r, s, True))
         if forward is not None and committed.get("h") != forward.input_hash:
             return "h is not its forward's input"
     for name, key in needed.items():

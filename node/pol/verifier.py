@@ -175,17 +175,12 @@ class Verifier:
         """The included receipts of ``step`` of ``job_id``, each with whom to ask (its worker
         first): what `node.pol.catchup.StateCheck` compares a holder's state with."""
         def scan() -> list[tuple[Receipt, tuple[str, ...]]]:
-            chain, st = self.service.chain, self.service.chain.state
-            record = st.get(JOB + job_id)
+            record = self.service.chain.state.get(JOB + job_id)
             if record is None:
                 return []
             wanted = {unit_id(job_id, step, t) for t in record.job.units}
-            _, peers = self._job_and_peers()
-            return [(c.receipt, c.peers) for c in (
-                self._case(tx, tx_hash(tx), h, job_id, peers)
-                for h in range(max(1, chain.height - SEARCH_BACK), chain.height + 1)
-                for tx in chain.block_at(h).txs
-                if isinstance(tx, Receipt) and tx.unit_id in wanted)]
+            return [(c.receipt, c.peers) for c in self._recent_cases(SEARCH_BACK)
+                    if c.receipt.job_id == job_id and c.receipt.unit_id in wanted]
         return await self.service.call(scan)
 
     # -- the join-time audit (`pnode verify pol`) ---------------------------------------
