@@ -252,11 +252,16 @@ class JobConfig:
     init_std: std of the initial weights;
     replicas: data-parallel shards of every step: each draws its own
         batch_size sequences (`batch(job, step, r, replicas)`) and the step's
-        update averages their gradients (`compute.train.average_replicas`).
+        update averages their gradients (`compute.train.average_replicas`);
+    state_every: the job's checkpoint interval K: workers keep the full state
+        (weights and AdamW moments) of every part they hold at the steps
+        divisible by it, from which a joining node replays windows of K steps
+        (specs/pol.md 8 and 10.3).
 
     Raises:
         ConfigError: a value out of range (k an int >= 1, mlp_slices None or
-            an int in 1..ffn_dim, replicas an int in 1..MAX_REPLICAS), or a
+            an int in 1..ffn_dim, replicas an int in 1..MAX_REPLICAS, state_every
+            an int >= 1), or a
             vocabulary smaller than 256 (tokens are bytes).
     """
 
@@ -274,6 +279,7 @@ class JobConfig:
     mlp_slices: int | None = None
     init_std: float = 0.02
     replicas: int = 1
+    state_every: int = 16
 
     def __post_init__(self) -> None:
         ok = (
@@ -292,6 +298,9 @@ class JobConfig:
         if not _is_int(self.replicas) or not 1 <= self.replicas <= MAX_REPLICAS:
             raise ConfigError(f"expected replicas an int in 1..{MAX_REPLICAS}, "
                               f"got {self.replicas!r}")
+        if not _is_int(self.state_every) or self.state_every < 1:
+            raise ConfigError(f"expected state_every an int >= 1 (steps), "
+                              f"got {self.state_every!r}")
         ffn = self.model.ffn_dim
         m = self.mlp_slices
         if m is not None and not (_is_int(m) and 1 <= m <= ffn):

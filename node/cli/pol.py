@@ -10,6 +10,7 @@ when every unit passes, 1 when any fails (specs/pol.md 10).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -123,33 +124,67 @@ def _text(report) -> str:
 @data_dir_option
 @click.option("--count", type=click.IntRange(1, 100_000), default=8, show_default=True,
               help="Receipts to sample (with the node's own randomness).")
-@click.option("--all", "everything", is_flag=True, help="Judge every receipt, not a sample.")
+@click.option("--windows", type=click.IntRange(0, 100_000), default=2, show_default=True,
+              help="Windows of the job's steps (one per checkpoint interval, the job's "
+                   "state_every) to replay, drawn with the node's own randomness.")
+@click.option("--all", "everything", is_flag=True,
+              help="Judge every recent receipt, and replay every closed step of the job "
+                   "from its initial model.")
 @click.option("--blocks", type=click.IntRange(1, 1_000_000), default=256, show_default=True,
-              help="How far back to look, in blocks.")
+              help="How far back to look for receipts to judge, in blocks.")
 @json_option
-def verify_pol(data_dir, count, everything, blocks, as_json) -> None:
-    """Re-execute recent receipts of the chain's job through the running node; exit 1 if any fails.
+def verify_pol(data_dir, count, windows, everything, blocks, as_json) -> None:
+    """The join-time audit of the chain's training, through the running node; exit 1 on a fail.
 
-    The join-time audit: the node draws receipts of the last BLOCKS blocks
-    with its own randomness (or takes all of them), fetches each unit from
-    its worker as a verifier would, re-executes it and prints the verdict.
-    A unit its worker no longer keeps is "unavailable", not a failure.
+    Two checks. Receipts of the last BLOCKS blocks, drawn with the node's
+    own randomness (or all of them): each unit is fetched from its worker as
+    a verifier would, re-executed and judged; a unit its worker no longer
+    keeps is "unavailable", not a failure. And windows of the job's steps,
+    replayed whole: from the initial model, or from the full state of every
+    part that miners keep at each checkpoint; every unit's receipt hashes
+    must come out bit for bit (specs/pol.md 10.3). A window that
+    disagrees names the first step that does and the units at fault there.
     Nothing is sent to the chain.
 
     \b
     Examples:
-      pnode verify pol --data-dir D                 # 8 receipts, drawn at random
-      pnode verify pol --data-dir D --all --blocks 50 --json
+      pnode verify pol --data-dir D                 # 8 receipts, 2 windows, drawn at random
+      pnode verify pol --data-dir D --windows 0     # receipts only
+      pnode verify pol --data-dir D --all --json    # everything, from the initial model
     """
+    from rich.console import Console
+
     from node.control import control_call
 
-    info = control_call(data_dir, "pol_audit", count=count, all=everything, blocks=blocks)
+    with Console(stderr=True).status("judging receipts and replaying windows",
+                                     spinner="dots") if not as_json and sys.stderr.isatty() \
+            else contextlib.nullcontext():
+        info = control_call(data_dir, "pol_audit", count=count, all=everything, blocks=blocks,
+                            windows=windows)
     info.pop("ok", None)
-    emit(as_json, info, lambda: "\n".join(
-        [f"step {u['step']} unit {u['index']} of {u['worker'][:16]}.. (height {u['height']}): "
-         f"{u['reason']}" + (f" ({u['detail']})" if u["detail"] else "") for u in info["units"]]
-        + [f"{'FAIL' if info['failed'] else 'ok'}: {info['judged']} of {info['receipts_seen']} "
-           f"recent receipts judged: {info['passed']} passed, {info['failed']} failed, "
-           f"{info['unavailable']} unavailable"]))
-    if info["failed"]:
+    emit(as_json, info, lambda: _audit_text(info))
+    if info["failed"] or info["windows_failed"]:
         sys.exit(EXIT_CHECK_FAILED)
+
+
+_DIFFERS = {"weights": "read other weights", "input": "took another input",
+            "output": "committed other results", "missing": "no receipt on chain"}
+
+
+def _audit_text(info: dict) -> str:
+    lines = [f"step {u['step']} unit {u['index']} of {u['worker'][:16]}.. (height "
+             f"{u['height']}): {u['reason']}" + (f" ({u['detail']})" if u["detail"] else "")
+             for u in info["units"]]
+    lines.append(f"{'FAIL' if info['failed'] else 'ok'}: {info['judged']} of "
+                 f"{info['receipts_seen']} recent receipts judged: {info['passed']} passed, "
+                 f"{info['failed']} failed, {info['unavailable']} unavailable")
+    for w in info["windows"]:
+        last = w["first_step"] + w["steps"] - 1
+        line = f"window of steps {w['first_step']}..{last} (from {w['start']}): {w['status']}, " \
+               f"{w['replayed']} steps replayed, {w['matched']} units bit-exact"
+        lines.append(line + (f"; {w['detail']}" if w["detail"] else ""))
+        for d in w["differing"]:
+            lines.append(f"  step {d['step']} unit {d['index']} of {d['worker'][:16]}..: "
+                         f"{_DIFFERS[d['status']]}" + (" (at fault)" if d["at_fault"] else ""))
+    return "\n".join(lines)
+

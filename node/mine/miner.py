@@ -434,6 +434,11 @@ class Miner:
         if self.version % self.average_every == 0:
             await self._average()
         await self._keep_version()
+        if self.archive is not None and self.version % self.config.state_every == 0:
+            states = await torch_thread.run_sync(
+                lambda: {s: self._optimizer(s).state_dict() for s in [*self.held, CLIENT]})
+            for s, state in states.items():  # a joining node replays from these (specs/pol.md 8)
+                self.archive.keep_state(self.version, s, state)
         return True
 
     def _step_optimizers(self, grads: dict[str, torch.Tensor], version: int) -> None:

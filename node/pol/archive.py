@@ -7,7 +7,10 @@ two named sets (`weights_hash`, `grads_hash`), until no receipt of that step
 can still be audited. A verifier keeps its evidence as long, and every
 miner keeps a ring of its own weight versions (what it holds after each
 update), so it can judge a worker's `weights_hash` against weights of its
-own rather than the worker's word.
+own rather than the worker's word. At the steps the job's ``state_every``
+divides, a miner also keeps the full state (weights and AdamW moments) of
+every part it holds, the newest `KEEP_STATES` of them, from which a joining
+node replays windows of the chain's training (`node.pol.joinaudit`).
 
 Everything is stamped with a step and dropped by `prune`; tensors are kept
 once per digest (a forward and a backward of one section read the same
@@ -22,11 +25,12 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from ledger.codec import encode
+from ledger.crypto import H_STATE, domain_hash
 from ledger.types import tx_hash
 from node.mine import named_digest, tensor_digest
 from proof_of_learning.certificate import Evidence, UnitCert, cert_hash, evidence_hash
 
-__all__ = ["AUDITED_KEEP_STEPS", "KEEP_STEPS", "PolArchive", "RING"]
+__all__ = ["AUDITED_KEEP_STEPS", "KEEP_STATES", "KEEP_STEPS", "PolArchive", "RING", "state_key"]
 
 #: Weight versions a miner keeps of its own (a verdict comes a few blocks after its unit).
 RING = 16
@@ -36,6 +40,15 @@ KEEP_STEPS = 4
 #: Steps a worker keeps the units of its audited receipts: if a verifier failed one,
 #: the worker can still export it and anyone can re-execute it (`pnode verify cert`).
 AUDITED_KEEP_STEPS = 64
+#: Full states a miner keeps (the newest, by step): with the default ``state_every`` of
+#: 16, a joining node can replay windows of the last 128 steps from fetched states.
+KEEP_STATES = 8
+
+
+def state_key(step: int, part: int) -> bytes:
+    """What `/pnode/pol/1.0.0` asks a part's full state at ``step`` by (specs/pol.md 8):
+    SHA-256 of ``H_STATE || u64 step || u32 part`` (``part``: a section, or `CLIENT`)."""
+    return domain_hash(H_STATE, step.to_bytes(8, "big") + part.to_bytes(4, "big"))
 
 
 class PolArchive:
@@ -50,6 +63,8 @@ class PolArchive:
         self._receipts: dict[bytes, int] = {}  # receipts whose units are kept: their step
         self._receipt_bytes: dict[bytes, bytes] = {}  # and their encodings
         self._audited: set[bytes] = set()  # kept receipts seen drawn for an audit
+        # Full states of held parts by `state_key`: (step, name: tensor).
+        self._states: dict[bytes, tuple[int, dict[str, torch.Tensor]]] = {}
 
     def __len__(self) -> int:
         return len(self._objects) + len(self._tensors) + len(self._named)
@@ -162,6 +177,15 @@ class PolArchive:
         for old in sorted(self._versions)[:-self.ring]:
             del self._versions[old]
 
+    def keep_state(self, step: int, part: int, state: Mapping[str, torch.Tensor]) -> None:
+        """Keep a held part's full state at ``step`` (CPU copies); only the states of the
+        newest `KEEP_STATES` steps stay."""
+        self._states[state_key(step, part)] = (
+            step, {name: t.detach().to("cpu", copy=True) for name, t in state.items()})
+        steps = sorted({s for s, _ in self._states.values()})
+        for key in [k for k, (s, _) in self._states.items() if s in steps[:-KEEP_STATES]]:
+            del self._states[key]
+
     # -- reading ------------------------------------------------------------------------
 
     def encoded(self, key: bytes) -> bytes | None:
@@ -187,6 +211,15 @@ class PolArchive:
 
     def versions(self) -> list[int]:
         return sorted(self._versions)
+
+    def state(self, key: bytes) -> dict[str, torch.Tensor] | None:
+        """A kept full state by its `state_key`."""
+        item = self._states.get(key)
+        return None if item is None else item[1]
+
+    def state_steps(self) -> list[int]:
+        """The steps this node keeps full states of."""
+        return sorted({s for s, _ in self._states.values()})
 
     # -- forgetting ---------------------------------------------------------------------
 

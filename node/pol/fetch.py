@@ -23,10 +23,10 @@ from ledger.codec import decode, encode
 from ledger.errors import DecodeError
 from node.mine import named_digest, tensor_digest
 from node.net import Host, RequestError
-from node.pol.archive import PolArchive
+from node.pol.archive import PolArchive, state_key
 from node.wire import (
-    CERT, EVIDENCE, MAX_POL_FRAME, NAMED, POL_KINDS, POL_PROTOCOL, TENSOR, NamedTensor, PolReply,
-    PolRequest,
+    CERT, EVIDENCE, MAX_POL_FRAME, NAMED, POL_KINDS, POL_PROTOCOL, STATE, TENSOR, NamedTensor,
+    PolReply, PolRequest,
 )
 from proof_of_learning.errors import PolError
 
@@ -49,7 +49,7 @@ def reply_for(archive: PolArchive, request: PolRequest) -> PolReply:
     if request.kind == TENSOR:
         t = archive.tensor(request.key)
         return _NOT_FOUND if t is None else PolReply(1, b"", (NamedTensor("t", _tensor_bytes(t)),))
-    named = archive.named(request.key)
+    named = archive.named(request.key) if request.kind == NAMED else archive.state(request.key)
     if named is None:
         return _NOT_FOUND
     return PolReply(1, b"", tuple(NamedTensor(n, _tensor_bytes(t))
@@ -130,6 +130,21 @@ class PolFetcher:
                 raise ValueError("named tensors that do not match their digest")
             return named, digests
         return await self._ask(peers, NAMED, job_id, key, check)
+
+    async def state(self, peers: Sequence[str], job_id: bytes, step: int, part: int
+                    ) -> dict[str, torch.Tensor] | None:
+        """A part's full state at ``step`` (weights and AdamW entries by slice key).
+
+        Nothing on chain commits a state as a whole: the caller checks its
+        weights against the receipts of ``step`` and its moments by what
+        they lead to (`node.pol.joinaudit`). Here only its form is checked.
+        """
+        def check(reply: PolReply) -> dict[str, torch.Tensor]:
+            named = {t.name: decode_tensor(t.data) for t in reply.tensors}
+            if len(named) != len(reply.tensors) or not named:
+                raise ValueError("a state with no tensors or a name twice")
+            return named
+        return await self._ask(peers, STATE, job_id, state_key(step, part), check)
 
 
 def _hashing_to(data: bytes, key: bytes) -> bytes:

@@ -50,12 +50,16 @@ class Reexecutor:
 
     def __init__(self, config: JobConfig):
         self.config = config
-        self.model = make_model(config)
-        sections = make_sections(self.model, config)
-        c = config
-        self.plan = StepPlan(self.model, sections, (c.batch_size, c.seq_len, c.model.dim),
-                             c.replicas)
         self.corpus = load_corpus(config.data)
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """The job's initial model, its sections (optimizers never stepped) and plan."""
+        c = self.config
+        self.model = make_model(c)
+        self.sections = make_sections(self.model, c)
+        self.plan = StepPlan(self.model, self.sections, (c.batch_size, c.seq_len, c.model.dim),
+                             c.replicas)
 
     @property
     def units(self):

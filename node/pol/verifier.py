@@ -31,10 +31,12 @@ from ledger.types import ZERO_SIG, Receipt, Verdict, sign, tx_hash, unit_id
 from node import torch_thread
 from node.chain import ChainService, TxGossip
 from node.mine import matches
-from node.pol.archive import PolArchive
+from node.pol.archive import PolArchive, state_key
 from node.pol.fetch import PolFetcher
+from node.pol.joinaudit import replay_window, windows_of
 from node.pol.judge import Case, judge
 from node.pol.reexecute import Reexecutor
+from node.pol.replay import Replayer
 from proof_of_learning.certificate import FAILING, REASONS
 from proof_of_learning.errors import PolError
 
@@ -67,6 +69,7 @@ class Verifier:
         self.service, self.txs, self.key, self.config = service, txs, key, config
         self.archive, self.fetcher, self.report, self.tamper = archive, fetcher, report, tamper
         self.reexecutor: Reexecutor | None = None
+        self.replayer: Replayer | None = None  # for the join-time audit's window replays
         self.judged: set[bytes] = set()  # receipt hashes with a verdict submitted
         self.sent = {name: 0 for name in REASONS}
         self.last_step = 0  # the newest step judged (evidence is kept from it)
@@ -198,10 +201,12 @@ class Verifier:
         """
         count, everything, blocks = args.get("count", 8), args.get("all", False), \
             args.get("blocks", 256)
+        windows = args.get("windows", 0)
         if not (isinstance(count, int) and isinstance(blocks, int) and count >= 1
-                and blocks >= 1 and isinstance(everything, bool)):
+                and blocks >= 1 and isinstance(everything, bool)
+                and isinstance(windows, int) and windows >= 0):
             raise PolError('"count" and "blocks" must be whole numbers of at least 1, '
-                           '"all" true or false')
+                           '"windows" of at least 0, "all" true or false')
         cases = await self.service.call(self._recent_cases, blocks)
         chosen = cases if everything else random.SystemRandom().sample(
             cases, min(count, len(cases)))
@@ -215,9 +220,57 @@ class Verifier:
                          "index": j.index, "reason": REASONS[j.reason], "detail": j.detail})
         tally = {name: sum(r["reason"] == name for r in rows) for name in REASONS}
         failed = sum(n for name, n in tally.items() if REASONS.index(name) in FAILING)
+        replays = await self.replay(windows, everything) if windows or everything else []
         return {"receipts_seen": len(cases), "judged": len(rows), "failed": failed,
                 "passed": tally["pass"], "unavailable": tally["unavailable"],
-                "units": rows}
+                "units": rows, "windows": replays,
+                "windows_failed": sum(w["status"] == "fail" for w in replays)}
+
+    async def replay(self, windows: int, everything: bool) -> list[dict]:
+        """Replay ``windows`` windows of the job's closed steps, drawn with this node's own
+        randomness, or (``everything``) every closed step from the initial model
+        (`node.pol.joinaudit`); each window's report as JSON."""
+        job_id, units, closed, receipts, peers = await self.service.call(self._replay_view)
+        if job_id is None or not closed:
+            return []
+        chosen = [(0, closed)] if everything else sorted(random.SystemRandom().sample(
+            windows_of(closed, self.config.state_every),
+            min(windows, len(windows_of(closed, self.config.state_every)))))
+        if self.replayer is None:
+            self.replayer = await torch_thread.run_sync(Replayer, self.config)
+        source = self._state_source(job_id, peers)
+        return [(await replay_window(self.replayer, job_id, units, first, steps, receipts,
+                                     source, torch_thread.run_sync)).to_json()
+                for first, steps in chosen]
+
+    def _replay_view(self):
+        """(job id, units, closed steps, every receipt of them by (step, unit index), peers)
+        of this node's job (chain thread)."""
+        chain = self.service.chain
+        job_id, peers = self._job_and_peers()
+        if job_id is None:
+            return None, (), 0, {}, peers
+        record = chain.state.get(JOB + job_id)
+        units, closed = record.job.units, min(record.step, record.job.steps)
+        wanted = {unit_id(job_id, t, u): (t, i) for t in range(closed)
+                  for i, u in enumerate(units)}
+        receipts = {wanted[tx.unit_id]: tx for h in range(1, chain.height + 1)
+                    for tx in chain.block_at(h).txs
+                    if isinstance(tx, Receipt) and tx.unit_id in wanted}
+        return job_id, units, closed, receipts, peers
+
+    def _state_source(self, job_id: bytes, peers: list[str]):
+        """Where a window's states come from: this node's archive, then every bonded peer."""
+        me = str(self.fetcher.host.peer_id) if self.fetcher.host is not None else None
+        others = [p for p in peers if p != me]
+
+        async def source(step: int, part: int, n: int) -> dict | None:
+            if n == 0:
+                return self.archive.state(state_key(step, part)) or {}
+            if n > len(others):
+                return None
+            return await self.fetcher.state([others[n - 1]], job_id, step, part) or {}
+        return source
 
 def _receipt_in(chain, height: int, receipt_hash: bytes) -> Receipt | None:
     """The receipt with that hash in the main-chain block at ``height``."""

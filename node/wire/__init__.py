@@ -38,7 +38,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ),
     "node.wire.pol": (
         "CERT", "EVIDENCE", "MAX_POL_FRAME", "MAX_POL_REQUEST", "MAX_WINDOW_ITEMS", "NAMED",
-        "POL_KINDS", "POL_PROTOCOL", "TENSOR", "NamedSet", "PolReply", "PolRequest", "PolWindow",
+        "POL_KINDS", "POL_PROTOCOL", "STATE", "TENSOR", "NamedSet", "PolReply", "PolRequest",
+        "PolWindow",
     ),
     "node.wire.span": ("ServerInfo", "SpanError"),
     "node.wire.sync": (

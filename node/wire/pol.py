@@ -1,9 +1,10 @@
 """The Proof-of-Learning fetch protocol's messages: `/pnode/pol/1.0.0` (specs/pol.md 8).
 
 Owns `PolRequest` and `PolReply`: a verifier asks a worker (or anyone) for
-a certificate or evidence by its hash, one tensor by its digest, or a named
+a certificate or evidence by its hash, one tensor by its digest, a named
 set of tensors (the weights a unit read, the gradients it produced) by the
-`tensors_digest` its certificate commits. The asker checks every reply
+`tensors_digest` its certificate commits, or a part's full state at a
+checkpoint step (what a joining node replays the chain's training from). The asker checks every reply
 against the hash it asked for; the reply carries no claim of its own.
 """
 
@@ -21,9 +22,10 @@ MAX_POL_FRAME = 64 * 1024 * 1024
 MAX_POL_REQUEST = 256
 
 #: ``PolRequest.kind``: a `UnitCert` by `cert_hash`, an `Evidence` by
-#: `evidence_hash`, one tensor by `tensor_digest`, a named set by `tensors_digest`.
-CERT, EVIDENCE, TENSOR, NAMED = range(4)
-POL_KINDS = ("certificate", "evidence", "tensor", "named tensors")
+#: `evidence_hash`, one tensor by `tensor_digest`, a named set by `tensors_digest`,
+#: a held part's full state at a step by `node.pol.archive.state_key`.
+CERT, EVIDENCE, TENSOR, NAMED, STATE = range(5)
+POL_KINDS = ("certificate", "evidence", "tensor", "named tensors", "state")
 
 
 @wire(78)

@@ -58,12 +58,16 @@ def test_a_cheating_node_is_caught_slashed_and_jailed_and_honest_ones_are_not(tm
     """The attack battery's devnet form (issue 16): node0 scales its gradients by 0.01.
 
     While the nodes run, an honest node's recent units are exported to a
-    window file and re-executed offline by `pnode verify cert` (exit 0).
+    window file and re-executed offline by `pnode verify cert` (exit 0), and
+    the join-time audit replays the job's windows, from the initial model and
+    from the states the miners keep every 2 steps: each window with node0's
+    work fails, on node0's units alone.
     """
     from node.mine import DEVNET_PARAMS
     steps = 6
     dirs, job_file = devnet_run.create(tmp_path / "dn", 3, steps, "devnet",
-                                       params={"audit_bps": 5000})
+                                       params={"audit_bps": 5000},
+                                       job_overrides={"state_every": 2})
     with devnet_run.Devnet(dirs, job_file, attacks={0: "scaled-gradients"}) as net:
         for i in range(3):
             net.start(i, wait_peers=2)
@@ -83,6 +87,20 @@ def test_a_cheating_node_is_caught_slashed_and_jailed_and_honest_ones_are_not(tm
             allowed = {"pass", "unavailable"} | ({"gradient mismatch"}
                                                  if u["worker"] == cheater_key else set())
             assert u["reason"] in allowed, u
+        whole, = judged["windows"]  # --all: every step, from the initial model
+        assert (whole["start"], whole["status"]) == ("genesis", "fail") and whole["differing"]
+        assert all(d["worker"] == cheater_key and d["at_fault"] for d in whole["differing"])
+        sampled = pnode("verify", "pol", "--data-dir", str(dirs[2]), "--count", "1",
+                        "--windows", "3", "--json")
+        windows = json.loads(sampled.stdout)["windows"]
+        assert sampled.returncode == 1 and [w["first_step"] for w in windows] == [0, 2, 4]
+        assert [w["start"] for w in windows] == ["genesis", "states", "states"]
+        cheats = {u["step"] for u in judged["units"]  # node0's backward units (k = 2)
+                  if u["worker"] == cheater_key and u["index"] >= 2}
+        for w in windows:  # a window fails where node0 ran a backward unit, on its units
+            spans = range(w["first_step"], w["first_step"] + w["steps"])
+            assert (w["status"] == "fail") == any(t in spans for t in cheats), (w, cheats)
+            assert all(d["worker"] == cheater_key for d in w["differing"]), w
         devnet_run.settle(net, max(DEVNET_PARAMS["challenge_window"],
                                    DEVNET_PARAMS["verdict_window"] + 2) + 2)
     v = pnode("verify", "cert", str(window), "--json")

@@ -13,9 +13,9 @@ import torch
 from ledger.codec import encode
 from ledger.types import tx_hash
 from node.net import RequestError
-from node.pol.archive import AUDITED_KEEP_STEPS, PolArchive
+from node.pol.archive import AUDITED_KEEP_STEPS, PolArchive, state_key
 from node.pol.fetch import PolFetcher, serve_pol
-from node.wire import MAX_POL_REQUEST, POL_PROTOCOL, PolRequest
+from node.wire import CLIENT, MAX_POL_REQUEST, POL_PROTOCOL, PolRequest
 from proof_of_learning.certificate import cert_hash, decode_cert, digest_map
 from tests.node.netkit import eventually, ident, run
 from node.net.host import open_host
@@ -25,6 +25,7 @@ from tests.node.pol.polkit import JOB, make_worker, run_step
 def worker_archive():
     w = make_worker(2)
     run_step(w, 0)
+    w.archive.keep_state(1, CLIENT, w.replayer.part_state(CLIENT))  # a checkpoint at step 1
     return w, w.receipts[(0, 2)]  # a backward unit: inputs h and g, weight gradients
 
 
@@ -37,6 +38,7 @@ def liar_archive(honest: PolArchive, receipt) -> PolArchive:
         liar._named[key] = (step, {n: bytes(32) for n in digests})
         liar._tensors[bytes(32)] = (0, torch.zeros(2))
     liar._objects[receipt.cert_hash] = (0, b"\x00junk")
+    liar._states[state_key(1, CLIENT)] = (1, {})  # a state of nothing
     return liar
 
 
@@ -66,7 +68,13 @@ def test_a_verifier_fetches_what_the_worker_kept_and_skips_a_liar():
             kept = w.archive.named(cert.grads_hash)
             assert grads.keys() == kept.keys() == digests.keys()
             assert all(torch.equal(grads[n], kept[n]) for n in grads)
+            state = await fetcher.state(peers, JOB, 1, CLIENT)
+            kept = w.archive.state(state_key(1, CLIENT))
+            assert state.keys() == kept.keys() and all(torch.equal(state[n], kept[n])
+                                                       for n in state)
+            assert await fetcher.state(peers, JOB, 2, CLIENT) is None  # no checkpoint there
             assert set(fetcher.bad) == {str(liar.peer_id)}
+            assert "state" in fetcher.bad[str(liar.peer_id)]
             # Nobody has it: None, which the judge turns into UNAVAILABLE.
             assert await fetcher.tensor([str(worker.peer_id)], JOB, b"\x07" * 32) is None
     run(main, deadline=60)
