@@ -8,25 +8,34 @@ archive through the protocol's encoder: the network is left out, the
 bytes are counted).
 
 1. Cost: seconds to train a step (every unit's phases: the baseline) vs
-   seconds to judge every unit of it, both at 1 torch thread, step by step,
+   seconds to judge every unit of it, both at the job's pinned thread count
+   (`JobConfig.threads`, 2), step by step,
    the verifier holding the unit's layers as the draw prefers (its own
    weights of the step in its ring: not fetched);
    the verification fraction at an audit rate p is p x the median of the
    per-step judge / train ratios (target <= 10 % at the default p = 0.1).
-2. Honest distances: the worker at 1 torch thread, the verifier at 2; the
-   largest distance over every committed tensor (0: bit-exact).
+2. Honest distances: the worker at the job's 2 threads, a verifier that
+   ignores the pin at 1; the largest distance over every committed tensor
+   (0: bit-exact), against the threshold.
 3. Detection: per worker attack (node/pol/attacks.py), the share of a
    cheater's units an audit fails, and the receipts a cheater signs before
    its first failing audit at p (1 / (p x share)).
 4. Bytes: a receipt, a verdict, evidence (exact, tolerance), and what one
    audit fetches.
 
-Usage:  .venv/bin/python bench/pol_bench.py [--steps 9] [--seeds 1] [--audit-bps 1000] [--json]
+5. The join-time audit: seconds to train a chain of ``--chain-steps`` steps
+   (the baseline) against seconds to replay it all from the initial model,
+   every receipt compared (`node.pol.joinaudit`), and one window from the
+   last checkpoint's kept states.
+
+Usage:  .venv/bin/python bench/pol_bench.py [--steps 9] [--seeds 1] [--audit-bps 1000]
+                                            [--chain-steps 200] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -47,7 +56,10 @@ from node.pol import (  # noqa: E402
 )
 from node.wire import PolReply  # noqa: E402
 from proof_of_learning.certificate import EXACT, PASS, REASONS, bits_float  # noqa: E402
-from tests.node.pol.polkit import case_of, make_worker, run_step  # noqa: E402
+from node.pol.archive import state_key  # noqa: E402
+from node.pol.joinaudit import replay_window  # noqa: E402
+from node.pol.replay import Replayer  # noqa: E402
+from tests.node.pol.polkit import JOB, case_of, make_worker, run_step  # noqa: E402
 
 DEFAULT_JOB = {"batch_size": 16, "seq_len": 64}  # the devnet's: `devnet_job`'s defaults
 
@@ -55,31 +67,40 @@ DEFAULT_JOB = {"batch_size": 16, "seq_len": 64}  # the devnet's: `devnet_job`'s 
 _REEXECUTORS: dict = {}
 
 
-def judge_step(w, t: int, threads: int, archive=None) -> tuple[dict, float, list[int]]:
-    """(judgement per unit index, seconds, fetched bytes per unit) at ``threads``.
+def judge_step(w, t: int, threads: int | None = None, archive=None
+               ) -> tuple[dict, float, list[int]]:
+    """(judgement per unit index, seconds, fetched bytes per unit).
 
-    The `Reexecutor` is made once per job, as a node makes it (not timed).
+    ``threads``: the verifier's intra-op thread count (None: the job's, as
+    every node pins it); another count plays a node that ignored the pin.
+    Re-runs inline on this thread, where the count is set. The `Reexecutor`
+    is made once per job and count, as a node makes it (not timed).
     """
-    torch.set_num_threads(threads)
-    rx = _REEXECUTORS.setdefault(id(w.config), Reexecutor(w.config))
+    rx = _REEXECUTORS.get((id(w.config), threads))
+    if rx is None:
+        rx = _REEXECUTORS[(id(w.config), threads)] = Reexecutor(w.config)
+    rx.plan.threads = threads or w.config.threads
     out, sizes = {}, []
     began = time.perf_counter()
     for (step, index) in sorted(w.receipts):
         if step != t:
             continue
         fetcher = ArchiveFetcher({"worker": w.archive})
-        out[index] = trio.run(judge, case_of(w, t, index), fetcher, rx, archive or PolArchive())
+        out[index] = trio.run(functools.partial(judge, run_sync=_direct), case_of(w, t, index),
+                              fetcher, rx, archive or PolArchive())
         sizes.append(fetcher.bytes)
     return out, time.perf_counter() - began, sizes
 
 
+async def _direct(fn, *args):
+    return fn(*args)
+
+
 def cost_and_noise(steps: int, seed: int = 0) -> dict:
-    torch.set_num_threads(1)
     w = make_worker(2, **DEFAULT_JOB, seed=seed)
     train_s, judge_s, worst, passes, units, fetched, exact = 0.0, 0.0, 0.0, 0, 0, [], 0
     ratios = []
     for t in range(steps):
-        torch.set_num_threads(1)
         # The verifier holds the unit's layers, as the draw prefers: its own weights of
         # step t (an honest holder's are the worker's) are in its ring.
         ring = PolArchive()
@@ -88,11 +109,11 @@ def cost_and_noise(steps: int, seed: int = 0) -> dict:
         run_step(w, t)
         seconds_t = time.perf_counter() - began
         train_s += seconds_t
-        _, seconds, sizes = judge_step(w, t, threads=1, archive=ring)  # the cost
+        _, seconds, sizes = judge_step(w, t, archive=ring)  # the cost, at the job's count
         judge_s += seconds
         ratios.append(seconds / seconds_t)
         fetched += sizes
-        judged, _, _ = judge_step(w, t, threads=2)  # the noise: another thread count
+        judged, _, _ = judge_step(w, t, threads=1)  # the noise: another thread count
         for j in judged.values():
             units += 1
             passes += j.reason == PASS
@@ -109,12 +130,15 @@ def detection() -> dict:
     torch.set_num_threads(1)
     out = {}
     for kind in WORKER_ATTACKS:
+        if kind == "poisoned-push":
+            continue  # refused by the receiver, not audited (specs/consensus.md 5.3)
         w = make_worker(2)
         attack = WorkerAttack(kind)
         verifier = PolArchive()
         honest = make_worker(2)
         for t in range(2):
-            run_step(w, t, attack.run_phase(w.plan) if kind != "stale-weights" else None)
+            run_step(w, t, attack.run_phase(w.plan) if kind != "stale-weights" else None,
+                     attack.certify)
             run_step(honest, t)
             verifier.keep_version(t + 1, dict(honest.model.named_parameters()))
             if kind == "stale-weights":  # the cheater never steps: back to its initial weights
@@ -123,12 +147,44 @@ def detection() -> dict:
                         p.copy_(p0)
         # Only a holder's own weights unmask stale ones (the other attacks' weights drift from
         # the cheated updates too, which the ring would also catch: left out to show each kind).
-        judged, _, _ = judge_step(w, 1, threads=1,
-                                  archive=verifier if kind == "stale-weights" else None)
+        judged, _, _ = judge_step(w, 1, archive=verifier if kind == "stale-weights" else None)
         failed = [j.reason for j in judged.values() if j.reason != PASS]
         out[kind] = {"units": len(judged), "failed": len(failed),
                      "reasons": sorted({REASONS[r] for r in failed})}
     return out
+
+
+def join_replay(steps: int, every: int = 16) -> dict:
+    """Seconds to train ``steps`` steps (the baseline) against seconds for a joining node
+    to replay them all from the initial model, every receipt compared, and one window of
+    ``every`` steps from the last checkpoint's kept states. Both at the job's pinned
+    thread count; the worker's own count 1 and the replaying node's 2, to show the pin
+    is what makes the replay exact."""
+    torch.set_num_threads(1)
+    w = make_worker(2, **DEFAULT_JOB, state_every=every)  # its step count: not checked
+    began = time.perf_counter()
+    for t in range(steps):
+        run_step(w, t)
+    train_s = time.perf_counter() - began
+
+    async def direct(fn, *args):
+        return fn(*args)
+
+    async def source(step, part, n):
+        return None if n else w.archive.state(state_key(step, part)) or {}
+    rp = Replayer(w.config)
+    torch.set_num_threads(2)  # another node, another count: the job's pin holds
+    began = time.perf_counter()
+    whole = trio.run(replay_window, rp, JOB, w.units, 0, steps, w.receipts, None, direct)
+    replay_s = time.perf_counter() - began
+    first = w.archive.state_steps()[-1]
+    began = time.perf_counter()
+    window = trio.run(replay_window, rp, JOB, w.units, first, min(every, steps - first),
+                      w.receipts, source, direct)
+    return {"steps": steps, "train_s": train_s, "replay_s": replay_s,
+            "replay_status": whole.status, "units_bit_exact": whole.matched,
+            "units": len(w.receipts), "window_first": first, "window_steps": window.replayed,
+            "window_s": time.perf_counter() - began, "window_status": window.status}
 
 
 def sizes() -> dict:
@@ -136,11 +192,11 @@ def sizes() -> dict:
     run_step(w, 0)
     receipt = w.receipts[(0, 3)]
     verdict = Verdict("devnet-abcdef", b"v" * 32, bytes(32), 1, bytes(32), ZERO_SIG)
-    judged, _, _ = judge_step(w, 0, threads=1)
+    judged, _, _ = judge_step(w, 0)
     exact = len(encode(judged[3].evidence))
     bad = make_worker(2)
     run_step(bad, 0, WorkerAttack("scaled-gradients").run_phase(bad.plan))
-    tol = max(len(encode(j.evidence)) for j in judge_step(bad, 0, threads=1)[0].values())
+    tol = max(len(encode(j.evidence)) for j in judge_step(bad, 0)[0].values())
     return {"receipt": len(encode(receipt)), "receipt_weights_hash_field": 34,
             "verdict": len(encode(verdict)), "evidence_exact": exact, "evidence_tolerance": tol,
             "empty_reply": len(encode(PolReply(0, b"", ())))}
@@ -151,6 +207,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=9, help="steps per seed")
     ap.add_argument("--seeds", type=int, default=1, help="job seeds (initial weights, batches)")
     ap.add_argument("--audit-bps", type=int, default=1000)
+    ap.add_argument("--chain-steps", type=int, default=200,
+                    help="steps of the chain a joining node replays")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     p = args.audit_bps / 10_000
@@ -162,9 +220,10 @@ def main() -> None:
     cost["fetch_bytes_per_audit"] = statistics.mean(r["fetch_bytes_per_audit"] for r in runs)
     det = detection()
     size = sizes()
+    join = join_replay(args.chain_steps)
     fraction = p * cost["median_ratio"]
     info = {"cost": cost, "verification_fraction": fraction, "audit_bps": args.audit_bps,
-            "detection": det, "bytes": size}
+            "detection": det, "bytes": size, "join": join}
     if args.json:
         print(json.dumps(info, indent=1))
         return
@@ -174,13 +233,20 @@ def main() -> None:
     print(f"{'judge: every unit of a step, s/step':44} {cost['judge_s'] / cost['steps']:>14.3f}")
     print(f"{'judge / train, median over steps':44} {cost['median_ratio']:>14.2f}x")
     print(f"{f'verification fraction at p = {p:g}':44} {fraction:>14.1%}")
-    print(f"{'honest units passed (1 vs 2 threads)':44} "
+    print(f"{'honest units passed (2 vs 1 threads)':44} "
           f"{cost['honest_pass']:>7}/{cost['units']:<6}")
     print(f"{'  of them bit-exact':44} {cost['honest_exact']:>7}/{cost['units']:<6}")
     print(f"{'largest honest distance':44} {cost['honest_worst_distance']:>14.3g}")
     print(f"{'bytes fetched per audit (mean)':44} {cost['fetch_bytes_per_audit']:>14,.0f}")
     for k, v in size.items():
         print(f"{'bytes: ' + k:44} {v:>14,}")
+    print(f"\njoin-time audit of a {join['steps']}-step chain:")
+    print(f"{'  train every step (baseline)':44} {join['train_s']:>13.1f}s")
+    print(f"{'  replay every step from the initial model':44} {join['replay_s']:>13.1f}s"
+          f"   {join['replay_s'] / join['train_s']:.2f}x of training, {join['replay_status']}, "
+          f"{join['units_bit_exact']}/{join['units']} units bit-exact")
+    print(f"{'  one window from the step-' + str(join['window_first']) + ' states':44} "
+          f"{join['window_s']:>13.1f}s   {join['window_steps']} steps, {join['window_status']}")
     print(f"\n{'attack':20} {'units failed':>14} {'receipts to catch at p':>24}  reasons")
     for kind, d in det.items():
         share = d["failed"] / d["units"]

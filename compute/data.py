@@ -256,12 +256,15 @@ class JobConfig:
     state_every: the job's checkpoint interval K: workers keep the full state
         (weights and AdamW moments) of every part they hold at the steps
         divisible by it, from which a joining node replays windows of K steps
-        (specs/pol.md 8 and 10.3).
+        (specs/pol.md 8 and 10.3);
+    threads: the intra-op CPU threads every unit runs with, on every node
+        (`compute.device.pinned_threads`): a weight gradient's rounding
+        depends on it, and a re-execution is bit-exact only at the same count.
 
     Raises:
         ConfigError: a value out of range (k an int >= 1, mlp_slices None or
             an int in 1..ffn_dim, replicas an int in 1..MAX_REPLICAS, state_every
-            an int >= 1), or a
+            an int >= 1, threads an int in 1..256), or a
             vocabulary smaller than 256 (tokens are bytes).
     """
 
@@ -280,6 +283,7 @@ class JobConfig:
     init_std: float = 0.02
     replicas: int = 1
     state_every: int = 16
+    threads: int = 2
 
     def __post_init__(self) -> None:
         ok = (
@@ -298,6 +302,8 @@ class JobConfig:
         if not _is_int(self.replicas) or not 1 <= self.replicas <= MAX_REPLICAS:
             raise ConfigError(f"expected replicas an int in 1..{MAX_REPLICAS}, "
                               f"got {self.replicas!r}")
+        if not _is_int(self.threads) or not 1 <= self.threads <= 256:
+            raise ConfigError(f"expected threads an int in 1..256, got {self.threads!r}")
         if not _is_int(self.state_every) or self.state_every < 1:
             raise ConfigError(f"expected state_every an int >= 1 (steps), "
                               f"got {self.state_every!r}")

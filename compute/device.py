@@ -1,6 +1,6 @@
 """Where tensors run, and the process settings that make runs repeatable.
 
-Owns two things:
+Owns three things:
 
 - `resolve_device`: turns what a user or config says ("cpu", "cuda",
   "cuda:N", an int N, None) into a `torch.device`. A GPU that is asked for
@@ -10,6 +10,8 @@ Owns two things:
 - `deterministic`: the numeric settings of DESIGN.md section 5 (float32,
   fixed thread count, TF32 off), so a verifier's re-execution of a block
   lands within the tolerances the specs state.
+- `pinned_threads`: a block run at a job's intra-op thread count, so every
+  node splits a unit's reductions alike and re-executes it bit for bit.
 
 Deterministic algorithms. `deterministic` turns on
 `torch.use_deterministic_algorithms(True, warn_only=...)` with warn_only True
@@ -30,8 +32,10 @@ settings it replaced, and `apply_settings` puts them back.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -191,3 +195,25 @@ def deterministic(threads: int, *, warn_only: bool = True) -> Settings:
             warn_only=warn_only,
         )
     )
+
+
+@contextlib.contextmanager
+def pinned_threads(threads: int) -> Iterator[None]:
+    """Run the block with ``threads`` intra-op CPU threads, then restore the count.
+
+    A training job's units run at the job's count (`JobConfig.threads`) on
+    every node: the CPU splits a matmul's reduction (a weight gradient's
+    sum over the batch) by thread, so other counts give other roundings,
+    and only the same count lets a verifier or a replay match a worker's
+    digests (measured: 1 and 2 threads differ in every weight gradient of
+    the devnet's job). The count is the calling thread's (OpenMP's is per
+    thread), so call it on the thread that computes.
+    """
+    before = torch.get_num_threads()
+    if before != threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if before != threads:
+            torch.set_num_threads(before)

@@ -29,6 +29,7 @@ H_CERT = b"pnode:cert:"  # a compute block's PoL certificate (specs/pol.md)
 H_EVIDENCE = b"pnode:evidence:"  # a verifier's PoL evidence (specs/pol.md)
 H_AUDIT = b"pnode:audit:"  # the audit draw's seed per receipt (specs/pol.md)
 H_STATE = b"pnode:state:"
+H_POL_STATE = b"pnode:pol-state:"  # a held part's full state at a step (specs/pol.md 8)
 H_TIEBREAK = b"pnode:tiebreak:"
 H_GENESIS = b"pnode:genesis:"
 

@@ -17,8 +17,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.mine.jobs": ("config_from_json", "config_json", "job_units", "matches", "named_digest",
                        "tensor_digest", "tensors_digest"),
     "node.mine.step_plan": ("StepPlan",),
-    "node.mine.phases": ("HALF_OF", "Key", "Phase", "PhaseResult", "Tensors", "input_name",
-                         "message_tensor"),
+    "node.mine.phases": ("HALF_OF", "Key", "Phase", "PhaseResult", "Push", "Tensors",
+                         "input_name", "message_tensor"),
     "node.mine.averaging": ("Averager",),
     "node.mine.devnet": ("BOND", "DEVNET_PARAMS", "DevnetKeys", "devnet_genesis", "devnet_job"),
 })

@@ -110,7 +110,7 @@ class Miner:
             unit's certificate and tensors, kept for its verifier, and this
             node's own weight versions, kept to judge others'.
         tamper: test-only (`node.pol.attacks`): a cheating worker's phase
-            runner and update rule.
+            runner, update rule, certificates and pushes.
         state_check: whether to take a holder's state when catching up
             (`node.pol.catchup.StateCheck`; None: the first that fits).
     """
@@ -146,6 +146,7 @@ class Miner:
         self._background: trio.Nursery | None = None
         # Given to the `Transfer` at setup (see its Args).
         self.push_wait_s, self.push_retry_s = 5.0, 60.0
+        self._poisoned: int | None = None  # the attack battery's: the step last poisoned
 
     def status(self) -> dict:
         """Mining fields of `pnode status`."""
@@ -153,7 +154,8 @@ class Miner:
         return {"job": self.job_id.hex() if self.job_id else None, "step": self.version,
                 "units_done": self.units_done,
                 "loss": None if last is None else round(last[2], 4),
-                "loss_step": None if last is None else last[0]}
+                "loss_step": None if last is None else last[0],
+                "pushes_refused": self.transfer.refused if self.transfer else 0}
 
     async def run(self, *, task_status: trio.TaskStatus[Miner] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -173,6 +175,11 @@ class Miner:
             if not await self._ready(view):
                 await self.service.wait_tip_change(view.tip)
                 continue
+            if self.tamper is not None and view.step != self._poisoned:
+                self._poisoned = view.step
+                await self.transfer.push_all(
+                    self.tamper.poison(self.plan, view.step, view.mine), job_id=view.job_id,
+                    miners=[p for p in view.miners if p != self.me], holders=view.holders)
             todo = [phase for i in view.mine if (view.step, i) not in self._receipts
                     for phase in self.plan.phases(i)
                     if phase.kind not in self._phases.get((view.step, i), {})]
@@ -333,7 +340,7 @@ class Miner:
         self.k = len(self.sections.forward)
         c = self.config
         self.plan = StepPlan(self.model, self.sections, (c.batch_size, c.seq_len, c.model.dim),
-                             c.replicas)
+                             c.replicas, c.threads)
         return {"commitments": commitments(self.config)}
 
     def _producer(self, key) -> str | None:
@@ -382,6 +389,8 @@ class Miner:
         unit = unit_id(view.job_id, t, self.units[index])
         results = list(done.values())
         cert = self.plan.certificate(view.job_id, t, unit, index, results)
+        if self.tamper is not None:
+            cert = self.tamper.certify(cert)
         hashes = self.plan.receipt_hashes(view.job_id, t, unit, index, results, cert)
         receipt = sign(Receipt(self.service.chain.chain_id, self.key.public, view.job_id, unit,
                                *hashes, ZERO_SIG), self.key)

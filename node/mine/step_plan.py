@@ -39,6 +39,7 @@ after a unit's last phase, `StepPlan.certificate` builds its `UnitCert`
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Sequence
 
@@ -48,6 +49,7 @@ from compute.blocks import (
     HALF_PARAMS, Partial, aggregate_grads, aggregate_heads, aggregate_mlp, backward_block,
     forward_block, piece_of,
 )
+from compute.device import pinned_threads
 from compute.model import Transformer
 from compute.train import Sections, embed_backward, head_loss_block, stages
 from ledger.crypto import ZERO32
@@ -76,12 +78,14 @@ class StepPlan:
         sections: `compute.train.make_sections` of that model and job.
         hidden: the (B, T, C) shape of the states between layers.
         replicas: the job's data-parallel replicas.
+        threads: the job's intra-op thread count, which every phase runs at
+            (`compute.device.pinned_threads`; None: the caller's).
     """
 
     def __init__(self, model: Transformer, sections: Sections, hidden: tuple[int, int, int],
-                 replicas: int = 1):
+                 replicas: int = 1, threads: int | None = None):
         self.model, self.m, self.hidden = model, sections.mlp_slices, hidden
-        self.replicas = replicas
+        self.replicas, self.threads = replicas, threads
         self.forward, self.backward = sections.forward, sections.backward
         self.k = len(self.forward)
         index = {spec: s for s, spec in enumerate(self.forward)}
@@ -224,6 +228,11 @@ class StepPlan:
             inputs: the messages of `needs`, by key.
             ids, targets: the phase's replica's shard of step t's batch.
         """
+        with pinned_threads(self.threads) if self.threads else contextlib.nullcontext():
+            return self._run(phase, t, inputs, ids, targets)
+
+    def _run(self, phase: Phase, t: int, inputs: dict[Key, Tensors], ids: torch.Tensor,
+             targets: torch.Tensor) -> PhaseResult:
         t = (t, phase.replica)  # the key prefix of every message of this phase
         i = self.stage_of[phase.section]
         stage = self.stages[i]

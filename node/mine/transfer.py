@@ -76,6 +76,7 @@ class Transfer:
         self.device, self.wait_s = torch.device(device), wait_s
         self.push_wait_s, self.push_retry_s = push_wait_s, push_retry_s
         self._inbox: dict[Key, Tensors] = {}
+        self.refused = 0  # pushes of the open step dropped: not from the producer's assignee
         self._arrived = trio.Event()
 
     # -- the inbox ----------------------------------------------------------------------
@@ -212,6 +213,7 @@ class Transfer:
             # assignee whose unit was reassigned after a timeout.
             log.info("push of %s from %s dropped: the chain assigned its unit to %s",
                      key, peer, sender)
+            self.refused += 1
             return
         self.deliver(key, tensors)
 

@@ -6,13 +6,16 @@ own weight versions), `fetch` (`/pnode/pol/1.0.0`, both sides), `reexecute`
 verifier's procedure on one receipt), `verifier` (the service a mining node
 runs), `catchup` (a catching-up miner's check of a holder's state),
 `window` (window files: `pnode pol export`, `pnode verify cert`),
+`replay` (a job's steps replayed whole on a scratch model), `joinaudit`
+(windows of the chain's training replayed and compared: `pnode verify
+pol`),
 `attacks` (cheating, for the attack battery only).
 """
 
 from node.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    "node.pol.archive": ("PolArchive", "RING"),
+    "node.pol.archive": ("KEEP_STATES", "PolArchive", "RING", "state_key"),
     "node.pol.fetch": ("ArchiveFetcher", "PolFetcher", "serve_pol"),
     "node.pol.judge": ("Case", "Judgement", "judge"),
     "node.pol.reexecute": ("Reexecutor", "Rerun", "WeightsMismatch"),
@@ -20,6 +23,9 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.pol.catchup": ("MAX_CHECKED", "StateCheck"),
     "node.pol.window": ("WindowError", "WindowReport", "export_op", "export_window",
                         "read_window", "verify_window", "write_window"),
+    "node.pol.replay": ("Replayer",),
+    "node.pol.joinaudit": ("ReplayReport", "UnitCheck", "check_step", "replay_window",
+                           "windows_of"),
     "node.pol.attacks": ("ATTACKS", "VERIFIER_ATTACKS", "WORKER_ATTACKS", "WorkerAttack",
                          "attack_hooks", "verifier_tamper"),
 })

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from ledger.codec import encode
-from ledger.crypto import H_STATE, domain_hash
+from ledger.crypto import H_POL_STATE, domain_hash
 from ledger.types import tx_hash
 from node.mine import named_digest, tensor_digest
 from proof_of_learning.certificate import Evidence, UnitCert, cert_hash, evidence_hash
@@ -47,8 +47,8 @@ KEEP_STATES = 8
 
 def state_key(step: int, part: int) -> bytes:
     """What `/pnode/pol/1.0.0` asks a part's full state at ``step`` by (specs/pol.md 8):
-    SHA-256 of ``H_STATE || u64 step || u32 part`` (``part``: a section, or `CLIENT`)."""
-    return domain_hash(H_STATE, step.to_bytes(8, "big") + part.to_bytes(4, "big"))
+    SHA-256 of ``H_POL_STATE || u64 step || u32 part`` (``part``: a section, or `CLIENT`)."""
+    return domain_hash(H_POL_STATE, step.to_bytes(8, "big") + part.to_bytes(4, "big"))
 
 
 class PolArchive:

@@ -16,7 +16,13 @@ committed and pushed):
 - ``wrong-data``: the units that read tokens read another batch (shifted);
 - ``replay``: a unit's outputs are its outputs of the step before;
 - ``perturbed-forward``: noise of 1e-3 of the max added to forward outputs;
-- ``wrong-loss-grad``: the last forward's dL/dy halved.
+- ``wrong-loss-grad``: the last forward's dL/dy halved;
+- ``copied``: each receipt signs the certificate the node made before (of
+  another unit) in place of its own; one copied from another worker names
+  another unit just the same;
+- ``poisoned-push``: at each step's start, noise of the right shapes pushed
+  to every other miner under every key of the step that another node's
+  unit produces, before that node can push it.
 
 Verifier attacks: ``lazy-verifier`` passes everything without looking;
 ``malicious-verifier`` fails everything with made-up evidence.
@@ -24,17 +30,21 @@ Verifier attacks: ``lazy-verifier`` passes everything without looking;
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 
-from node.mine import Phase, PhaseResult, StepPlan, input_name
-from node.wire import ATTN_PARTIAL, MLP_PARTIAL
-from proof_of_learning.certificate import EXACT, OUTPUT_MISMATCH, PASS, Digest, Evidence
+from node.mine import Phase, PhaseResult, Push, StepPlan, input_name
+from node.wire import ATTN_PARTIAL, CLIENT, MLP_PARTIAL
+from proof_of_learning.certificate import (
+    EXACT, OUTPUT_MISMATCH, PASS, Digest, Evidence, UnitCert,
+)
 
 __all__ = ["ATTACKS", "VERIFIER_ATTACKS", "WORKER_ATTACKS", "WorkerAttack", "attack_hooks",
            "verifier_tamper"]
 
 WORKER_ATTACKS = ("random-update", "scaled-gradients", "stale-weights", "wrong-data", "replay",
-                  "perturbed-forward", "wrong-loss-grad")
+                  "perturbed-forward", "wrong-loss-grad", "copied", "poisoned-push")
 VERIFIER_ATTACKS = ("lazy-verifier", "malicious-verifier")
 ATTACKS = WORKER_ATTACKS + VERIFIER_ATTACKS
 
@@ -53,6 +63,26 @@ class WorkerAttack:
         self.kind = kind
         self.gen = torch.Generator().manual_seed(seed)
         self._last: dict[tuple[int, str], dict[str, torch.Tensor]] = {}  # replay's memory
+        self._last_cert: UnitCert | None = None  # copied's
+
+    def certify(self, cert: UnitCert) -> UnitCert:
+        """The certificate the node signs for a unit whose honest one is ``cert``."""
+        if self.kind != "copied":
+            return cert
+        before, self._last_cert = self._last_cert, cert
+        return before or cert
+
+    def poison(self, plan: StepPlan, t: int, mine: Collection[int]) -> list[Push]:
+        """The pushes the node sends to every other miner as step ``t`` opens (noise under
+        the key of every message of the step that a unit not in ``mine`` produces)."""
+        if self.kind != "poisoned-push":
+            return []
+        n = 2 * plan.k * plan.replicas
+        keys = {key for i in range(n) for phase in plan.phases(i) for key in plan.needs(t, phase)
+                if plan.producer(key) not in mine}
+        return [(CLIENT, key, {name: torch.randn(shape, generator=self.gen)
+                               for name, shape in plan.expected(key[2], key[3]).items()})
+                for key in sorted(keys)]
 
     def steps_section(self, section: int) -> bool:
         """Whether the node applies updates to a held section (stale-weights: never)."""

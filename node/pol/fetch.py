@@ -3,7 +3,9 @@
 Owns `serve_pol` (the request handler over a `PolArchive`) and `PolFetcher`,
 the verifier's side (specs/pol.md 8). Every reply is checked against the
 hash asked for: a certificate must hash to its `cert_hash`, a tensor to its
-digest, a named set to its `tensors_digest`; a reply that does not is
+digest, a named set to its `tensors_digest` (a part's full state, which
+nothing commits as a whole, only for its form: its caller checks it by the
+weights it gives, `node.pol.joinaudit`); a reply that does not is
 discarded (the peer is marked) and the next holder is asked. A fetcher
 that runs out of holders returns None, which the verifier turns into
 `UNAVAILABLE`, never a fail.

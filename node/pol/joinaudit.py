@@ -29,7 +29,7 @@ from compute.errors import OptimizerStateError
 from ledger.types import Receipt
 from node.pol.replay import Hashes, Replayer
 
-__all__ = ["FAULTS", "STATUSES", "UnitCheck", "WindowReport", "check_step", "replay_window",
+__all__ = ["FAULTS", "STATUSES", "ReplayReport", "UnitCheck", "check_step", "replay_window",
            "windows_of"]
 
 #: How a replayed unit compares with its receipt on chain.
@@ -57,7 +57,7 @@ class UnitCheck:
 
 
 @dataclass
-class WindowReport:
+class ReplayReport:
     """What replaying one window gave.
 
     ``start``: "genesis", "states" (fetched) or "unavailable" (some part's
@@ -115,7 +115,7 @@ def check_step(step: int, replayed: Mapping[int, Hashes], chain: Mapping[int, Re
 async def replay_window(rp: Replayer, job_id: bytes, units: Sequence, first: int, steps: int,
                         receipts: Mapping[tuple[int, int], Receipt], source: StateSource | None,
                         run_sync: Callable, progress: Callable[[int], None] = lambda t: None
-                        ) -> WindowReport:
+                        ) -> ReplayReport:
     """Replay steps [first, first + steps) and compare each with the chain's receipts.
 
     Args:
@@ -126,7 +126,7 @@ async def replay_window(rp: Replayer, job_id: bytes, units: Sequence, first: int
         run_sync: runs torch work (`node.torch_thread.run_sync`, or a direct call).
         progress: told of each step replayed.
     """
-    report = WindowReport(first, steps, "genesis" if first == 0 else "states")
+    report = ReplayReport(first, steps, "genesis" if first == 0 else "states")
     if first == 0:
         await run_sync(rp.start, None)
     elif not await _start_from_states(rp, job_id, units, first, receipts, source, run_sync,
@@ -146,8 +146,8 @@ async def replay_window(rp: Replayer, job_id: bytes, units: Sequence, first: int
 
 
 async def _start_from_states(rp: Replayer, job_id: bytes, units: Sequence, first: int,
-                             receipts, source: StateSource, run_sync, report: WindowReport
-                             ) -> bool:
+                             receipts, source: StateSource, run_sync,
+                             report: ReplayReport) -> bool:
     """Load a state of every part at ``first`` that gives the chain's weights at ``first``
     and ``first + 1``, trying each part's sources in turn (module docstring). False (and
     ``report`` says why) when some part has no state at all."""

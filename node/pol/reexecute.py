@@ -59,7 +59,7 @@ class Reexecutor:
         self.model = make_model(c)
         self.sections = make_sections(self.model, c)
         self.plan = StepPlan(self.model, self.sections, (c.batch_size, c.seq_len, c.model.dim),
-                             c.replicas)
+                             c.replicas, c.threads)
 
     @property
     def units(self):

@@ -246,6 +246,9 @@ def test_data_from_file_rejects_bad_files(tmp_path):
     ({"mlp_slices": 0}, r"mlp_slices None or an int in 1..352"),
     ({"mlp_slices": -1}, "mlp_slices"), ({"mlp_slices": 353}, "mlp_slices"),
     ({"mlp_slices": 2.0}, "mlp_slices"), ({"mlp_slices": False}, "mlp_slices"),
+    ({"threads": 0}, "threads an int in 1..256"), ({"threads": 257}, "threads"),
+    ({"threads": True}, "threads"), ({"state_every": 0}, "state_every an int >= 1"),
+    ({"state_every": 2.0}, "state_every"),
 ])
 def test_partition_fields_are_checked_at_construction(changes, match):
     # Before make_sections: a bad k or mlp_slices is a ConfigError of the job itself.

@@ -247,7 +247,7 @@ def test_hash_domains_keep_kinds_apart():
     assert evidence_hash(an_evidence()) != crypto.domain_hash(crypto.H_CERT,
                                                               encode(an_evidence()))
     domains = [crypto.H_CERT, crypto.H_EVIDENCE, crypto.H_AUDIT, crypto.H_TX, crypto.H_TIEBREAK,
-               crypto.H_UNIT, crypto.H_HEADER, crypto.H_STATE, crypto.H_GENESIS]
+               crypto.H_UNIT, crypto.H_HEADER, crypto.H_STATE, crypto.H_GENESIS, crypto.H_POL_STATE]
     assert len(set(domains)) == len(domains)
     assert not any(a != b and b.startswith(a) for a in domains for b in domains)  # prefix-free
 

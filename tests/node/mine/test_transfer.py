@@ -216,12 +216,13 @@ def test_only_the_assignee_of_the_producing_unit_may_push_a_key():
     async def test(transfer, tip, host):
         transfer.state.registered = ("a", "b", "me")
         await transfer.receive(await push_frame(step_tensors(h=torch.full(SHAPE, 9.0))), "b")
-        assert key(0) not in transfer  # dropped: "b" is not its producer
+        assert key(0) not in transfer and transfer.refused == 1  # "b" is not its producer
         await transfer.receive(await push_frame(step_tensors()), "a")
         assert key(0) in transfer and not torch.equal(
             transfer._inbox[key(0)]["h"], torch.full(SHAPE, 9.0))
         await transfer.receive(await push_frame(step_tensors(step=1)), "b")
         assert key(1) in transfer  # the chain does not say (not the open step): taken
+        assert transfer.refused == 1
     run(test, producer=lambda k: assignee.get(k))
 
 

@@ -58,8 +58,9 @@ def make_worker(k: int = 2, replicas: int = 1, **job) -> Worker:
     return Worker(replayer, PolArchive(), {}, replayer.units)
 
 
-def run_step(w: Worker, t: int, run=None) -> None:
-    """Every unit of step ``t`` (``run``: a cheating `plan.run`), archived; then the update."""
+def run_step(w: Worker, t: int, run=None, certify=None) -> None:
+    """Every unit of step ``t``, archived; then the update. ``run``: a cheating
+    `plan.run`; ``certify``: what a cheater signs in place of a unit's certificate."""
     run = run or w.plan.run
 
     def timed(phase, *args):
@@ -70,6 +71,9 @@ def run_step(w: Worker, t: int, run=None) -> None:
         return result
 
     def signed(index, uid, cert, results, hashes):
+        if certify is not None:
+            cert = certify(cert)
+            hashes = w.plan.receipt_hashes(JOB, t, uid, index, results, cert)
         receipt = sign(Receipt("test", KEY.public, JOB, uid, *hashes, ZERO_SIG), KEY)
         w.archive.keep_unit(t, cert, results, receipt)
         w.receipts[(t, index)] = receipt

@@ -147,3 +147,21 @@ def test_a_miner_keeps_the_newest_states_only():
     assert a.state_steps() == list(range(0, 40, 4))[-KEEP_STATES:]
     assert float(a.state(state_key(36, 0))["w"][0]) == 36.0
     assert a.state(state_key(0, 0)) is None and a.state(state_key(36, 2)) is None
+
+
+def test_the_jobs_thread_count_makes_a_replay_exact_whatever_the_callers():
+    """A weight gradient's rounding depends on the intra-op thread count: every unit runs
+    at the job's (`pinned_threads`), so a node whose own count differs replays exactly."""
+    from compute.device import pinned_threads
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        w = make_worker(2, batch_size=8, seq_len=32, threads=2)
+        run_step(w, 0)
+        torch.set_num_threads(2)
+        assert replay(w, 0, 1).status == "pass"
+        with pinned_threads(1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -144,3 +144,29 @@ def test_a_certificate_that_is_not_the_receipts_is_malformed():
     for key, r in list(w.receipts.items()):  # receipts that name another unit's certificate
         w.receipts[key] = replace(r, cert_hash=w.receipts[(0, (key[1] + 1) % 4)].cert_hash)
     assert {j.reason for j in judge_all(w, 0).values()} == {MALFORMED}
+
+
+def test_a_copied_certificate_is_malformed():
+    """The battery's ``copied``: each receipt signs the certificate made before it."""
+    from proof_of_learning.certificate import cert_hash
+    attack = WorkerAttack("copied")
+    w = make_worker(2)
+    run_step(w, 0)
+    certs = [decode_cert(w.archive.encoded(w.receipts[(0, i)].cert_hash)) for i in range(4)]
+    signed = [attack.certify(c) for c in certs]
+    assert signed[0] == certs[0] and signed[1:] == certs[:-1]
+    for i in range(1, 4):
+        w.receipts[(0, i)] = replace(w.receipts[(0, i)], cert_hash=cert_hash(signed[i]),
+                                     weights_hash=signed[i].weights_hash)
+    reasons = {i: j.reason for i, j in judge_all(w, 0).items()}
+    assert reasons == {0: PASS, 1: MALFORMED, 2: MALFORMED, 3: MALFORMED}
+
+
+def test_a_poisoner_pushes_every_message_of_the_step_that_others_produce():
+    w = make_worker(2)
+    pushes = WorkerAttack("poisoned-push").poison(w.plan, 3, mine={0})
+    needed = {key for i in range(4) for p in w.plan.phases(i) for key in w.plan.needs(3, p)}
+    assert {key for _, key, _ in pushes} == {k for k in needed if w.plan.producer(k) != 0}
+    for _, key, tensors in pushes:  # shaped to pass a receiver's checks: only who sent it tells
+        assert {n: tuple(t.shape) for n, t in tensors.items()} == w.plan.expected(key[2], key[3])
+    assert WorkerAttack("copied").poison(w.plan, 3, mine={0}) == []
