@@ -159,25 +159,27 @@ class SliceAdamW:
 
         Raises:
             OptimizerStateError: a slice's weights are missing or of another
-                shape, its AdamW entries are neither all present (a one-element
-                step, moments of the slice's shape) nor all absent, or a name
-                is not one of these slices' entries.
+                shape or dtype, its AdamW entries are neither all present (a
+                one-element float step, moments of the slice's shape and dtype)
+                nor all absent, or a name is not one of these slices' entries.
         """
         for key, p in zip(self._keys, self.params):
-            if key not in state or state[key].shape != p.shape:
-                got = tuple(state[key].shape) if key in state else "nothing"
+            w = state.get(key)
+            if w is None or w.shape != p.shape or w.dtype != p.dtype:
+                got = f"{tuple(w.shape)} {w.dtype}" if w is not None else "nothing"
                 raise OptimizerStateError(
-                    f"slice {key}: expected weights of shape {tuple(p.shape)}, got {got}"
+                    f"slice {key}: expected weights of shape {tuple(p.shape)} {p.dtype}, "
+                    f"got {got}"
                 )
             step = state.get(key + "#step")
             moments = [state.get(key + suffix) for suffix in MOMENTS[1:]]
             if step is None and moments == [None, None]:
                 continue
-            if step is None or step.numel() != 1 or any(
-                    m is None or m.shape != p.shape for m in moments):
+            if step is None or step.numel() != 1 or not step.is_floating_point() or any(
+                    m is None or m.shape != p.shape or m.dtype != p.dtype for m in moments):
                 raise OptimizerStateError(
-                    f"slice {key}: expected a one-element step and two moments of shape "
-                    f"{tuple(p.shape)}, or none of them"
+                    f"slice {key}: expected a one-element float step and two moments of "
+                    f"shape {tuple(p.shape)} {p.dtype}, or none of them"
                 )
         names = {key + x for key in self._keys for x in ("", *MOMENTS)}
         unknown = sorted(set(state) - names)

@@ -364,7 +364,7 @@ class Node:
                                   self.miner.job_id if self.miner else None, args)
 
     async def pol_audit(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The ``pol_audit`` op: judge recent receipts (`node.pol.Verifier.audit`)."""
+        """The ``pol_audit`` op: judge recent receipts, replay windows (`Verifier.audit`)."""
         if self.verifier is None:
             raise BadRequest("this node runs no verifier (it mines no job)")
         return await self._pol_op(self.verifier.audit, args)

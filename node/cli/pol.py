@@ -120,6 +120,11 @@ def _text(report) -> str:
     return "\n".join(lines)
 
 
+#: Most seconds `pnode verify pol` waits for the node: a replay of a long job is long
+#: (a 200-step devnet job: about 20 s; the default control wait is 30 s).
+AUDIT_TIMEOUT_S = 3600.0
+
+
 @click.command("pol")
 @data_dir_option
 @click.option("--count", type=click.IntRange(1, 100_000), default=8, show_default=True,
@@ -160,7 +165,7 @@ def verify_pol(data_dir, count, windows, everything, blocks, as_json) -> None:
                                      spinner="dots") if not as_json and sys.stderr.isatty() \
             else contextlib.nullcontext():
         info = control_call(data_dir, "pol_audit", count=count, all=everything, blocks=blocks,
-                            windows=windows)
+                            windows=windows, timeout_s=AUDIT_TIMEOUT_S)
     info.pop("ok", None)
     emit(as_json, info, lambda: _audit_text(info))
     if info["failed"] or info["windows_failed"]:
@@ -187,4 +192,3 @@ def _audit_text(info: dict) -> str:
             lines.append(f"  step {d['step']} unit {d['index']} of {d['worker'][:16]}..: "
                          f"{_DIFFERS[d['status']]}" + (" (at fault)" if d["at_fault"] else ""))
     return "\n".join(lines)
-

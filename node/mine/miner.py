@@ -18,10 +18,11 @@ runs each unit of it (the longest-wait rule, `ledger.rules`). The miner:
    weight-gradient hashes) and submits it;
 3. once the chain has moved past a step, applies that step's update: every
    holder of a section receives the section's weight gradients and steps
-   the same AdamW, so replicas stay equal (up to float rounding); every
+   the same AdamW, so replicas stay equal (bit for bit on one build, at the
+   job's pinned thread count; up to rounding across hardware); every
    ``average_every`` updates the replicas of each section also average
-   their weights (`node.mine.averaging`, eq. 7-8), which removes that rounding
-   drift.
+   their weights (`node.mine.averaging`, eq. 7-8), which removes such drift
+   and leaves equal replicas as they are.
 
 A forward unit of section s takes the states entering s (section 0: the
 embedded batch, which every miner can compute: the batch is a pure function
@@ -51,10 +52,9 @@ import torch
 import trio
 from libp2p.peer.id import ID
 
-from compute.blocks import add_grads
 from compute.data import JobConfig, batch, load_corpus, make_model
 from compute.quant import WireTensorError
-from compute.train import average_replicas, make_sections
+from compute.train import make_sections
 from ledger.crypto import SigningKey
 from ledger.errors import ValidationError
 from ledger.rules import candidates
@@ -177,9 +177,10 @@ class Miner:
                 continue
             if self.tamper is not None and view.step != self._poisoned:
                 self._poisoned = view.step
-                await self.transfer.push_all(
-                    self.tamper.poison(self.plan, view.step, view.mine), job_id=view.job_id,
-                    miners=[p for p in view.miners if p != self.me], holders=view.holders)
+                pushes = await torch_thread.run_sync(self.tamper.poison, self.plan, view.step,
+                                                     view.mine)
+                await self.transfer.push_all(pushes, job_id=view.job_id, holders=view.holders,
+                                             miners=[p for p in view.miners if p != self.me])
             todo = [phase for i in view.mine if (view.step, i) not in self._receipts
                     for phase in self.plan.phases(i)
                     if phase.kind not in self._phases.get((view.step, i), {})]
@@ -425,15 +426,11 @@ class Miner:
         got = await self.transfer.wait([key for keys in needs for key in keys])
         if got is None:
             return False
-        per_replica, at = [], 0
-        for keys in needs:
-            grads: dict[str, torch.Tensor] = {}
-            for named in got[at:at + len(keys)]:  # a piece's share carries dL/dh ("g") too
-                add_grads(grads, {n: v for n, v in named.items() if n != "g"})
-            per_replica.append(grads)
+        messages, at = [], 0
+        for keys in needs:  # each replica's, in `update_needs` order
+            messages.append(got[at:at + len(keys)])
             at += len(keys)
-        grads = average_replicas(per_replica)
-        await torch_thread.run_sync(self._step_optimizers, grads, t + 1)
+        await torch_thread.run_sync(self._step_optimizers, messages, t + 1)
         self.transfer.drop_through(t)
         for key in [key for key in self._receipts if key[0] <= t]:
             del self._receipts[key]
@@ -444,13 +441,15 @@ class Miner:
             await self._average()
         await self._keep_version()
         if self.archive is not None and self.version % self.config.state_every == 0:
-            states = await torch_thread.run_sync(
-                lambda: {s: self._optimizer(s).state_dict() for s in [*self.held, CLIENT]})
-            for s, state in states.items():  # a joining node replays from these (specs/pol.md 8)
-                self.archive.keep_state(self.version, s, state)
+            states = await torch_thread.run_sync(lambda: {  # what a joining node replays from
+                s: {k: v.to("cpu") for k, v in self._optimizer(s).state_dict().items()}
+                for s in [*self.held, CLIENT]})
+            for s, state in states.items():
+                self.archive.keep_state(self.job_id, self.version, s, state)
         return True
 
-    def _step_optimizers(self, grads: dict[str, torch.Tensor], version: int) -> None:
+    def _step_optimizers(self, messages: list, version: int) -> None:
+        grads = self.plan.update_grads(messages)
         for s in self.held:
             if self.tamper is None or self.tamper.steps_section(s):
                 self.sections.optimizers[s].step(grads)

@@ -46,12 +46,14 @@ from typing import Sequence
 import torch
 
 from compute.blocks import (
-    HALF_PARAMS, Partial, aggregate_grads, aggregate_heads, aggregate_mlp, backward_block,
+    HALF_PARAMS, Partial, add_grads, aggregate_grads, aggregate_heads, aggregate_mlp, backward_block,
     forward_block, piece_of,
 )
 from compute.device import pinned_threads
 from compute.model import Transformer
-from compute.train import Sections, embed_backward, head_loss_block, stages
+from compute.train import (
+    Sections, average_replicas, embed_backward, head_loss_block, stages,
+)
 from ledger.crypto import ZERO32
 from node.errors import BadPush
 from node.mine.jobs import named_digest, tensor_digest, tensors_digest
@@ -96,6 +98,11 @@ class StepPlan:
         # Digests of the weights by name when the caller took them already (a verifier
         # checked them on arrival): `run` neither copies nor digests the weights then.
         self.weight_digests: dict[str, bytes] | None = None
+
+    @property
+    def n_units(self) -> int:
+        """Units per step: every section's forward and backward, for every replica."""
+        return 2 * self.k * self.replicas
 
     def has(self, s: int, half: str) -> bool:
         """Whether section ``s`` is a piece with that half."""
@@ -167,6 +174,22 @@ class StepPlan:
                 if key not in keys:
                     keys.append(key)
         return [(t, r, HEAD_GRADS, CLIENT)] + keys + [(t, r, EMBED_GRADS, CLIENT)]
+
+    def update_grads(self, messages: Sequence[Sequence[Tensors]]) -> Tensors:
+        """A step's update from each replica's `update_needs` messages, in that order.
+
+        Each replica's weight gradients summed (a piece's share carries dL/dh,
+        ``g``, too: not a weight's), then averaged over the replicas
+        (`compute.train.average_replicas`): what every holder steps its
+        sections with, and the join-time replay too, so they agree bit for bit.
+        """
+        per_replica = []
+        for named_list in messages:
+            grads: Tensors = {}
+            for named in named_list:
+                add_grads(grads, {n: v for n, v in named.items() if n != "g"})
+            per_replica.append(grads)
+        return average_replicas(per_replica)
 
     def producer(self, key: Key) -> int:
         """The index of the unit that pushes message ``key`` (only its assignee may)."""

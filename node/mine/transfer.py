@@ -76,7 +76,7 @@ class Transfer:
         self.device, self.wait_s = torch.device(device), wait_s
         self.push_wait_s, self.push_retry_s = push_wait_s, push_retry_s
         self._inbox: dict[Key, Tensors] = {}
-        self.refused = 0  # pushes of the open step dropped: not from the producer's assignee
+        self.refused = 0  # pushes dropped so far: of the open step, not from its assignee
         self._arrived = trio.Event()
 
     # -- the inbox ----------------------------------------------------------------------

@@ -45,10 +45,11 @@ AUDITED_KEEP_STEPS = 64
 KEEP_STATES = 8
 
 
-def state_key(step: int, part: int) -> bytes:
-    """What `/pnode/pol/1.0.0` asks a part's full state at ``step`` by (specs/pol.md 8):
-    SHA-256 of ``H_POL_STATE || u64 step || u32 part`` (``part``: a section, or `CLIENT`)."""
-    return domain_hash(H_POL_STATE, step.to_bytes(8, "big") + part.to_bytes(4, "big"))
+def state_key(job_id: bytes, step: int, part: int) -> bytes:
+    """What `/pnode/pol/1.0.0` asks a part's full state at ``step`` of ``job_id`` by
+    (specs/pol.md 8): SHA-256 of ``H_POL_STATE || job_id || u64 step || u32 part``
+    (``part``: a section, or `CLIENT`)."""
+    return domain_hash(H_POL_STATE, job_id + step.to_bytes(8, "big") + part.to_bytes(4, "big"))
 
 
 class PolArchive:
@@ -177,11 +178,12 @@ class PolArchive:
         for old in sorted(self._versions)[:-self.ring]:
             del self._versions[old]
 
-    def keep_state(self, step: int, part: int, state: Mapping[str, torch.Tensor]) -> None:
-        """Keep a held part's full state at ``step`` (CPU copies); only the states of the
-        newest `KEEP_STATES` steps stay."""
-        self._states[state_key(step, part)] = (
-            step, {name: t.detach().to("cpu", copy=True) for name, t in state.items()})
+    def keep_state(self, job_id: bytes, step: int, part: int,
+                   state: Mapping[str, torch.Tensor]) -> None:
+        """Keep a held part's full state at ``step`` of ``job_id``: CPU tensors the caller
+        no longer changes (`SliceAdamW.state_dict` copies). Only the states of the newest
+        `KEEP_STATES` steps stay."""
+        self._states[state_key(job_id, step, part)] = (step, dict(state))
         steps = sorted({s for s, _ in self._states.values()})
         for key in [k for k, (s, _) in self._states.items() if s in steps[:-KEEP_STATES]]:
             del self._states[key]

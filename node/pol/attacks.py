@@ -77,9 +77,8 @@ class WorkerAttack:
         the key of every message of the step that a unit not in ``mine`` produces)."""
         if self.kind != "poisoned-push":
             return []
-        n = 2 * plan.k * plan.replicas
-        keys = {key for i in range(n) for phase in plan.phases(i) for key in plan.needs(t, phase)
-                if plan.producer(key) not in mine}
+        keys = {key for i in range(plan.n_units) for phase in plan.phases(i)
+                for key in plan.needs(t, phase) if plan.producer(key) not in mine}
         return [(CLIENT, key, {name: torch.randn(shape, generator=self.gen)
                                for name, shape in plan.expected(key[2], key[3]).items()})
                 for key in sorted(keys)]

@@ -5,8 +5,8 @@ and AdamW state of its parts from another holder (`node.mine.state_sync`).
 Before it installs them, it compares the weights with those the open
 step's workers committed (each receipt's `weights_hash`, fetched over
 `/pnode/pol/1.0.0`), tensor by tensor within the threshold of specs/pol.md
-7.3: replicas drift apart by float rounding (averaging), so digests alone
-would refuse honest holders. A state that every checked receipt
+7.3: replicas on other hardware (a GPU, another instruction set) round
+apart, so digests alone would refuse honest holders. A state that every checked receipt
 contradicts is refused, and the next holder is asked; with no receipt to
 check against (none included yet, none fetchable), the state is taken, as
 before.

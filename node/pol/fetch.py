@@ -146,7 +146,7 @@ class PolFetcher:
             if len(named) != len(reply.tensors) or not named:
                 raise ValueError("a state with no tensors or a name twice")
             return named
-        return await self._ask(peers, STATE, job_id, state_key(step, part), check)
+        return await self._ask(peers, STATE, job_id, state_key(job_id, step, part), check)
 
 
 def _hashing_to(data: bytes, key: bytes) -> bytes:

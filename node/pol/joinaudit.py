@@ -15,9 +15,10 @@ checked by what it must give. Its weights must give the `weights_hash` of
 every receipt of step s. Its AdamW moments must give, after step s's
 update, the `weights_hash` of step s + 1's receipts. When a unit's weights
 disagree there, the parts it reads are taken from the next holder that
-keeps them, until every source is tried; the states the most receipts
-agree with are then replayed from. A window from genesis needs no state and
-settles whose a disagreement is.
+keeps them, until the receipts agree or no suspect part has a source
+left; the states the most receipts agreed with are then replayed from, and
+a difference in their first two steps blames no one (the window is
+"unsettled"). A window from genesis needs no state and settles it.
 """
 
 from __future__ import annotations
@@ -61,15 +62,18 @@ class ReplayReport:
     """What replaying one window gave.
 
     ``start``: "genesis", "states" (fetched) or "unavailable" (some part's
-    state at ``first`` is kept by no one reached); ``replayed``: steps run;
-    ``matched``: units equal to their receipts; ``differing``: the units of
-    the first step that disagreed (the replay stops there: what follows
-    builds on it).
+    state at ``first`` is kept by no one reached); ``settled``: False when
+    no fetched states agreed with every receipt of steps ``first`` and
+    ``first + 1``, so a difference there may be the states' and blames no
+    one; ``replayed``: steps run; ``matched``: units equal to their
+    receipts; ``differing``: the units of the first step that disagreed
+    (the replay stops there: what follows builds on it).
     """
 
     first: int
     steps: int
     start: str
+    settled: bool = True
     replayed: int = 0
     matched: int = 0
     differing: list[UnitCheck] = field(default_factory=list)
@@ -77,16 +81,25 @@ class ReplayReport:
 
     @property
     def status(self) -> str:
-        """"pass", "fail" (a unit disagrees) or "unavailable" (no state to start from)."""
+        """"pass"; "fail" (a unit disagrees, its worker at fault); "unsettled" (a unit
+        disagrees where the fetched states were in doubt); "unavailable" (no state)."""
         if self.start == "unavailable":
             return "unavailable"
-        return "fail" if self.differing else "pass"
+        if not self.differing:
+            return "pass"
+        return "fail" if any(self.at_fault(c) for c in self.differing) else "unsettled"
+
+    def at_fault(self, check: UnitCheck) -> bool:
+        """Whether ``check`` puts the fault on its worker (`FAULTS`, and not a step whose
+        weights rest on states in doubt)."""
+        doubtful = not self.settled and check.step <= self.first + 1
+        return check.status in FAULTS and not doubtful
 
     def to_json(self) -> dict:
         return {"first_step": self.first, "steps": self.steps, "start": self.start,
                 "status": self.status, "replayed": self.replayed, "matched": self.matched,
                 "differing": [{"step": c.step, "index": c.index, "worker": c.worker.hex(),
-                               "status": c.status, "at_fault": c.status in FAULTS}
+                               "status": c.status, "at_fault": self.at_fault(c)}
                               for c in self.differing],
                 "detail": self.detail}
 
@@ -155,15 +168,16 @@ async def _start_from_states(rp: Replayer, job_id: bytes, units: Sequence, first
     states: dict[int, dict] = {}
 
     async def next_state(part: int) -> bool:
+        """Take ``part``'s state from its next source that has one of its form."""
         while True:
             state = await source(first, part, tried[part])
             tried[part] += 1
             if state is None:
                 return False
             try:
-                rp.optimizer(part).check_state(state)
+                await run_sync(rp.optimizer(part).check_state, state)
             except OptimizerStateError:
-                continue  # none, or of another shape: the next source's
+                continue  # none, or not of this part's form: the next source's
             states[part] = state
             return True
 
@@ -172,37 +186,41 @@ async def _start_from_states(rp: Replayer, job_id: bytes, units: Sequence, first
             report.start, report.detail = "unavailable", f"no node keeps part {part}'s state " \
                 f"at step {first}"
             return False
-    best: tuple[int, dict[int, dict]] | None = None
+    best: tuple[tuple[int, int], dict[int, dict]] | None = None
     while True:
         await run_sync(rp.start, states)
         wrong, suspects = await run_sync(_disagreeing, rp, job_id, units, first, receipts)
         if best is None or wrong < best[0]:
             best = (wrong, dict(states))
-        if not suspects or not all([await next_state(p) for p in sorted(suspects)]):
+        # Every suspect part that has a source left moves on to it; the others keep
+        # theirs (a part's honest sources are all alike). Ends: each round uses a source.
+        if not suspects or not any([await next_state(p) for p in sorted(suspects)]):
             break
-    # Every source tried: start from the states the most receipts agree with. What
-    # still disagrees is reported; from genesis (`--all`) the replay settles whose it is.
-    if best[0]:
-        report.detail = f"{best[0]} receipts of steps {first}..{first + 1} disagree with " \
-            "every state fetched"
+    if best[0] != (0, 0):
+        report.settled = False
+        report.detail = "no states fetched agree with every receipt of steps " \
+            f"{first} and {first + 1}: replay from an earlier window (--all) to settle it"
     await run_sync(rp.start, best[1])
     return True
 
 
 def _disagreeing(rp: Replayer, job_id: bytes, units: Sequence, first: int,
-                 receipts) -> tuple[int, set[int]]:
-    """(how many receipts of ``first`` or, after that step's update, of ``first + 1``
-    commit other weights than the loaded states give, the parts those read) (torch
-    thread; leaves ``rp`` stepped)."""
-    wrong, suspects = 0, set()
-    for t in (first, first + 1):
-        if t > first:
+                 receipts) -> tuple[tuple[int, int], set[int]]:
+    """((receipts of ``first``, then of ``first + 1`` after that step's update, that commit
+    other weights than the loaded states give), the parts those read) (torch thread;
+    leaves ``rp`` stepped). States wrong at ``first`` rank below any right there: the
+    next step is not replayed for them."""
+    wrong, suspects = [0, 0], set()
+    for n, t in enumerate((first, first + 1)):
+        if n:
             rp.step(job_id, first, units)
         for i in range(len(units)):
             r = receipts.get((t, i))
             if r is not None and rp.read_hash(i) != r.weights_hash:
-                wrong += 1
+                wrong[n] += 1
                 suspects |= rp.suspects(i)
         if suspects:
+            if n == 0:
+                wrong[1] = len(units) + 1  # not replayed: worse than any that was
             break
-    return wrong, suspects
+    return (wrong[0], wrong[1]), suspects

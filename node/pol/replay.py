@@ -19,11 +19,9 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from compute.blocks import add_grads
 from compute.data import batch
-from compute.train import average_replicas
 from ledger.types import unit_id
-from node.mine import Phase, PhaseResult, named_digest, tensor_digest
+from node.mine import Phase, PhaseResult, tensors_digest
 from node.pol.reexecute import Reexecutor
 from node.wire import CLIENT
 
@@ -72,7 +70,7 @@ class Replayer(Reexecutor):
         weights: dict[str, torch.Tensor] = {}
         for phase in self.plan.phases(index):
             weights.update(self.plan.read_weights(phase))
-        return named_digest({name: tensor_digest(t) for name, t in weights.items()})
+        return tensors_digest(weights)
 
     def suspects(self, index: int) -> set[int]:
         """The parts whose state unit ``index``'s weights come from (any slice it reads)."""
@@ -118,13 +116,9 @@ class Replayer(Reexecutor):
         return out
 
     def _update(self, t: int, inbox: dict) -> None:
-        per_replica = []
-        for r in range(self.config.replicas):
-            grads: dict[str, torch.Tensor] = {}
-            for key in self.plan.update_needs(t, r, range(self.plan.k)):
-                add_grads(grads, {n: v for n, v in inbox[key].items() if n != "g"})
-            per_replica.append(grads)
-        grads = average_replicas(per_replica)
+        grads = self.plan.update_grads(
+            [[inbox[key] for key in self.plan.update_needs(t, r, range(self.plan.k))]
+             for r in range(self.config.replicas)])
         with torch.no_grad():
             for part in self.parts:
                 self.optimizer(part).step(grads)

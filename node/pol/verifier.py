@@ -19,6 +19,7 @@ import logging
 import random
 from collections.abc import Callable
 
+import trio
 from libp2p.peer.id import ID
 
 from compute.data import JobConfig
@@ -31,9 +32,9 @@ from ledger.types import ZERO_SIG, Receipt, Verdict, sign, tx_hash, unit_id
 from node import torch_thread
 from node.chain import ChainService, TxGossip
 from node.mine import matches
-from node.pol.archive import PolArchive, state_key
+from node.pol.archive import KEEP_STATES, PolArchive, state_key
 from node.pol.fetch import PolFetcher
-from node.pol.joinaudit import replay_window, windows_of
+from node.pol.joinaudit import ReplayReport, replay_window, windows_of
 from node.pol.judge import Case, judge
 from node.pol.reexecute import Reexecutor
 from node.pol.replay import Replayer
@@ -70,6 +71,7 @@ class Verifier:
         self.archive, self.fetcher, self.report, self.tamper = archive, fetcher, report, tamper
         self.reexecutor: Reexecutor | None = None
         self.replayer: Replayer | None = None  # for the join-time audit's window replays
+        self._replaying = trio.Lock()
         self.judged: set[bytes] = set()  # receipt hashes with a verdict submitted
         self.sent = {name: 0 for name in REASONS}
         self.last_step = 0  # the newest step judged (evidence is kept from it)
@@ -189,12 +191,15 @@ class Verifier:
     # -- the join-time audit (`pnode verify pol`) ---------------------------------------
 
     async def audit(self, args: dict) -> dict:
-        """The ``pol_audit`` control op: judge receipts of the last ``blocks`` blocks.
+        """The ``pol_audit`` control op: judge receipts of the last ``blocks`` blocks, and
+        replay windows of the job (`replay`).
 
         Args (of the op): ``count`` (a sample of that many, drawn with this
         node's own randomness, so no worker can know which; default 8),
-        ``all`` (every one instead), ``blocks`` (default 256). Nothing is
-        sent to the chain: this is the node's own check (specs/pol.md 10).
+        ``all`` (every one instead, and every closed step replayed from the
+        initial model), ``blocks`` (default 256), ``windows`` (windows to
+        replay; default 0, `pnode verify pol` asks 2). Nothing is sent to the
+        chain: this is the node's own check (specs/pol.md 10).
 
         Raises:
             PolError: bad arguments.
@@ -229,19 +234,35 @@ class Verifier:
     async def replay(self, windows: int, everything: bool) -> list[dict]:
         """Replay ``windows`` windows of the job's closed steps, drawn with this node's own
         randomness, or (``everything``) every closed step from the initial model
-        (`node.pol.joinaudit`); each window's report as JSON."""
-        job_id, units, closed, receipts, peers = await self.service.call(self._replay_view)
-        if job_id is None or not closed:
-            return []
-        chosen = [(0, closed)] if everything else sorted(random.SystemRandom().sample(
-            windows_of(closed, self.config.state_every),
-            min(windows, len(windows_of(closed, self.config.state_every)))))
-        if self.replayer is None:
-            self.replayer = await torch_thread.run_sync(Replayer, self.config)
-        source = self._state_source(job_id, peers)
-        return [(await replay_window(self.replayer, job_id, units, first, steps, receipts,
-                                     source, torch_thread.run_sync)).to_json()
-                for first, steps in chosen]
+        (`node.pol.joinaudit`); each window's report as JSON.
+
+        Only windows that can start are drawn: the one from the initial model, and
+        those whose first step's states miners still keep (the newest `KEEP_STATES`
+        checkpoints). One replay at a time: they share the scratch model.
+        """
+        async with self._replaying:
+            job_id, units, closed, receipts, peers = await self.service.call(self._replay_view)
+            if job_id is None or not closed:
+                return []
+            every = self.config.state_every
+            reachable = [(first, n) for first, n in windows_of(closed, every)
+                         if first == 0 or first > closed - KEEP_STATES * every]
+            chosen = [(0, closed)] if everything else sorted(
+                random.SystemRandom().sample(reachable, min(windows, len(reachable))))
+            if self.replayer is None:
+                self.replayer = await torch_thread.run_sync(Replayer, self.config)
+            source = self._state_source(job_id, peers)
+            out = []
+            for first, steps in chosen:
+                try:
+                    report = await replay_window(self.replayer, job_id, units, first, steps,
+                                                 receipts, source, torch_thread.run_sync)
+                except Exception as exc:  # a bug must not cost the other windows' results
+                    log.exception("replaying steps %d..%d", first, first + steps - 1)
+                    report = ReplayReport(first, steps, "unavailable",
+                                          detail=f"the replay failed: {exc}")
+                out.append(report.to_json())
+            return out
 
     def _replay_view(self):
         """(job id, units, closed steps, every receipt of them by (step, unit index), peers)
@@ -266,11 +287,12 @@ class Verifier:
 
         async def source(step: int, part: int, n: int) -> dict | None:
             if n == 0:
-                return self.archive.state(state_key(step, part)) or {}
+                return self.archive.state(state_key(job_id, step, part)) or {}
             if n > len(others):
                 return None
             return await self.fetcher.state([others[n - 1]], job_id, step, part) or {}
         return source
+
 
 def _receipt_in(chain, height: int, receipt_hash: bytes) -> Receipt | None:
     """The receipt with that hash in the main-chain block at ``height``."""

@@ -154,7 +154,11 @@ def test_slice_adamw_refuses_a_state_of_other_slices():
     for bad in ({k: v for k, v in state.items() if k != "norm.weight"},
                 state | {"norm.weight": torch.zeros(3)},
                 state | {"norm.weight#step": torch.ones(1)},
-                state | {"layers.0.mlp_norm.weight": torch.zeros(SMALL.dim)}):
+                state | {"layers.0.mlp_norm.weight": torch.zeros(SMALL.dim)},
+                state | {"norm.weight": state["norm.weight"].half()},  # another dtype
+                state | {"norm.weight#step": torch.ones(1),
+                         "norm.weight#exp_avg": torch.zeros_like(state["norm.weight"]),
+                         "norm.weight#exp_avg_sq": torch.zeros(SMALL.dim, dtype=torch.bfloat16)}):
         with pytest.raises(OptimizerStateError):
             opt.load_state(bad)
     opt.load_state(state)

@@ -81,7 +81,7 @@ def run_step(w: Worker, t: int, run=None, certify=None) -> None:
     w.replayer.step(JOB, t, w.units, run=timed, on_unit=signed)
     if (t + 1) % w.config.state_every == 0:  # a checkpoint, as a miner keeps it
         for part in w.replayer.parts:
-            w.archive.keep_state(t + 1, part, w.replayer.part_state(part))
+            w.archive.keep_state(JOB, t + 1, part, w.replayer.part_state(part))
 
 
 def case_of(w: Worker, t: int, index: int, receipts: dict | None = None) -> Case:

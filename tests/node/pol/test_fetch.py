@@ -25,7 +25,7 @@ from tests.node.pol.polkit import JOB, make_worker, run_step
 def worker_archive():
     w = make_worker(2)
     run_step(w, 0)
-    w.archive.keep_state(1, CLIENT, w.replayer.part_state(CLIENT))  # a checkpoint at step 1
+    w.archive.keep_state(JOB, 1, CLIENT, w.replayer.part_state(CLIENT))  # a checkpoint at step 1
     return w, w.receipts[(0, 2)]  # a backward unit: inputs h and g, weight gradients
 
 
@@ -38,7 +38,7 @@ def liar_archive(honest: PolArchive, receipt) -> PolArchive:
         liar._named[key] = (step, {n: bytes(32) for n in digests})
         liar._tensors[bytes(32)] = (0, torch.zeros(2))
     liar._objects[receipt.cert_hash] = (0, b"\x00junk")
-    liar._states[state_key(1, CLIENT)] = (1, {})  # a state of nothing
+    liar._states[state_key(JOB, 1, CLIENT)] = (1, {})  # a state of nothing
     return liar
 
 
@@ -69,7 +69,7 @@ def test_a_verifier_fetches_what_the_worker_kept_and_skips_a_liar():
             assert grads.keys() == kept.keys() == digests.keys()
             assert all(torch.equal(grads[n], kept[n]) for n in grads)
             state = await fetcher.state(peers, JOB, 1, CLIENT)
-            kept = w.archive.state(state_key(1, CLIENT))
+            kept = w.archive.state(state_key(JOB, 1, CLIENT))
             assert state.keys() == kept.keys() and all(torch.equal(state[n], kept[n])
                                                        for n in state)
             assert await fetcher.state(peers, JOB, 2, CLIENT) is None  # no checkpoint there

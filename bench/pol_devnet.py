@@ -1,0 +1,90 @@
+"""The attack battery over real devnets (issue 16): one `pnode devnet` per attack.
+
+Each run is three node processes on 127.0.0.1 mining the devnet's job with
+every receipt audited (``--audit-bps 10000``); node0 cheats in one way of
+`node.pol.attacks` (``--byzantine 1 --attack KIND``). The first run is
+honest: the baseline, in the same sitting. For each run the table shows
+the verdicts, node0's slash and jail, the most any honest node lost, and
+the last loss (an attack that changes the training changes it).
+
+Usage:  .venv/bin/python bench/pol_devnet.py [--steps 6] [--attacks KIND,...] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from node.pol.attacks import WORKER_ATTACKS  # noqa: E402
+
+
+def devnet(kind: str | None, steps: int, root: Path) -> dict:
+    """One devnet's JSON summary, with its wall time (``kind`` None: honest)."""
+    args = [sys.executable, "-m", "node.cli", "devnet", "--nodes", "3", "--steps", str(steps),
+            "--audit-bps", "10000", "--data-dir", str(root / (kind or "honest")), "--json"]
+    if kind is not None:
+        args += ["--byzantine", "1", "--attack", kind]
+    began = time.monotonic()
+    try:
+        r = subprocess.run(args, cwd=_ROOT, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return {"error": ["did not end within 900 s"]}
+    if r.returncode != 0:
+        return {"error": r.stderr.strip().splitlines()[-1:] or ["no output"]}
+    info = json.loads(r.stdout)
+    info["seconds"] = time.monotonic() - began
+    return info
+
+
+def row(kind: str | None, info: dict) -> dict:
+    if "error" in info:
+        return {"attack": kind or "none (honest)", "error": info["error"][0]}
+    cheater, *honest = info["nodes"]
+    return {"attack": kind or "none (honest)", "finished": info["finished"],
+            "pass": info["verdicts"]["pass"], "fail": info["verdicts"]["fail"],
+            "unavailable": info["verdicts"]["unavailable"],
+            "reasons": sorted(r for r in info["verdicts"]["reasons"] if r != "pass"),
+            "node0_slashed": cheater["slashed"], "node0_jailed": cheater["jailed"],
+            "honest_slashed": max(n["slashed"] for n in honest),
+            "loss_last": info["loss_last"], "seconds": round(info["seconds"], 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--attacks", default=",".join(WORKER_ATTACKS),
+                    help="comma-separated worker attacks [default: all]")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    kinds = [None] + [k for k in args.attacks.split(",") if k]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pol-devnet-") as tmp:
+        for kind in kinds:
+            rows.append(row(kind, devnet(kind, args.steps, Path(tmp))))
+            if not args.json:
+                print(json.dumps(rows[-1]), file=sys.stderr)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"{'attack':18} {'pass':>5} {'fail':>5} {'unav':>5}  {'node0 slashed/jailed':>21} "
+          f"{'honest slashed':>15} {'loss last':>10}  reasons")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['attack']:18} error: {r['error']}")
+            continue
+        print(f"{r['attack']:18} {r['pass']:>5} {r['fail']:>5} {r['unavailable']:>5}  "
+              f"{r['node0_slashed']:>13g} / {str(r['node0_jailed']):<5} "
+              f"{r['honest_slashed']:>15g} {r['loss_last']:>10.4f}  {', '.join(r['reasons'])}")
+
+
+if __name__ == "__main__":
+    main()
