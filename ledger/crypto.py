@@ -38,7 +38,8 @@ S_TX = b"pnode:sign:tx:"
 S_HEADER = b"pnode:sign:header:"
 S_BIND = b"pnode:sign:bind:"
 S_BIND_PEER = b"pnode:sign:bind-peer:"
-S_USAGE = b"pnode:sign:usage:"
+S_USAGE = b"pnode:sign:usage:"  # retired with InferencePayment (specs/ledger.md 2.1)
+S_VOUCHER = b"pnode:sign:voucher:"  # a tab's voucher, signed by its client (specs/ledger.md 4.5)
 S_CERT = b"pnode:sign:cert:"
 
 ZERO32 = bytes(32)

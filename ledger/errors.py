@@ -149,6 +149,30 @@ class BadJob(ValidationError):
     """A job from a creator who may not post jobs, or with a malformed plan."""
 
 
+class BadTab(ValidationError):
+    """An `OpenTab` with no lanes, a lane twice, a zero cap, or an expiry out of range."""
+
+
+class UnknownTab(ValidationError):
+    """A claim on a tab that was never opened, or that expired or closed since."""
+
+
+class BadVoucher(ValidationError):
+    """A voucher not signed by its tab's client, or not naming one amount per lane."""
+
+
+class NotALane(ValidationError):
+    """A claim from a node key that is not one of its tab's lanes."""
+
+
+class LaneClosed(ValidationError):
+    """A claim from a lane that its server closed already."""
+
+
+class StaleVoucher(ValidationError):
+    """A claim whose voucher pays no lane anything new (and does not close a lane)."""
+
+
 class BadGenesis(ValidationError):
     """A genesis description that cannot start a chain."""
 
@@ -162,4 +186,4 @@ class ForkTooDeep(ValidationError):
 
 
 class SupplyMismatch(ValidationError):
-    """Balances and bonds do not add up to the coins minted by rule."""
+    """Balances, bonds and the tabs' locked coins do not add up to the coins minted by rule."""

@@ -14,21 +14,22 @@ from dataclasses import replace
 from typing import Any
 
 from ledger import audit, crypto, merkle, schedule
+from ledger.accounts import U64_MAX, check_nonce, credit
 from ledger.codec import encode
 from ledger.errors import (
-    BadAmount, BadJob, BadNonce, BadRegistration, BadSignature, BadVerdict, InsufficientFunds,
+    BadAmount, BadJob, BadRegistration, BadSignature, BadVerdict, InsufficientFunds,
     NotRegistered, PeerIdError, UnassignedReceipt, UnchainedReceipt, WrongChainId,
 )
+from ledger.tab import Claim, OpenTab
+from ledger.tabrules import apply_claim, apply_open_tab
 from ledger.state import JAIL, JOB, NODE, PENDING, UNIT, KEY_LOG, KEY_SUPPLY, Overlay
 from ledger.crypto import ZERO32
 from ledger.types import (
     BACKWARD, FAILING_REASONS, FORWARD, PASS, UNAVAILABLE, UNIT_KINDS, VERDICT_REASONS, Account,
-    Assignment, InferencePayment, Jail, Job, JobRecord, NodeRecord, Pending, Receipt, Register,
-    Transfer, UnitTemplate, Verdict, binding_ok, peer_binding_ok, signature_ok, tx_hash, unit_id,
-    usage_ok,
+    Assignment, Jail, Job, JobRecord, NodeRecord, Pending, Receipt, Register, Transfer,
+    UnitTemplate, Verdict, binding_ok, peer_binding_ok, signature_ok, tx_hash, unit_id,
 )
 
-U64_MAX = 2**64 - 1
 #: A jail term is ``unit_timeout << min(strikes - 1, MAX_JAIL_DOUBLINGS)`` blocks.
 MAX_JAIL_DOUBLINGS = 6
 
@@ -92,20 +93,8 @@ def candidates(st: Overlay) -> list[schedule.Candidate]:
 # -- accounts ----------------------------------------------------------------------
 
 
-def _check_nonce(st: Overlay, account_id: bytes, nonce: int) -> None:
-    expected = st.account(account_id).nonce
-    if nonce != expected:
-        what = "replayed" if nonce < expected else "out of order"
-        raise BadNonce(f"nonce {nonce} is {what}: account expects {expected}")
-
-
-def _credit(st: Overlay, account_id: bytes, amount: int) -> None:
-    account = st.account(account_id)
-    st.put_account(account_id, replace(account, balance=account.balance + amount))
-
-
 def _apply_transfer(st: Overlay, ctx: Any, tx: Transfer, raw: bytes) -> None:
-    _check_nonce(st, tx.sender, tx.nonce)
+    check_nonce(st, tx.sender, tx.nonce)
     if tx.amount == 0:
         raise BadAmount("transfer of 0")
     if tx.recipient == tx.sender:
@@ -117,41 +106,14 @@ def _apply_transfer(st: Overlay, ctx: Any, tx: Transfer, raw: bytes) -> None:
         raise BadAmount("recipient balance would overflow")
     st.put_account(tx.sender, replace(sender, balance=sender.balance - tx.amount,
                                       nonce=sender.nonce + 1))
-    _credit(st, tx.recipient, tx.amount)
-
-
-def _apply_payment(st: Overlay, ctx: Any, tx: InferencePayment, raw: bytes) -> None:
-    _check_nonce(st, tx.client, tx.nonce)
-    if not tx.charges:
-        raise BadAmount("a payment needs at least one charge")
-    total = sum(c.amount for c in tx.charges)
-    client = st.account(tx.client)
-    if client.balance < total:
-        raise InsufficientFunds(f"balance {client.balance} < payment of {total} (base units)")
-    payees = []
-    for charge in tx.charges:
-        node = st.get(NODE + charge.node_key)
-        if node is None:
-            raise NotRegistered(f"charging node {charge.node_key.hex()[:16]}.. is not registered")
-        if not usage_ok(ctx.chain_id, tx, charge):
-            raise BadSignature(f"usage of node {charge.node_key.hex()[:16]}.. is not cosigned")
-        payees.append((node.account, charge.amount))
-    credits = {tx.client: client.balance - total}  # a client may pay its own node
-    for account_id, amount in payees:
-        credits[account_id] = credits.get(account_id, st.account(account_id).balance) + amount
-    if any(balance > U64_MAX for balance in credits.values()):
-        raise BadAmount("a payee's balance would overflow")
-    st.put_account(tx.client, replace(client, balance=client.balance - total,
-                                      nonce=client.nonce + 1))
-    for account_id, amount in payees:
-        _credit(st, account_id, amount)
+    credit(st, tx.recipient, tx.amount)
 
 
 # -- nodes -------------------------------------------------------------------------
 
 
 def _apply_register(st: Overlay, ctx: Any, tx: Register, raw: bytes) -> None:
-    _check_nonce(st, tx.account, tx.nonce)
+    check_nonce(st, tx.account, tx.nonce)
     if not binding_ok(tx):
         raise BadSignature("node key did not sign the binding to this account")
     try:
@@ -378,7 +340,7 @@ def draw_audits(st: Overlay, ctx: Any) -> None:
 
 
 def _apply_job(st: Overlay, ctx: Any, tx: Job, raw: bytes) -> None:
-    _check_nonce(st, tx.creator, tx.nonce)
+    check_nonce(st, tx.creator, tx.nonce)
     # Attack note: rewards are minted for work on jobs, so whoever may post a
     # job may also post busywork for their own nodes. Until jobs are paid for
     # by their owners, only the chain's job authority may post them.
@@ -399,7 +361,7 @@ def _apply_job(st: Overlay, ctx: Any, tx: Job, raw: bytes) -> None:
 
 _HANDLERS = {
     Transfer: _apply_transfer, Register: _apply_register, Receipt: _apply_receipt,
-    Verdict: _apply_verdict, InferencePayment: _apply_payment, Job: _apply_job,
+    Verdict: _apply_verdict, Job: _apply_job, OpenTab: apply_open_tab, Claim: apply_claim,
 }
 
 
@@ -426,7 +388,7 @@ def _mint(st: Overlay, account_id: bytes, amount: int) -> None:
     """Mint ``amount`` to an account, unless it would take the supply past U64_MAX (then nothing)."""
     supply = st.get(KEY_SUPPLY)
     if amount and supply.premine + supply.minted - supply.burned + amount <= U64_MAX:
-        _credit(st, account_id, amount)
+        credit(st, account_id, amount)
         st.put(KEY_SUPPLY, replace(supply, minted=supply.minted + amount))
 
 

@@ -8,7 +8,8 @@ is invalid) and how a reorg rewinds without touching the committed copy.
 The state root is the RFC 6962 Merkle root over every record, sorted by key,
 each leaf being ``len(key) || key || encode(record)``. It commits balances,
 nonces, bonds, waits, registrations, jobs, assignments, pending rewards, the
-coin supply, jailed nodes, the receipt log's frontier and the chain parameters.
+coin supply, jailed nodes, open tabs, the receipt log's frontier and the chain
+parameters.
 
 Determinism: every iteration that can affect the state goes through
 ``ids(kind)``, which is sorted; dict order never leaks into consensus.
@@ -21,17 +22,18 @@ from typing import Any, Iterable, Iterator, Mapping, Protocol
 from ledger import merkle
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError, SupplyMismatch
+from ledger.tab import TabRecord, locked
 from ledger.types import (
     Account, Assignment, Jail, JobRecord, LogState, NodeRecord, Params, Pending, Supply,
 )
 
 ACCOUNT, NODE, JOB, UNIT, PENDING, META = b"A", b"N", b"J", b"U", b"P", b"M"
-JAIL = b"X"
+JAIL, TAB = b"X", b"T"
 KEY_PARAMS, KEY_SUPPLY, KEY_LOG = META + b"params", META + b"supply", META + b"log"
 
 _KIND_TYPES: dict[bytes, tuple[type, ...]] = {
     ACCOUNT: (Account,), NODE: (NodeRecord,), JOB: (JobRecord,), UNIT: (Assignment,),
-    PENDING: (Pending,), JAIL: (Jail,), META: (Params, Supply, LogState),
+    PENDING: (Pending,), JAIL: (Jail,), TAB: (TabRecord,), META: (Params, Supply, LogState),
 }
 
 _META_TYPES: dict[bytes, tuple[type, ...]] = {
@@ -165,7 +167,7 @@ def state_root(reader: StateReader) -> bytes:
 
 
 def check_supply(reader: StateReader) -> None:
-    """Check that balances + bonds == premine + minted - burned.
+    """Check that balances + bonds + the tabs' locked coins == premine + minted - burned.
 
     Raises:
         SupplyMismatch: with both sides, if they differ.
@@ -175,6 +177,8 @@ def check_supply(reader: StateReader) -> None:
     for account_id in reader.ids(ACCOUNT):
         account = reader.get(ACCOUNT + account_id)
         held += account.balance + account.bond
+    for tab_id in reader.ids(TAB):
+        held += locked(reader.get(TAB + tab_id))
     expected = supply.premine + supply.minted - supply.burned
     if held != expected:
         raise SupplyMismatch(f"accounts hold {held}, rules minted {expected}")

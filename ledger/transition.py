@@ -7,7 +7,8 @@ this order, so producer and validators always agree:
 
 1. header: chain id, height, parent hash, producer rank and time, signature;
 2. the producer and every higher-ranked producer it skipped count as served;
-3. pending rewards whose challenge window has closed are minted;
+3. pending rewards whose challenge window has closed are minted; tabs
+   that expired give their locked rest back to their clients;
 4. assignments past their deadline pass to the next-longest waiter;
 5. transactions, in block order (each checks everything before it writes,
    so a rejected transaction leaves no trace);
@@ -32,6 +33,7 @@ from ledger.errors import (
 from ledger.rules import (
     U64_MAX, apply_tx, candidates, draw_audits, finalize_rewards, open_steps, reassign_timeouts,
 )
+from ledger.tabrules import refund_expired
 from ledger.state import (
     KEY_LOG, KEY_PARAMS, KEY_SUPPLY, NODE, MemoryState, Overlay, StateReader, check_supply,
     state_root,
@@ -245,6 +247,7 @@ def _begin(parent: StateReader, parent_header: Header, producer: bytes,
         st.put_account(account_id, replace(st.account(account_id), last_served_height=ctx.height))
     draw_audits(st, ctx)  # before finalizing: a receipt drawn now gets its verdict window
     finalize_rewards(st, ctx)
+    refund_expired(st, ctx)
     reassign_timeouts(st, ctx)
     return st, ctx, rank
 

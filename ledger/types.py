@@ -17,6 +17,7 @@ from ledger.codec import (
     U8, U32, U64, ChainId, Hash32, Key32, MaxLen, Sig64, concat_array, encode, encode_from_parts,
     encode_unsigned, wire,
 )
+from ledger.tab import Claim, OpenTab
 
 COIN = 1_000_000
 #: Most bytes of encoded transactions in one block (the header adds < 1 KiB;
@@ -138,30 +139,6 @@ class Verdict:
         return self.reason == PASS
 
 
-@wire(5)
-@dataclass(frozen=True, slots=True)
-class Charge:
-    """One server's bill for a session, cosigned by that server's node key."""
-
-    node_key: Key32
-    tokens: U64
-    amount: U64
-    cosignature: Sig64
-
-
-@wire(6)
-@dataclass(frozen=True, slots=True)
-class InferencePayment:
-    """A client's payment to the servers of one inference session."""
-
-    chain_id: ChainId
-    client: Key32
-    session_id: Hash32
-    charges: Annotated[tuple[Charge, ...], MaxLen(64)]
-    nonce: U64
-    signature: Sig64
-
-
 @wire(7, 2)
 @dataclass(frozen=True, slots=True)
 class UnitTemplate:
@@ -198,8 +175,9 @@ class Job:
     signature: Sig64
 
 
-Tx = Union[Transfer, Register, Receipt, Verdict, InferencePayment, Job]
-TX_TYPES = (Transfer, Register, Receipt, Verdict, InferencePayment, Job)
+# Tags 5 (Charge), 6 (InferencePayment) and 10 (Usage) are retired: tabs replace them.
+Tx = Union[Transfer, Register, Receipt, Verdict, Job, OpenTab, Claim]
+TX_TYPES = (Transfer, Register, Receipt, Verdict, Job, OpenTab, Claim)
 
 
 # -- signing helpers ------------------------------------------------------------
@@ -214,19 +192,6 @@ class Binding:
     account: Key32
     node_key: Key32
     peer_id: PeerId
-
-
-@wire(10)
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """What a server cosigns for a ``Charge``."""
-
-    chain_id: ChainId
-    session_id: Hash32
-    client: Key32
-    node_key: Key32
-    tokens: U64
-    amount: U64
 
 
 @wire(11, 2)
@@ -451,8 +416,10 @@ def signer_of(obj: Tx | Header) -> bytes:
         return obj.node_key
     if isinstance(obj, Verdict):
         return obj.verifier
-    if isinstance(obj, InferencePayment):
+    if isinstance(obj, OpenTab):
         return obj.client
+    if isinstance(obj, Claim):
+        return obj.node_key
     if isinstance(obj, Job):
         return obj.creator
     return obj.producer
@@ -509,16 +476,6 @@ def peer_binding_ok(reg: Register) -> bool:
         return False
     binding = Binding(reg.chain_id, reg.account, reg.node_key, reg.peer_id)
     return crypto.verify(peer_key, crypto.S_BIND_PEER, encode(binding), reg.peer_signature)
-
-
-def usage_signature(key: crypto.SigningKey, usage: Usage) -> bytes:
-    return key.sign(crypto.S_USAGE, encode(usage))
-
-
-def usage_ok(chain_id: str, payment: InferencePayment, charge: Charge) -> bool:
-    usage = Usage(chain_id, payment.session_id, payment.client, charge.node_key,
-                  charge.tokens, charge.amount)
-    return crypto.verify(charge.node_key, crypto.S_USAGE, encode(usage), charge.cosignature)
 
 
 ZERO_SIG = bytes(64)

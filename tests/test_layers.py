@@ -24,7 +24,8 @@ PURE_CORE = {
     "ledger/codec.py", "ledger/crypto.py", "ledger/merkle.py", "ledger/types.py",
     "ledger/state.py", "ledger/schedule.py", "ledger/rules.py", "ledger/transition.py",
     "ledger/errors.py", "ledger/proofs.py", "compute/partition.py", "proof_of_learning/certificate.py",
-    "wallet/route.py", "node/serve/placement.py", "ledger/genesis.py",
+    "wallet/route.py", "node/serve/placement.py", "ledger/genesis.py", "ledger/tab.py",
+    "ledger/tabrules.py", "ledger/accounts.py",
 }
 PURE_FORBIDDEN = {
     "time", "datetime", "random", "secrets", "socket", "os", "pathlib", "io", "shutil",

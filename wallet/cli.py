@@ -20,7 +20,8 @@ from compute.codecs import CODECS
 from ledger.codec import encode, to_json
 from ledger.crypto import SigningKey
 from ledger.state import NODE
-from ledger.types import ZERO_SIG, InferencePayment, Register, Transfer, sign, tx_hash
+from ledger.tab import Claim, OpenTab
+from ledger.types import ZERO_SIG, Register, Transfer, sign, tx_hash
 from node import torch_thread
 from node.cli import common
 from node.cli.common import (
@@ -341,7 +342,9 @@ def _genesis_rows(genesis, account: bytes) -> list[dict]:
     return rows
 
 
-def _signed_coins(units: int) -> str:
+def _signed_coins(units: int | None) -> str:
+    if units is None:
+        return "(see tab)"
     return ("-" if units < 0 else "+") + format_coins(abs(units))
 
 
@@ -350,8 +353,10 @@ def _involves(tx, account: bytes, nodes: set[bytes]) -> bool:
         return account in (tx.sender, tx.recipient)
     if isinstance(tx, Register):
         return tx.account == account
-    if isinstance(tx, InferencePayment):
-        return tx.client == account or any(c.node_key in nodes for c in tx.charges)
+    if isinstance(tx, OpenTab):
+        return tx.client == account
+    if isinstance(tx, Claim):
+        return tx.node_key in nodes
     return False
 
 
@@ -361,9 +366,10 @@ def _row(tx, account: bytes, nodes: set[bytes]) -> dict:
         delta = (tx.amount if tx.recipient == account else 0) - (tx.amount if tx.sender == account else 0)
     elif isinstance(tx, Register):
         delta = -tx.bond
+    elif isinstance(tx, OpenTab):
+        delta = -sum(lane.cap for lane in tx.lanes)  # locked; what is not claimed comes back
     else:
-        delta = sum(c.amount for c in tx.charges if c.node_key in nodes)
-        delta -= sum(c.amount for c in tx.charges) if tx.client == account else 0
+        delta = None  # a claim pays what its voucher owes beyond what was paid: in the state
     return {"type": type(tx).__name__, "txid": tx_hash(tx).hex(), "delta": delta,
             "tx": to_json(tx)}
 

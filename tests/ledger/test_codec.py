@@ -9,9 +9,8 @@ from hypothesis import given, settings, strategies as st
 from ledger import codec
 from ledger.codec import decode, encode, from_json, to_json
 from ledger.errors import DecodeError, EncodeError
-from ledger.types import (
-    COIN, ZERO_SIG, Block, Charge, Header, InferencePayment, Job, Register, Transfer, UnitTemplate,
-)
+from ledger.tab import Claim, Lane, OpenTab, TabRecord, Voucher
+from ledger.types import COIN, ZERO_SIG, Block, Header, Job, Register, Transfer, UnitTemplate
 
 b32 = st.binary(min_size=32, max_size=32)
 b64 = st.binary(min_size=64, max_size=64)
@@ -23,14 +22,21 @@ transfers = st.builds(Transfer, chain, b32, b32, u64, u64, b64)
 templates = st.builds(UnitTemplate, st.integers(0, 255), u32, u32, u32, u32)
 jobs = st.builds(Job, chain, b32, b32, b32, b32, u64, st.lists(templates, max_size=5).map(tuple),
                  u64, b64)
-charges = st.builds(Charge, b32, u64, u64, b64)
-payments = st.builds(InferencePayment, chain, b32, b32, st.lists(charges, max_size=4).map(tuple),
-                     u64, b64)
+lanes = st.lists(st.builds(Lane, b32, u64), max_size=4).map(tuple)
+tabs = st.builds(OpenTab, chain, b32, b32, lanes, u64, u64, b64)
+vouchers = st.builds(Voucher, chain, b32, st.lists(u64, max_size=4).map(tuple), b64)
+claims = st.builds(Claim, chain, b32, vouchers, st.booleans(), b64)
 registers = st.builds(Register, chain, b32, b32, st.binary(max_size=64), u32, u32, u64, u64, b64, b64,
                       b64)
-txs = st.one_of(transfers, jobs, payments, registers)
+txs = st.one_of(transfers, jobs, tabs, claims, registers)
 headers = st.builds(Header, chain, u64, b32, u64, b32, b32, b32, u64, b32, b64)
 blocks = st.builds(Block, headers, st.lists(txs, max_size=4).map(tuple))
+
+
+@given(st.builds(TabRecord, b32, b32, u64, lanes, st.lists(b32, max_size=4).map(tuple),
+                 st.lists(u64, max_size=4).map(tuple), st.lists(st.booleans(), max_size=4).map(tuple)))
+def test_tab_records_round_trip(record):
+    assert decode(encode(record), TabRecord) == record
 
 
 @given(blocks)

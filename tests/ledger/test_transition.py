@@ -16,8 +16,7 @@ from ledger.state import (
 from ledger.transition import validate_block
 from ledger.types import (
     COIN, GRADIENT_MISMATCH, MALFORMED, OUTPUT_MISMATCH, PASS, UNAVAILABLE, ZERO_SIG, Block,
-    Charge,
-    InferencePayment, Usage, Verdict, sign, tx_hash, usage_signature,
+    Verdict, sign, tx_hash,
 )
 from ledger.types import FORWARD, UnitTemplate
 from tests.ledger.chainkit import (
@@ -634,23 +633,6 @@ def test_new_node_joins_the_producer_rotation(chain):
     producers = {a.block.header.producer for a in grow(db, net, 4)}
     assert newcomer.public in producers
     assert len(producers) == 4  # every node produced once
-
-
-def test_inference_payment_pays_servers(chain):
-    net, db = chain
-    client = net.users[0]
-    server = net.nodes[1]
-    session = b"\x11" * 32
-    usage = Usage(CHAIN, session, client.public, server.public, 64, 3 * COIN)
-    charge = Charge(server.public, 64, 3 * COIN, usage_signature(server, usage))
-    pay = sign(InferencePayment(CHAIN, client.public, session, (charge,), 0, ZERO_SIG), client)
-    before = balance(db, net.wallets[1].public)
-    grow(db, net, 1, [pay])
-    assert balance(db, net.wallets[1].public) == before + 3 * COIN
-    inflated = Charge(server.public, 64, 30 * COIN, charge.cosignature)
-    bad = sign(InferencePayment(CHAIN, client.public, session, (inflated,), 1, ZERO_SIG), client)
-    with pytest.raises(E.BadSignature, match="cosigned"):
-        check(db, with_txs(next_block(db, net).block, net, [bad]))
 
 
 @pytest.mark.parametrize("overrides, reason", [

@@ -1,0 +1,45 @@
+"""Account bookkeeping every transaction rule shares: nonces and credits.
+
+Pure, over an `Overlay`. `rules` and `tabrules` both debit and credit
+through here, so an account's record changes in one way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ledger.errors import BadAmount, BadNonce
+from ledger.state import Overlay
+
+__all__ = ["U64_MAX", "check_credits", "check_nonce", "credit"]
+
+U64_MAX = 2**64 - 1
+
+
+def check_nonce(st: Overlay, account_id: bytes, nonce: int) -> None:
+    """Raise unless ``nonce`` is the account's next.
+
+    Raises:
+        BadNonce: replayed (lower) or out of order (higher).
+    """
+    expected = st.account(account_id).nonce
+    if nonce != expected:
+        what = "replayed" if nonce < expected else "out of order"
+        raise BadNonce(f"nonce {nonce} is {what}: account expects {expected}")
+
+
+def check_credits(st: Overlay, credits: dict[bytes, int]) -> None:
+    """Raise if crediting each account its amount would take a balance past U64_MAX.
+
+    Raises:
+        BadAmount: naming the first account that would overflow.
+    """
+    for account_id, amount in credits.items():
+        if st.account(account_id).balance + amount > U64_MAX:
+            raise BadAmount(f"the balance of {account_id.hex()[:16]}.. would overflow")
+
+
+def credit(st: Overlay, account_id: bytes, amount: int) -> None:
+    """Add ``amount`` to an account's balance (the caller checked it fits)."""
+    account = st.account(account_id)
+    st.put_account(account_id, replace(account, balance=account.balance + amount))

@@ -1,0 +1,119 @@
+"""The rules of tabs: opening one, claiming from it, refunding it at expiry.
+
+Pure functions over an `Overlay` (specs/ledger.md §5.2 and §5.1 step 2b),
+each checking everything before it writes, as `ledger.rules` does. Attack
+notes inline where a rule is subtle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ledger.accounts import check_credits, check_nonce, credit
+from ledger.errors import (
+    BadSignature, BadTab, BadVoucher, InsufficientFunds, LaneClosed, NotALane, NotRegistered,
+    StaleVoucher, UnknownTab, WrongChainId,
+)
+from ledger.state import NODE, TAB, Overlay
+from ledger.tab import MAX_TAB, MIN_TAB, Claim, OpenTab, TabRecord, locked, voucher_ok
+from ledger.types import tx_hash
+
+__all__ = ["apply_claim", "apply_open_tab", "refund_expired"]
+
+
+def apply_open_tab(st: Overlay, ctx: Any, tx: OpenTab, raw: bytes) -> None:
+    """Lock the sum of the lanes' caps from the client for the tab ``tx_hash(tx)``.
+
+    Raises:
+        BadNonce, BadTab, NotRegistered, InsufficientFunds: nothing written.
+    """
+    check_nonce(st, tx.client, tx.nonce)
+    if not tx.lanes:
+        raise BadTab("a tab needs at least one lane")
+    keys = [lane.node_key for lane in tx.lanes]
+    if len(set(keys)) != len(keys):
+        raise BadTab("a tab names a server's lane twice")
+    if any(lane.cap == 0 for lane in tx.lanes):
+        raise BadTab("a lane's cap must be above 0")
+    life = tx.expiry_height - ctx.height
+    if not MIN_TAB <= life <= MAX_TAB:
+        raise BadTab(f"a tab must expire {MIN_TAB}..{MAX_TAB} blocks after it opens, "
+                     f"this one {life}")
+    payees = []
+    for key in keys:
+        node = st.get(NODE + key)
+        if node is None:
+            raise NotRegistered(f"lane {key.hex()[:16]}.. is not a registered node")
+        payees.append(node.account)
+    total = sum(lane.cap for lane in tx.lanes)
+    client = st.account(tx.client)
+    if client.balance < total:
+        raise InsufficientFunds(f"balance {client.balance} < the tab's caps, {total} "
+                                "(base units)")
+    tab_id = tx_hash(tx, raw)  # unique: the nonce is the client's next, used once
+    st.put_account(tx.client, replace(client, balance=client.balance - total,
+                                      nonce=client.nonce + 1))
+    n = len(tx.lanes)
+    st.put(TAB + tab_id, TabRecord(tx.client, tx.session_id, tx.expiry_height, tx.lanes,
+                                   tuple(payees), (0,) * n, (False,) * n))
+
+
+def apply_claim(st: Overlay, ctx: Any, tx: Claim, raw: bytes) -> None:
+    """Pay every open lane of the voucher's tab what the voucher owes it beyond what it
+    was paid (at most its cap); with ``close``, end the claimant's lane and refund its rest.
+
+    Attack notes: the voucher's amounts are cumulative, so a server that
+    re-claims an old voucher or a forged amount gains nothing (paid is
+    subtracted, the client's signature covers the amounts); any lane can
+    settle all, so a client that vanishes still pays every server; a claim
+    carries no nonce, since one that pays nothing new is refused
+    (`StaleVoucher`) and a closing one can close its lane once.
+
+    Raises:
+        UnknownTab, BadVoucher, NotALane, LaneClosed, StaleVoucher, BadAmount:
+            nothing written.
+    """
+    v = tx.voucher
+    record = st.get(TAB + v.tab_id)
+    if record is None or record.expiry_height < ctx.height:
+        raise UnknownTab(f"no open tab {v.tab_id.hex()[:16]}.. (never opened, expired or closed)")
+    if v.chain_id != ctx.chain_id:
+        raise WrongChainId(f"voucher signed for chain {v.chain_id!r}, this is {ctx.chain_id!r}")
+    if len(v.amounts) != len(record.lanes):
+        raise BadVoucher(f"a voucher of {len(v.amounts)} amounts for {len(record.lanes)} lanes")
+    if not voucher_ok(v, record.client):
+        raise BadSignature("the voucher is not signed by its tab's client")
+    me = next((i for i, lane in enumerate(record.lanes) if lane.node_key == tx.node_key), None)
+    if me is None:
+        raise NotALane(f"{tx.node_key.hex()[:16]}.. is not a lane of this tab")
+    if record.closed[me]:
+        raise LaneClosed("this lane was closed already")
+    pay = [0 if shut else max(0, min(amount, lane.cap) - paid) for amount, lane, paid, shut
+           in zip(v.amounts, record.lanes, record.paid, record.closed)]
+    if not any(pay) and not tx.close:
+        raise StaleVoucher("the voucher pays no lane more than it was paid")
+    credits: dict[bytes, int] = {}
+    for payee, amount in zip(record.payees, pay):
+        credits[payee] = credits.get(payee, 0) + amount
+    paid = tuple(p + a for p, a in zip(record.paid, pay))
+    refund = record.lanes[me].cap - paid[me] if tx.close else 0
+    credits[record.client] = credits.get(record.client, 0) + refund
+    check_credits(st, credits)
+    for account_id, amount in credits.items():
+        if amount:
+            credit(st, account_id, amount)
+    closed = tuple(shut or (tx.close and i == me) for i, shut in enumerate(record.closed))
+    if all(closed):
+        st.delete(TAB + v.tab_id)
+    else:
+        st.put(TAB + v.tab_id, replace(record, paid=paid, closed=closed))
+
+
+def refund_expired(st: Overlay, ctx: Any) -> None:
+    """Give each tab that expired before this block its locked rest back (block prelude)."""
+    for tab_id in st.ids(TAB):
+        record = st.get(TAB + tab_id)
+        if record.expiry_height < ctx.height:
+            credit(st, record.client, locked(record))
+            st.delete(TAB + tab_id)
