@@ -50,12 +50,15 @@ import torch  # noqa: E402
 import trio  # noqa: E402
 
 from ledger.codec import encode  # noqa: E402
+from ledger.crypto import SigningKey  # noqa: E402
 from ledger.types import ZERO_SIG, Verdict  # noqa: E402
 from node.pol import (  # noqa: E402
     WORKER_ATTACKS, ArchiveFetcher, PolArchive, Reexecutor, WorkerAttack, judge,
 )
 from node.wire import PolReply  # noqa: E402
-from proof_of_learning.certificate import EXACT, PASS, REASONS, bits_float  # noqa: E402
+from proof_of_learning.certificate import (  # noqa: E402
+    EXACT, FAILING, PASS, REASONS, UNAVAILABLE, bits_float,
+)
 from node.pol.archive import state_key  # noqa: E402
 from node.pol.joinaudit import replay_window  # noqa: E402
 from node.pol.replay import Replayer  # noqa: E402
@@ -67,7 +70,7 @@ DEFAULT_JOB = {"batch_size": 16, "seq_len": 64}  # the devnet's: `devnet_job`'s 
 _REEXECUTORS: dict = {}
 
 
-def judge_step(w, t: int, threads: int | None = None, archive=None
+def judge_step(w, t: int, threads: int | None = None, archive=None, chain=None
                ) -> tuple[dict, float, list[int]]:
     """(judgement per unit index, seconds, fetched bytes per unit).
 
@@ -75,6 +78,8 @@ def judge_step(w, t: int, threads: int | None = None, archive=None
     every node pins it); another count plays a node that ignored the pin.
     Re-runs inline on this thread, where the count is set. The `Reexecutor`
     is made once per job and count, as a node makes it (not timed).
+    ``chain(index)``: the receipts on chain when unit ``index`` is judged
+    (default: the worker's own).
     """
     rx = _REEXECUTORS.get((id(w.config), threads))
     if rx is None:
@@ -86,7 +91,8 @@ def judge_step(w, t: int, threads: int | None = None, archive=None
         if step != t:
             continue
         fetcher = ArchiveFetcher({"worker": w.archive})
-        out[index] = trio.run(functools.partial(judge, run_sync=_direct), case_of(w, t, index),
+        case = case_of(w, t, index, None if chain is None else chain(index))
+        out[index] = trio.run(functools.partial(judge, run_sync=_direct), case,
                               fetcher, rx, archive or PolArchive())
         sizes.append(fetcher.bytes)
     return out, time.perf_counter() - began, sizes
@@ -135,7 +141,7 @@ def detection() -> dict:
         w = make_worker(2)
         attack = WorkerAttack(kind)
         verifier = PolArchive()
-        honest = make_worker(2)
+        honest = make_worker(2, key=SigningKey(b"\x06" * 32))  # another account
         for t in range(2):
             run_step(w, t, attack.run_phase(w.plan) if kind != "stale-weights" else None,
                      attack.certify)
@@ -146,10 +152,15 @@ def detection() -> dict:
                     for p, p0 in zip(w.model.parameters(), make_worker(2).model.parameters()):
                         p.copy_(p0)
         # Only a holder's own weights unmask stale ones (the other attacks' weights drift from
-        # the cheated updates too, which the ring would also catch: left out to show each kind).
-        judged, _, _ = judge_step(w, 1, archive=verifier if kind == "stale-weights" else None)
-        failed = [j.reason for j in judged.values() if j.reason != PASS]
+        # the cheated updates too, which the ring would also catch: left out to show each kind),
+        # and only where another account's receipt of the step backs them: here every unit
+        # but the one judged is the honest account's.
+        stale = kind == "stale-weights"
+        judged, _, _ = judge_step(w, 1, archive=verifier if stale else None, chain=(
+            lambda i: {**honest.receipts, (1, i): w.receipts[(1, i)]}) if stale else None)
+        failed = [j.reason for j in judged.values() if j.reason in FAILING]
         out[kind] = {"units": len(judged), "failed": len(failed),
+                     "unavailable": sum(j.reason == UNAVAILABLE for j in judged.values()),
                      "reasons": sorted({REASONS[r] for r in failed})}
     return out
 
@@ -252,7 +263,9 @@ def main() -> None:
     for kind, d in det.items():
         share = d["failed"] / d["units"]
         expect = f"{1 / (p * share):.1f}" if share else "never"
-        print(f"{kind:20} {d['failed']:>6}/{d['units']:<7} {expect:>24}  {', '.join(d['reasons'])}")
+        unavailable = f" ({d['unavailable']} unavailable)" if d["unavailable"] else ""
+        print(f"{kind:20} {d['failed']:>6}/{d['units']:<7} {expect:>24}  "
+              f"{', '.join(d['reasons'])}{unavailable}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """The attack battery over real devnets (issue 16): one `pnode devnet` per attack.
 
-Each run is three node processes on 127.0.0.1 mining the devnet's job with
+Each run is ``--nodes`` node processes on 127.0.0.1 (default 4: node0 holds
+section 0, node1 section 1, the others the whole model, so every section
+has at least two holders and section 0 three) mining the devnet's job with
 every receipt audited (``--audit-bps 10000``); node0 cheats in one way of
 `node.pol.attacks` (``--byzantine 1 --attack KIND``). The first run is
 honest: the baseline, in the same sitting. For each run the table shows
 the verdicts, node0's slash and jail, the most any honest node lost, and
 the last loss (an attack that changes the training changes it).
 
-Usage:  .venv/bin/python bench/pol_devnet.py [--steps 6] [--attacks KIND,...] [--json]
+Usage:  .venv/bin/python bench/pol_devnet.py [--steps 6] [--nodes 4] [--attacks KIND,...] [--json]
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ if str(_ROOT) not in sys.path:
 from node.pol.attacks import WORKER_ATTACKS  # noqa: E402
 
 
-def devnet(kind: str | None, steps: int, root: Path) -> dict:
+def devnet(kind: str | None, steps: int, nodes: int, root: Path) -> dict:
     """One devnet's JSON summary, with its wall time (``kind`` None: honest)."""
-    args = [sys.executable, "-m", "node.cli", "devnet", "--nodes", "3", "--steps", str(steps),
-            "--audit-bps", "10000", "--data-dir", str(root / (kind or "honest")), "--json"]
+    args = [sys.executable, "-m", "node.cli", "devnet", "--nodes", str(nodes),
+            "--steps", str(steps), "--audit-bps", "10000",
+            "--data-dir", str(root / (kind or "honest")), "--json"]
     if kind is not None:
         args += ["--byzantine", "1", "--attack", kind]
     began = time.monotonic()
@@ -61,6 +64,7 @@ def row(kind: str | None, info: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--attacks", default=",".join(WORKER_ATTACKS),
                     help="comma-separated worker attacks [default: all]")
     ap.add_argument("--json", action="store_true")
@@ -69,7 +73,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="pol-devnet-") as tmp:
         for kind in kinds:
-            rows.append(row(kind, devnet(kind, args.steps, Path(tmp))))
+            rows.append(row(kind, devnet(kind, args.steps, args.nodes, Path(tmp))))
             if not args.json:
                 print(json.dumps(rows[-1]), file=sys.stderr)
     if args.json:

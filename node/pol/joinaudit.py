@@ -209,11 +209,16 @@ def _disagreeing(rp: Replayer, job_id: bytes, units: Sequence, first: int,
     """((receipts of ``first``, then of ``first + 1`` after that step's update, that commit
     other weights than the loaded states give), the parts those read) (torch thread;
     leaves ``rp`` stepped). States wrong at ``first`` rank below any right there: the
-    next step is not replayed for them."""
+    next step is not replayed for them. When a unit of step ``first`` itself differs
+    (a cheat there: its weights and inputs are the chain's), the next step's weights
+    cannot test the moments, and the states are taken as they are."""
     wrong, suspects = [0, 0], set()
     for n, t in enumerate((first, first + 1)):
         if n:
-            rp.step(job_id, first, units)
+            replayed = rp.step(job_id, first, units)
+            chain = {i: receipts[(first, i)] for i in replayed if (first, i) in receipts}
+            if any(c.status != MATCH for c in check_step(first, replayed, chain)):
+                return (0, 0), set()
         for i in range(len(units)):
             r = receipts.get((t, i))
             if r is not None and rp.read_hash(i) != r.weights_hash:

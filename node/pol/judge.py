@@ -104,10 +104,12 @@ def receipt_problem(cert: UnitCert, receipt: Receipt, units, rx: Reexecutor) -> 
 
 
 async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArchive, *,
-                run_sync: Callable[..., Awaitable] = torch_thread.run_sync) -> Judgement:
+                run_sync: Callable[..., Awaitable] = torch_thread.run_sync,
+                me: bytes = b"") -> Judgement:
     """The verifier's procedure on one receipt (module docstring); never raises for bad peers.
 
-    ``run_sync`` runs the re-execution (the node's torch thread; offline, inline).
+    ``run_sync`` runs the re-execution (the node's torch thread; offline, inline);
+    ``me``: this verifier's node key (its own receipts corroborate nothing).
     """
     r, peers = case.receipt, case.peers
     raw = await fetcher.cert_bytes(peers, r.job_id, r.cert_hash)
@@ -127,8 +129,11 @@ async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArc
     weights, weight_digests = fetched
     if set(weights) != rx.read_set(cert.index):
         return _exact(case, UNCHAINED_INPUT, cert=cert, detail="weights of other parameters")
-    stale = _stale(weights, weight_digests, archive, cert.step)
+    stale, differing = _stale(weights, weight_digests, archive, cert.step)
     if stale is not None:
+        if not await _corroborated(case, cert, rx, archive, differing, me):
+            return _exact(case, UNAVAILABLE, cert=cert, detail=f"{stale}, and no other "
+                          "account's receipt of that step shows this node's: not settled")
         own = {n: d for n, d in archive.version_digests(cert.step).items() if n in weights}
         return _exact(case, UNCHAINED_INPUT, {"weights": named_digest(own)}, cert, stale)
     committed_inputs = digest_map(cert.inputs)
@@ -206,10 +211,12 @@ def _own_weights(archive: PolArchive, cert: UnitCert, rx: Reexecutor
 
 
 def _stale(weights: dict[str, torch.Tensor], digests: dict[str, bytes], archive: PolArchive,
-           step: int) -> str | None:
-    """Which tensor the unit read is beyond the threshold from this node's own at that
-    step (None: none is, or this node kept no weights of its own for that step)."""
+           step: int) -> tuple[str | None, set[str]]:
+    """(how the first tensor the unit read beyond the threshold from this node's own at
+    that step is, every such tensor's name); (None, empty) when none is or this node
+    kept no weights of its own for that step."""
     own = archive.version_digests(step)
+    detail, differing = None, set()
     for name in sorted(set(own) & set(weights)):
         theirs = weights[name]
         if digests[name] == own[name]:
@@ -219,8 +226,34 @@ def _stale(weights: dict[str, torch.Tensor], digests: dict[str, bytes], archive:
             continue
         d = rel_max_err(theirs.double().numpy(), mine.double().numpy())
         if d >= THRESHOLD:
-            return f"weights {name} are {d:.3g} from this node's own at that step"
-    return None
+            differing.add(name)
+            detail = detail or f"weights {name} are {d:.3g} from this node's own at that step"
+    return detail, differing
+
+
+async def _corroborated(case: Case, cert: UnitCert, rx: Reexecutor, archive: PolArchive,
+                        differing: set[str], me: bytes) -> bool:
+    """Whether another account's receipt of the step commits this node's own weights of
+    the ``differing`` tensors (specs/pol.md 7.1 step 2).
+
+    Attack note: a verifier's ring is its own word. One that skipped its own
+    updates (the stale-weights attack) would otherwise fail every honest
+    worker of those layers; so a weights disagreement fails the worker only
+    when a third party's receipt (neither the worker's node key nor this
+    node's) read the same tensors as this node holds them. Unsettled, it is
+    `UNAVAILABLE`: neither is paid for it, neither slashed; the join-time
+    replay (section 10.3) settles it from genesis.
+    """
+    own = archive.version_digests(cert.step)
+    for j in range(rx.plan.n_units):
+        names = rx.read_set(j)
+        if j == cert.index or not differing <= names or not names <= own.keys():
+            continue
+        other = await case.receipt_of(cert.step, j)
+        if other is not None and other.node_key not in (case.receipt.node_key, me) \
+                and other.weights_hash == named_digest({n: own[n] for n in names}):
+            return True
+    return False
 
 
 async def _compare(case: Case, cert: UnitCert, run, fetcher: PolFetcher) -> Judgement:

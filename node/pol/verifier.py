@@ -94,7 +94,8 @@ class Verifier:
 
     async def _judge_and_send(self, case: Case) -> None:
         try:
-            judgement = await judge(case, self.fetcher, self.reexecutor, self.archive)
+            judgement = await judge(case, self.fetcher, self.reexecutor, self.archive,
+                                   me=self.key.public)
         except Exception:  # a bug here must not take the node down; the chain strikes silence
             log.exception("judging receipt %s..", case.receipt_hash.hex()[:16])
             self.judged.add(case.receipt_hash)
@@ -219,7 +220,8 @@ class Verifier:
             self.reexecutor = await torch_thread.run_sync(Reexecutor, self.config)
         rows = []
         for case in chosen:
-            j = await judge(case, self.fetcher, self.reexecutor, self.archive)
+            j = await judge(case, self.fetcher, self.reexecutor, self.archive,
+                            me=self.key.public)
             rows.append({"receipt": case.receipt_hash.hex(), "height": case.height,
                          "worker": case.receipt.node_key.hex(), "step": j.step,
                          "index": j.index, "reason": REASONS[j.reason], "detail": j.detail})

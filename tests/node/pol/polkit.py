@@ -32,6 +32,7 @@ class Worker:
     receipts: dict[tuple[int, int], Receipt]  # (step, unit index): receipt
     units: tuple
     seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # each unit's run
+    key: SigningKey = KEY  # its node key: it signs its receipts
 
     @property
     def config(self):
@@ -50,12 +51,12 @@ class Worker:
         return self.replayer.plan
 
 
-def make_worker(k: int = 2, replicas: int = 1, **job) -> Worker:
+def make_worker(k: int = 2, replicas: int = 1, key: SigningKey = KEY, **job) -> Worker:
     """A worker of the devnet's job (small batches unless ``job`` says otherwise)."""
     config = devnet_job(4, 3, **{"batch_size": 2, "seq_len": 16, "k": k, "replicas": replicas,
                                  **job})
     replayer = Replayer(config)
-    return Worker(replayer, PolArchive(), {}, replayer.units)
+    return Worker(replayer, PolArchive(), {}, replayer.units, key=key)
 
 
 def run_step(w: Worker, t: int, run=None, certify=None) -> None:
@@ -74,7 +75,7 @@ def run_step(w: Worker, t: int, run=None, certify=None) -> None:
         if certify is not None:
             cert = certify(cert)
             hashes = w.plan.receipt_hashes(JOB, t, uid, index, results, cert)
-        receipt = sign(Receipt("test", KEY.public, JOB, uid, *hashes, ZERO_SIG), KEY)
+        receipt = sign(Receipt("test", w.key.public, JOB, uid, *hashes, ZERO_SIG), w.key)
         w.archive.keep_unit(t, cert, results, receipt)
         w.receipts[(t, index)] = receipt
 

@@ -124,6 +124,16 @@ def test_a_cheat_is_put_on_its_units(kind, status):
     assert all(c.status in (status, INPUT) for c in report.differing)
 
 
+def test_a_cheat_at_a_windows_first_step_is_put_on_its_units_from_fetched_states():
+    """The cheater's update changes the next step's weights, which is no fault of the
+    fetched states: the window fails at its first step, on the cheater's units."""
+    w = cheat_at("scaled-gradients", 2)
+    report = replay(w, 2, 2, [w.archive])
+    assert (report.status, report.start, report.replayed) == ("fail", "states", 1)
+    outputs = [c for c in report.differing if c.status == OUTPUT]
+    assert outputs and all(report.at_fault(c) for c in outputs)
+
+
 def test_check_step_names_what_differs_first(honest):
     w = honest
     replayed = {i: (r.weights_hash, r.input_hash, r.output_hash, r.cert_hash)

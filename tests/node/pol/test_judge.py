@@ -6,6 +6,7 @@ with its own `Reexecutor` judges the archived units through `ArchiveFetcher`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import pytest
@@ -23,15 +24,15 @@ from proof_of_learning.certificate import (
 from tests.node.pol.polkit import case_of, make_worker, run_step
 
 
-def judge_all(w, t, verifier_archive=None, receipts=None):
+def judge_all(w, t, verifier_archive=None, receipts=None, me=b""):
     rx = Reexecutor(w.config)
     fetcher = ArchiveFetcher({"worker": w.archive})
     out = {}
     for (step, index) in sorted(w.receipts):
         if step != t:
             continue
-        j = trio.run(judge, case_of(w, t, index, receipts), fetcher, rx,
-                     verifier_archive or PolArchive())
+        j = trio.run(functools.partial(judge, me=me), case_of(w, t, index, receipts), fetcher,
+                     rx, verifier_archive or PolArchive())
         check_evidence(j.evidence)  # whatever the verdict, its evidence is well-formed
         out[index] = j
     return out
@@ -78,26 +79,55 @@ def test_replay_of_the_last_steps_outputs_fails():
     assert failed and set(failed.values()) == {OUTPUT_MISMATCH}
 
 
-def test_stale_weights_are_unchained_against_the_verifiers_own():
-    w = make_worker(2)
-    mine = make_worker(2)  # the verifier: an honest holder of the same job
+def stale_and_honest():
+    """(a cheater whose step 1 ran on weights it never updated, an honest worker of another
+    node key, the honest weights of step 1, the stale ones)."""
+    from ledger.crypto import SigningKey
+    w = make_worker(2, key=SigningKey(b"\x06" * 32))
     run_step(w, 0)
-    run_step(mine, 0)
-    honest = {n: p for n, p in mine.model.named_parameters()}
-    verifier_archive = PolArchive()
-    verifier_archive.keep_version(1, honest)
-    # The cheater's step 1 is run on weights it never updated.
+    honest = {n: p.detach().clone() for n, p in w.model.named_parameters()}
     stale = make_worker(2)
-    stale.receipts, stale.archive = {}, PolArchive()
     run_step(stale, 0)
     with torch.no_grad():
         for (_, p), p0 in zip(stale.model.named_parameters(), make_worker(2).model.parameters()):
             p.copy_(p0)
+    old = {n: p.detach().clone() for n, p in stale.model.named_parameters()}
     run_step(stale, 1)
-    verdicts = {i: j.reason for i, j in judge_all(stale, 1, verifier_archive).items()}
-    assert set(verdicts.values()) == {UNCHAINED_INPUT}
-    run_step(w, 1)  # the honest worker's step 1 agrees with the verifier's weights
+    run_step(w, 1)
+    return stale, w, honest, old
+
+
+def test_stale_weights_are_unchained_when_another_account_corroborates_the_verifier():
+    stale, w, honest, _ = stale_and_honest()
+    verifier_archive = PolArchive()
+    verifier_archive.keep_version(1, honest)
+    # On chain: the cheater ran section 0's forward (unit 0), the honest node its
+    # backward (unit 3), which reads the same tensors: it backs the verifier's weights.
+    chain = {**stale.receipts, (1, 3): w.receipts[(1, 3)]}
+    verdicts = {i: j.reason for i, j in judge_all(stale, 1, verifier_archive, chain).items()}
+    assert verdicts[0] == UNCHAINED_INPUT
+    # Unit 3 as the cheater signed it: its twin on chain is its own unit 0, which backs
+    # nothing; and units 1 and 2 read tensors no other unit reads.
+    assert verdicts[1] == verdicts[2] == verdicts[3] == UNAVAILABLE
     assert {j.reason for j in judge_all(w, 1, verifier_archive).values()} == {PASS}
+
+
+def test_a_weights_disagreement_no_third_party_settles_is_unavailable_never_a_fail():
+    """A stale verifier (its own ring never updated) judging honest work fails no one;
+    nor does an honest verifier judging a stale worker with no one to back it."""
+    from tests.node.pol.polkit import KEY
+    stale, w, honest, old = stale_and_honest()
+    stale_ring = PolArchive()  # the cheater as verifier: KEY, its own receipts on chain
+    stale_ring.keep_version(1, old)
+    chain = stale.receipts | {k: r for k, r in w.receipts.items() if k[1] == 0}
+    verdicts = judge_all(w, 1, stale_ring, chain, me=KEY.public)
+    assert UNCHAINED_INPUT not in {j.reason for j in verdicts.values()}
+    assert any(j.reason == UNAVAILABLE and "not settled" in j.detail for j in verdicts.values())
+    honest_ring = PolArchive()
+    honest_ring.keep_version(1, honest)
+    alone = judge_all(stale, 1, honest_ring)  # only the cheater's own receipts on chain
+    assert {j.reason for j in alone.values()} <= {UNAVAILABLE, PASS}
+    assert alone[0].reason == UNAVAILABLE
 
 
 def test_a_backward_whose_h_is_not_its_forwards_is_unchained():
