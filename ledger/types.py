@@ -425,6 +425,12 @@ def signer_of(obj: Tx | Header) -> bytes:
     return obj.producer
 
 
+def nonce_owner(tx: Tx) -> bytes | None:
+    """The account whose nonce ``tx`` uses (None: a transaction with no nonce: a receipt,
+    a verdict, a claim)."""
+    return signer_of(tx) if hasattr(tx, "nonce") else None
+
+
 def sign(obj, key: crypto.SigningKey):
     """Return ``obj`` with its signature filled in by ``key``."""
     return replace(obj, signature=key.sign(_SIGN_DOMAIN[type(obj)], encode_unsigned(obj)))

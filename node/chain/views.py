@@ -15,6 +15,7 @@ from typing import Any
 from ledger.chaindb import ChainDB
 from ledger.rules import bonded_nodes
 from ledger.state import ACCOUNT, JAIL, NODE, Overlay
+from ledger.types import nonce_owner
 
 
 def account_view(chain: ChainDB, account_id: bytes) -> dict[str, Any]:
@@ -22,16 +23,18 @@ def account_view(chain: ChainDB, account_id: bytes) -> dict[str, Any]:
 
     Returns:
         address (hex), chain_id, height, balance, bond, nonce (the next one
-        the chain expects), queued (its transfers waiting in the mempool)
-        and next_nonce (the nonce a new transfer takes).
+        the chain expects), queued (its transactions with a nonce waiting in
+        the mempool: transfers, registrations, jobs, tabs) and next_nonce (the
+        nonce its next transaction takes).
     """
     account = chain.state.get(ACCOUNT + account_id)
     nonce = account.nonce if account else 0
-    queued = sum(getattr(tx, "sender", None) == account_id for tx in chain.mempool())
+    queued = [tx.nonce for tx in chain.mempool() if nonce_owner(tx) == account_id]
     return {"address": account_id.hex(), "chain_id": chain.chain_id, "height": chain.height,
             "balance": account.balance if account else 0,
             "bond": account.bond if account else 0,
-            "nonce": nonce, "queued": queued, "next_nonce": nonce + queued}
+            "nonce": nonce, "queued": len(queued),
+            "next_nonce": max([nonce, *(n + 1 for n in queued)])}
 
 
 def node_status_view(chain: ChainDB, address: bytes, node_key: bytes) -> dict[str, Any]:

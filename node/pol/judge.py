@@ -8,7 +8,8 @@ a fail; every failing reason rests on bytes the worker signed or served.
 In order: the certificate (by `cert_hash`: none, `UNAVAILABLE`; not a
 well-formed certificate of this receipt, `MALFORMED`); the weights it read
 (by `weights_hash`), compared with this node's own weights of that step
-where it holds them (beyond the threshold: `UNCHAINED_INPUT`); the inputs
+where it holds them (beyond the threshold: `UNCHAINED_INPUT` when another
+account's receipt backs this node's weights, else `UNAVAILABLE`); the inputs
 (by digest), a backward's `h` against its stage's forward receipt; the
 re-run; then `data_hash` (`WRONG_DATA`), the inputs the re-run derived
 itself (stage 0's embedding: `UNCHAINED_INPUT`), and the outputs, loss,

@@ -17,11 +17,13 @@ import trio
 
 from ledger.codec import encode
 from ledger.crypto import SigningKey
+from ledger.tab import Lane, OpenTab
 from ledger.types import COIN, ZERO_SIG, Transfer, sign
 from node.clock import now_ms
 from node.control import (
     MAX_REQUEST, ControlError, ControlServer, NodeNotRunning, control_call, control_request,
 )
+from node.datadir import DataDir
 from node.errors import DataDirError
 from node.keys import read_key_file
 from node.net.framing import read_frame, write_frame
@@ -74,7 +76,14 @@ def test_status_account_and_submit_tx(data_dir):
             assert done["txid"] == again["txid"]  # a duplicate is no error, queued once
             mine = await control_request(data_dir, "account", address=key.public.hex())
             assert (mine["queued"], mine["next_nonce"]) == (1, 2)
-            assert (await control_request(data_dir, "status"))["mempool"] == 1
+            # A queued tab (no `sender` field) takes the next nonce too.
+            node_key = DataDir(data_dir).node_key().public
+            tab = sign(OpenTab("t-control", key.public, b"\x5e" * 32, (Lane(node_key, COIN),),
+                               40, 2, ZERO_SIG), key)
+            await control_request(data_dir, "submit_tx", tx=encode(tab).hex())
+            mine = await control_request(data_dir, "account", address=key.public.hex())
+            assert (mine["queued"], mine["next_nonce"]) == (2, 3)
+            assert (await control_request(data_dir, "status"))["mempool"] == 2
             stale = sign(Transfer("t-control", key.public, bob, COIN, 1, ZERO_SIG), key)
             with pytest.raises(ControlError, match="BadNonce"):
                 await control_request(data_dir, "submit_tx", tx=encode(stale).hex())
