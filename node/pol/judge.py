@@ -7,7 +7,8 @@ a fail; every failing reason rests on bytes the worker signed or served.
 
 In order: the certificate (by `cert_hash`: none, `UNAVAILABLE`; not a
 well-formed certificate of this receipt, `MALFORMED`); the weights it read
-(by `weights_hash`), compared with this node's own weights of that step
+(by `weights_hash`: the same as the step before's receipt of the unit:
+`UNCHAINED_INPUT`, a skipped update), compared with this node's own weights of that step
 where it holds them (beyond the threshold: `UNCHAINED_INPUT` when another
 account's receipt backs this node's weights, else `UNAVAILABLE`); the inputs
 (by digest), a backward's `h` against its stage's forward receipt; the
@@ -130,6 +131,13 @@ async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArc
     weights, weight_digests = fetched
     if set(weights) != rx.read_set(cert.index):
         return _exact(case, UNCHAINED_INPUT, cert=cert, detail="weights of other parameters")
+    before = await case.receipt_of(cert.step - 1, cert.index) if cert.step > 0 else None
+    if before is not None and before.weights_hash == r.weights_hash:
+        # Attack note: every update changes a read set's weights (lr > 0, AdamW), so
+        # the step before's weights again prove a skipped update: two receipts on
+        # chain say so, whatever this node holds (the stale-weights attack).
+        return _exact(case, UNCHAINED_INPUT, cert=cert, detail="the weights it read are "
+                      f"those of step {cert.step - 1}: it skipped the update")
     stale, differing = _stale(weights, weight_digests, archive, cert.step)
     if stale is not None:
         if not await _corroborated(case, cert, rx, archive, differing, me):
@@ -162,7 +170,8 @@ async def _unchained(case: Case, cert: UnitCert, rx: Reexecutor, fetcher: PolFet
                      needed: dict) -> str | None:
     """Why an input is not what its producer committed (specs/pol.md 7.1 step 3), or None.
 
-    A backward unit's ``h`` must be its stage's forward receipt's input;
+    A backward unit's ``h`` must be its stage's forward receipt's input
+    (past stage 0);
     every fetched input must be the output its producing unit's certificate
     names (``h`` <- ``y``; ``g`` <- the last forward's ``g`` or a backward's
     ``y``; a piece's ``W/s`` <- the same name). A producer whose receipt or
@@ -170,7 +179,10 @@ async def _unchained(case: Case, cert: UnitCert, rx: Reexecutor, fetcher: PolFet
     """
     plan, committed = rx.plan, digest_map(cert.inputs)
     r, s, is_forward = plan.unit_of(cert.index)
-    if not is_forward:  # a backward: its h is its forward's
+    # A backward's h is its forward's; but stage 0's h is the embedded batch, which the
+    # re-run derives itself and checks (`_compare`): a forward that embedded another
+    # batch is that forward's fault, not this backward's (the wrong-data attack).
+    if not is_forward and plan.stage_of[s] != 0:
         forward = await case.receipt_of(cert.step, plan.unit_index(r, s, True))
         if forward is not None and committed.get("h") != forward.input_hash:
             return "h is not its forward's input"

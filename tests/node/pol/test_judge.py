@@ -97,13 +97,28 @@ def stale_and_honest():
     return stale, w, honest, old
 
 
+def step_1(receipts: dict) -> dict:
+    return {k: r for k, r in receipts.items() if k[0] == 1}
+
+
+def test_a_worker_that_read_the_step_befores_weights_skipped_its_update():
+    """Every update changes the weights: a receipt whose weights are its unit's receipt's
+    of the step before proves a skipped update, whatever the verifier holds."""
+    stale, w, _, _ = stale_and_honest()
+    verdicts = judge_all(stale, 1)  # no weights of its own: only the two receipts tell
+    assert {j.reason for j in verdicts.values()} == {UNCHAINED_INPUT}
+    assert all("skipped the update" in j.detail for j in verdicts.values())
+    assert {j.reason for j in judge_all(w, 1).values()} == {PASS}
+
+
 def test_stale_weights_are_unchained_when_another_account_corroborates_the_verifier():
     stale, w, honest, _ = stale_and_honest()
     verifier_archive = PolArchive()
     verifier_archive.keep_version(1, honest)
-    # On chain: the cheater ran section 0's forward (unit 0), the honest node its
-    # backward (unit 3), which reads the same tensors: it backs the verifier's weights.
-    chain = {**stale.receipts, (1, 3): w.receipts[(1, 3)]}
+    # On chain (step 1 only, so the step before cannot show the skipped update): the
+    # cheater ran section 0's forward (unit 0), the honest node its backward (unit 3),
+    # which reads the same tensors: it backs the verifier's weights.
+    chain = {**step_1(stale.receipts), (1, 3): w.receipts[(1, 3)]}
     verdicts = {i: j.reason for i, j in judge_all(stale, 1, verifier_archive, chain).items()}
     assert verdicts[0] == UNCHAINED_INPUT
     # Unit 3 as the cheater signed it: its twin on chain is its own unit 0, which backs
@@ -119,13 +134,13 @@ def test_a_weights_disagreement_no_third_party_settles_is_unavailable_never_a_fa
     stale, w, honest, old = stale_and_honest()
     stale_ring = PolArchive()  # the cheater as verifier: KEY, its own receipts on chain
     stale_ring.keep_version(1, old)
-    chain = stale.receipts | {k: r for k, r in w.receipts.items() if k[1] == 0}
+    chain = step_1(stale.receipts) | {k: r for k, r in w.receipts.items() if k == (1, 0)}
     verdicts = judge_all(w, 1, stale_ring, chain, me=KEY.public)
     assert UNCHAINED_INPUT not in {j.reason for j in verdicts.values()}
     assert any(j.reason == UNAVAILABLE and "not settled" in j.detail for j in verdicts.values())
     honest_ring = PolArchive()
     honest_ring.keep_version(1, honest)
-    alone = judge_all(stale, 1, honest_ring)  # only the cheater's own receipts on chain
+    alone = judge_all(stale, 1, honest_ring, step_1(stale.receipts))  # the cheater's own only
     assert {j.reason for j in alone.values()} <= {UNAVAILABLE, PASS}
     assert alone[0].reason == UNAVAILABLE
 
@@ -133,12 +148,26 @@ def test_a_weights_disagreement_no_third_party_settles_is_unavailable_never_a_fa
 def test_a_backward_whose_h_is_not_its_forwards_is_unchained():
     w = make_worker(2)
     run_step(w, 0)
-    forward = w.receipts[(0, 0)]  # the chain says stage 0's forward took another h
-    receipts = {**w.receipts, (0, 0): replace(forward, input_hash=b"\x01" * 32)}
+    forward = w.receipts[(0, 1)]  # the chain says stage 1's forward took another h
+    receipts = {**w.receipts, (0, 1): replace(forward, input_hash=b"\x01" * 32)}
     verdicts = judge_all(w, 0, receipts=receipts)
-    assert verdicts[3].reason == UNCHAINED_INPUT  # stage 0's backward
-    assert "forward" in verdicts[3].detail
-    assert {verdicts[i].reason for i in (0, 1, 2)} == {PASS}
+    assert verdicts[2].reason == UNCHAINED_INPUT  # stage 1's backward
+    assert "forward" in verdicts[2].detail
+    assert {verdicts[i].reason for i in (0, 1, 3)} == {PASS}
+
+
+def test_an_honest_stage_0_backward_passes_when_its_forward_embedded_another_batch():
+    """Stage 0's h is the batch's embedding, derived by the re-run itself: a forward that
+    read other data (the wrong-data attack) is its own fault, never its backward's
+    (found by the devnet battery, where the honest backward was failed and slashed)."""
+    from ledger.crypto import SigningKey
+    cheat = make_worker(2)
+    run_step(cheat, 0, WorkerAttack("wrong-data").run_phase(cheat.plan))
+    honest = make_worker(2, key=SigningKey(b"\x06" * 32))
+    run_step(honest, 0)
+    chain = {**honest.receipts, (0, 0): cheat.receipts[(0, 0)]}
+    assert judge_all(honest, 0, receipts=chain)[3].reason == PASS
+    assert judge_all(cheat, 0, receipts=chain)[0].reason == WRONG_DATA
 
 
 @pytest.mark.parametrize("k", [2, 5])
