@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ledger.chaindb import ChainDB
 from ledger.crypto import SigningKey
 from ledger.genesis import TEST_PARAMS, chain_params, new_genesis, node_registration
-from ledger.state import UNIT
+from ledger.state import ACCOUNT, UNIT
 from ledger.store import MemoryStore
 from ledger.transition import producer_rank
 from ledger.types import (
@@ -45,6 +45,12 @@ class Net:
             nonce = self.nonces.get(sender.public, 0)
             self.nonces[sender.public] = nonce + 1
         return sign(Transfer(chain_id, sender.public, recipient, amount, nonce, ZERO_SIG), sender)
+
+
+def balance(db: ChainDB, account: bytes) -> int:
+    """An account's balance at the tip (0 for one never written)."""
+    record = db.state.get(ACCOUNT + account)
+    return 0 if record is None else record.balance
 
 
 def params(authority: bytes, **overrides) -> Params:

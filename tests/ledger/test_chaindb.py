@@ -12,12 +12,9 @@ from ledger.codec import decode, encode
 from ledger.state import ACCOUNT, state_root
 from ledger.store import LevelDBStore, MemoryStore
 from ledger.types import COIN, Account, Receipt, tx_hash
-from tests.ledger.chainkit import copy_chain, grow, make_net, new_db, next_block, receipts_due
-
-
-def balance(db, account: bytes) -> int:
-    record = db.state.get(ACCOUNT + account)
-    return 0 if record is None else record.balance
+from tests.ledger.chainkit import (
+    balance, copy_chain, grow, make_net, new_db, next_block, receipts_due,
+)
 
 
 def branch(db, net, n, rank, spend_to, nonce, amount=60 * COIN):

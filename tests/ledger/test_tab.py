@@ -15,22 +15,17 @@ from ledger import errors as E
 from ledger import merkle
 from ledger.codec import encode
 from ledger.crypto import SigningKey
-from ledger.state import ACCOUNT, TAB, Overlay, check_supply
+from ledger.state import TAB, Overlay, check_supply
 from ledger.tab import MAX_TAB, MIN_TAB, Claim, Lane, OpenTab, Voucher, locked, sign_voucher
 from ledger.transition import validate_block
 from ledger.types import COIN, ZERO_SIG, sign, tx_hash
-from tests.ledger.chainkit import CHAIN, grow, make_net, new_db, next_block
+from tests.ledger.chainkit import CHAIN, balance, grow, make_net, new_db, next_block
 
 
 @pytest.fixture
 def chain():
     net = make_net()
     return net, new_db(net)
-
-
-def balance(db, account: bytes) -> int:
-    record = db.state.get(ACCOUNT + account)
-    return 0 if record is None else record.balance
 
 
 def refused(db, net, tx, error):

@@ -20,7 +20,7 @@ from ledger.types import (
 )
 from ledger.types import FORWARD, UnitTemplate
 from tests.ledger.chainkit import (
-    CHAIN, grow, job, make_net, new_db, next_block, producer, receipts_due, registration,
+    CHAIN, balance, grow, job, make_net, new_db, next_block, producer, receipts_due, registration,
 )
 
 EVIDENCE = b"\x07" * 32  # a failing verdict must name its evidence
@@ -30,11 +30,6 @@ EVIDENCE = b"\x07" * 32  # a failing verdict must name its evidence
 def chain():
     net = make_net()
     return net, new_db(net)
-
-
-def balance(db, account: bytes) -> int:
-    record = db.state.get(ACCOUNT + account)
-    return 0 if record is None else record.balance
 
 
 def resign(block: Block, net, **fields) -> Block:
