@@ -1,11 +1,12 @@
 """The Proof-of-Learning fetch protocol's messages: `/pnode/pol/1.0.0` (specs/pol.md 8).
 
-Owns `PolRequest` and `PolReply`: a verifier asks a worker (or anyone) for
-a certificate or evidence by its hash, one tensor by its digest, a named
-set of tensors (the weights a unit read, the gradients it produced) by the
+Owns `PolRequest` and `PolReply`: a verifier asks a worker (or anyone) for a
+certificate or evidence by its hash, one tensor by its digest, a named set of
+tensors (the weights a unit read, the gradients it produced) by the
 `tensors_digest` its certificate commits, or a part's full state at a
-checkpoint step (what a joining node replays the chain's training from). The asker checks every reply
-against the hash it asked for; the reply carries no claim of its own.
+checkpoint step (what a joining node replays the chain's training from). The
+asker checks every reply against the hash it asked for; the reply carries no
+claim of its own.
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ blocks = st.builds(Block, headers, st.lists(txs, max_size=4).map(tuple))
 
 
 @given(st.builds(TabRecord, b32, b32, u64, lanes, st.lists(b32, max_size=4).map(tuple),
-                 st.lists(u64, max_size=4).map(tuple), st.lists(st.booleans(), max_size=4).map(tuple)))
+                 st.lists(u64, max_size=4).map(tuple),
+                 st.lists(st.booleans(), max_size=4).map(tuple)))
 def test_tab_records_round_trip(record):
     assert decode(encode(record), TabRecord) == record
 
