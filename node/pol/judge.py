@@ -20,8 +20,8 @@ gradients and norm, by digest (all equal: `PASS`, exact) or by distance
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -49,7 +49,8 @@ class Case:
 
     peers: whom to ask, the worker first; receipt_of(step, index): the
     accepted receipt of another unit of the job (None: not found, the checks
-    that need it are skipped).
+    that need it are skipped); accounts: each registered node key's account
+    (a node key missing from it stands for an account of its own).
     """
 
     receipt_hash: bytes
@@ -58,6 +59,10 @@ class Case:
     height: int
     peers: tuple[str, ...]
     receipt_of: Callable[[int, int], Awaitable[Receipt | None]]
+    accounts: Mapping[bytes, bytes] = field(default_factory=dict)
+
+    def account(self, node_key: bytes) -> bytes:
+        return self.accounts.get(node_key, node_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,9 @@ async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArc
     problem = receipt_problem(cert, r, case.units, rx)
     if problem is not None:
         return _exact(case, MALFORMED, cert=cert, detail=problem)
+    skipped = await _skipped_update(case, cert, rx, archive)
+    if skipped is not None:
+        return _exact(case, UNCHAINED_INPUT, cert=cert, detail=skipped)
     fetched = _own_weights(archive, cert, rx) or await fetcher.named(peers, r.job_id,
                                                                       cert.weights_hash)
     if fetched is None:
@@ -131,13 +139,6 @@ async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArc
     weights, weight_digests = fetched
     if set(weights) != rx.read_set(cert.index):
         return _exact(case, UNCHAINED_INPUT, cert=cert, detail="weights of other parameters")
-    before = await case.receipt_of(cert.step - 1, cert.index) if cert.step > 0 else None
-    if before is not None and before.weights_hash == r.weights_hash:
-        # Attack note: every update changes a read set's weights (lr > 0, AdamW), so
-        # the step before's weights again prove a skipped update: two receipts on
-        # chain say so, whatever this node holds (the stale-weights attack).
-        return _exact(case, UNCHAINED_INPUT, cert=cert, detail="the weights it read are "
-                      f"those of step {cert.step - 1}: it skipped the update")
     stale, differing = _stale(weights, weight_digests, archive, cert.step)
     if stale is not None:
         if not await _corroborated(case, cert, rx, archive, differing, me):
@@ -244,6 +245,35 @@ def _stale(weights: dict[str, torch.Tensor], digests: dict[str, bytes], archive:
     return detail, differing
 
 
+async def _skipped_update(case: Case, cert: UnitCert, rx: Reexecutor, archive: PolArchive
+                          ) -> str | None:
+    """Why the unit read step t − 1's weights again (a skipped update), or None
+    (specs/pol.md 7.1 step 2).
+
+    Every update changes a read set's weights (AdamW, lr > 0, weight decay;
+    an honest miner signs no unit whose outputs are not finite, so diverged
+    weights sign nothing). Shown either by the worker's own receipt of the
+    same unit at t − 1 with the same `weights_hash`, or by this node's own
+    weights of t − 1 having it. Attack note: another worker's t − 1 receipt
+    is not taken as proof: nothing checks a `weights_hash` on inclusion, so
+    a cheater could post the step-t weights' hash at t − 1 and have the
+    honest worker of t failed.
+    """
+    if cert.step == 0:
+        return None
+    r = case.receipt
+    before = await case.receipt_of(cert.step - 1, cert.index)
+    if before is not None and before.weights_hash == r.weights_hash \
+            and case.account(before.node_key) == case.account(r.node_key):
+        return f"its weights are those its own receipt of step {cert.step - 1} read: " \
+            "it skipped the update"
+    own = archive.version_digests(cert.step - 1)
+    names = rx.read_set(cert.index)
+    if names <= own.keys() and named_digest({n: own[n] for n in names}) == r.weights_hash:
+        return f"its weights are this node's own of step {cert.step - 1}: it skipped the update"
+    return None
+
+
 async def _corroborated(case: Case, cert: UnitCert, rx: Reexecutor, archive: PolArchive,
                         differing: set[str], me: bytes) -> bool:
     """Whether another account's receipt of the step commits this node's own weights of
@@ -252,8 +282,9 @@ async def _corroborated(case: Case, cert: UnitCert, rx: Reexecutor, archive: Pol
     Attack note: a verifier's ring is its own word. One that skipped its own
     updates (the stale-weights attack) would otherwise fail every honest
     worker of those layers; so a weights disagreement fails the worker only
-    when a third party's receipt (neither the worker's node key nor this
-    node's) read the same tensors as this node holds them. Unsettled, it is
+    when a third party's receipt (of neither the worker's account nor this
+    node's) read the same tensors as this node holds them. Accounts that
+    collude (a Sybil's second account) can still back each other. Unsettled, it is
     `UNAVAILABLE`: neither is paid for it, neither slashed; the join-time
     replay (section 10.3) settles it from genesis.
     """
@@ -263,7 +294,9 @@ async def _corroborated(case: Case, cert: UnitCert, rx: Reexecutor, archive: Pol
         if j == cert.index or not differing <= names or not names <= own.keys():
             continue
         other = await case.receipt_of(cert.step, j)
-        if other is not None and other.node_key not in (case.receipt.node_key, me) \
+        if other is not None \
+                and case.account(other.node_key) not in {case.account(case.receipt.node_key),
+                                                         case.account(me)} \
                 and other.weights_hash == named_digest({n: own[n] for n in names}):
             return True
     return False

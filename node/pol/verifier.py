@@ -161,10 +161,11 @@ class Verifier:
         node = st.get(NODE + receipt.node_key)
         worker = str(ID(node.peer_id)) if node is not None else None
         units = st.get(JOB + job_id).job.units
+        accounts = {key: st.get(NODE + key).account for key in st.ids(NODE)}
         return Case(receipt_hash=rh, receipt=receipt, units=units, height=height,
                     peers=tuple([worker] * (worker is not None) + [p for p in peers
                                                                    if p != worker]),
-                    receipt_of=self._receipt_lookup(job_id, units, height))
+                    receipt_of=self._receipt_lookup(job_id, units, height), accounts=accounts)
 
     def _recent_cases(self, blocks: int) -> list[Case]:
         """Every receipt of this node's job in the last ``blocks`` blocks (chain thread)."""

@@ -111,6 +111,23 @@ def test_a_worker_that_read_the_step_befores_weights_skipped_its_update():
     assert {j.reason for j in judge_all(w, 1).values()} == {PASS}
 
 
+def test_another_workers_receipt_of_the_step_before_proves_no_skip():
+    """Nothing checks a weights_hash on inclusion, so a cheater's receipt of step t - 1 that
+    names the step-t weights (by a node key that is not the worker's) must not get the
+    honest worker of step t failed; the worker's own such receipt does prove a skip."""
+    from ledger.crypto import SigningKey
+    w = make_worker(2)
+    run_step(w, 0)
+    run_step(w, 1)
+    liar = SigningKey(b"\x07" * 32).public
+    planted = replace(w.receipts[(0, 0)], weights_hash=w.receipts[(1, 0)].weights_hash,
+                      node_key=liar)
+    assert judge_all(w, 1, receipts={**w.receipts, (0, 0): planted})[0].reason == PASS
+    own = replace(planted, node_key=w.receipts[(1, 0)].node_key)  # its own: a real skip
+    verdict = judge_all(w, 1, receipts={**w.receipts, (0, 0): own})[0]
+    assert verdict.reason == UNCHAINED_INPUT and "skipped the update" in verdict.detail
+
+
 def test_stale_weights_are_unchained_when_another_account_corroborates_the_verifier():
     stale, w, honest, _ = stale_and_honest()
     verifier_archive = PolArchive()
