@@ -176,7 +176,8 @@ async def _unchained(case: Case, cert: UnitCert, rx: Reexecutor, fetcher: PolFet
     every fetched input must be the output its producing unit's certificate
     names (``h`` <- ``y``; ``g`` <- the last forward's ``g`` or a backward's
     ``y``; a piece's ``W/s`` <- the same name). A producer whose receipt or
-    certificate cannot be found is skipped, never held against the worker.
+    certificate cannot be found, or whose certificate is not its receipt's
+    (a copied one), is skipped, never held against the worker.
     """
     plan, committed = rx.plan, digest_map(cert.inputs)
     r, s, is_forward = plan.unit_of(cert.index)
@@ -195,11 +196,14 @@ async def _unchained(case: Case, cert: UnitCert, rx: Reexecutor, fetcher: PolFet
         raw = None if receipt is None else await fetcher.cert_bytes(
             case.peers, case.receipt.job_id, receipt.cert_hash)
         try:
-            outputs = None if raw is None else digest_map(decode_cert(raw).outputs)
+            made = None if raw is None else decode_cert(raw)
         except PolError:
-            outputs = None
-        if outputs is None:
+            made = None
+        if made is None or receipt_problem(made, receipt, case.units, rx) is not None:
+            # Not a certificate of the producer's receipt (a copied one): the producer's
+            # fault, failed on its own receipt, never held against this consumer.
             continue
+        outputs = digest_map(made.outputs)
         if "/" in name:
             source = name
         else:

@@ -238,6 +238,22 @@ def test_a_copied_certificate_is_malformed():
     assert reasons == {0: PASS, 1: MALFORMED, 2: MALFORMED, 3: MALFORMED}
 
 
+def test_a_consumer_of_a_copied_certificates_producer_is_not_held_to_it():
+    """The producer signed another unit's certificate: its outputs are not what it pushed.
+    Its consumers took what it pushed; they pass, and only it fails (found by the devnet
+    battery, where an honest consumer was failed and slashed)."""
+    from proof_of_learning.certificate import cert_hash
+    w = make_worker(2)
+    run_step(w, 0)
+    run_step(w, 1)
+    copied = decode_cert(w.archive.encoded(w.receipts[(0, 0)].cert_hash))  # step 0's
+    forward = w.receipts[(1, 0)]
+    chain = {**w.receipts, (1, 0): replace(forward, cert_hash=cert_hash(copied),
+                                           weights_hash=copied.weights_hash)}
+    verdicts = judge_all(w, 1, receipts=chain)
+    assert verdicts[1].reason == PASS  # stage 1's forward consumed unit 0's push
+
+
 def test_a_poisoner_pushes_every_message_of_the_step_that_others_produce():
     w = make_worker(2)
     pushes = WorkerAttack("poisoned-push").poison(w.plan, 3, mine={0})
