@@ -137,6 +137,7 @@ class Verifier:
             return chain.tip_hash, cases
         pending_ids = st.ids(PENDING)
         self.judged &= set(pending_ids)  # judged receipts since settled: forget them
+        accounts = None  # built once, when a case needs it
         for rh in pending_ids:
             pending = st.get(PENDING + rh)
             if pending.status not in (audit.SAMPLED, audit.RECHECKING) \
@@ -144,7 +145,8 @@ class Verifier:
                 continue
             receipt = _receipt_in(chain, pending.height, rh)
             if receipt is not None and receipt.job_id == job_id:
-                cases.append(self._case(receipt, rh, pending.height, job_id, peers))
+                accounts = accounts if accounts is not None else self._accounts()
+                cases.append(self._case(receipt, rh, pending.height, job_id, peers, accounts))
         return chain.tip_hash, cases
 
     def _job_and_peers(self) -> tuple[bytes | None, list[str]]:
@@ -154,14 +156,18 @@ class Verifier:
         peers = [str(ID(st.get(NODE + c.node_key).peer_id)) for c in candidates(Overlay(st))]
         return job_id, peers
 
+    def _accounts(self) -> dict[bytes, bytes]:
+        """Every registered node key's account (chain thread)."""
+        st = self.service.chain.state
+        return {key: st.get(NODE + key).account for key in st.ids(NODE)}
+
     def _case(self, receipt: Receipt, rh: bytes, height: int, job_id: bytes,
-              peers: list[str]) -> Case:
+              peers: list[str], accounts: dict[bytes, bytes]) -> Case:
         """A receipt's `Case`: its worker asked first, then every other bonded node."""
         st = self.service.chain.state
         node = st.get(NODE + receipt.node_key)
         worker = str(ID(node.peer_id)) if node is not None else None
         units = st.get(JOB + job_id).job.units
-        accounts = {key: st.get(NODE + key).account for key in st.ids(NODE)}
         return Case(receipt_hash=rh, receipt=receipt, units=units, height=height,
                     peers=tuple([worker] * (worker is not None) + [p for p in peers
                                                                    if p != worker]),
@@ -173,7 +179,8 @@ class Verifier:
         job_id, peers = self._job_and_peers()
         if job_id is None:
             return []
-        return [self._case(tx, tx_hash(tx), h, job_id, peers)
+        accounts = self._accounts()
+        return [self._case(tx, tx_hash(tx), h, job_id, peers, accounts)
                 for h in range(max(1, chain.height - blocks + 1), chain.height + 1)
                 for tx in chain.block_at(h).txs
                 if isinstance(tx, Receipt) and tx.job_id == job_id]
