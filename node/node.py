@@ -14,14 +14,14 @@ and the control socket, under one nursery.
    reached is logged and retried with backoff, never fatal; every
    ``network.resync_s`` it syncs again from every connected (trusted) peer;
 4. with ``serve``, starts the `LayerServer` (after the first joins when it
-   places itself): loads its layers, serves sessions, announces them;
+   places itself) and its `Cashier` (paid sessions' tabs and claims, kept
+   in ``D/tabs``): loads its layers, serves sessions, announces them;
 5. writes ``D/node.addr``, the full listen multiaddr with ``/p2p/<peer id>``
    (atomically: temp file + ``os.replace``), once listening and serving;
-6. once those first syncs are over and, when mining, its miner is set up
-   for the job (``network.catch_up_s`` at most in all), starts the
-   `Producer` if ``produce.enabled``: it seals blocks at this node's slots,
-   or says once that the node is no producer and just follows the chain.
-   With ``mine``, the `Miner` runs the units the chain assigns this node.
+6. once those first syncs are over and the miner is set up for the job
+   (``network.catch_up_s`` at most), starts the `Producer` if
+   ``produce.enabled`` (it seals blocks at this node's slots) and, with
+   ``mine``, the `Miner` (the units the chain assigns this node).
 
 Cancelling `run` (SIGINT/SIGTERM in `pnode start`) stops the host, removes
 ``node.addr`` and ``node.sock`` and closes the store. ChainDB writes are
@@ -51,7 +51,7 @@ from ledger.crypto import SigningKey
 from ledger.errors import StoreError, StoreFailedError
 from ledger.types import TX_TYPES
 from node.chain import (
-    ChainService, Producer, Registrar, SyncError, SyncResult, TxGossip, account_view,
+    ChainService, ChainTabs, Producer, Registrar, SyncError, SyncResult, TxGossip, account_view,
     node_status_view, registry_view,
 )
 from node.clock import Clock
@@ -60,7 +60,7 @@ from node.datadir import DataDir
 from node.errors import NodeError
 from node.keys import read_public_key, write_private
 from node.net import DialError, PeerIdentity, open_host
-from node.serve import Announcer, LayerServer, ServeConfig, announce_peer
+from node.serve import Announcer, Cashier, LayerServer, ServeConfig, announce_peer
 
 log = logging.getLogger(__name__)
 
@@ -253,8 +253,7 @@ class Node:
                 self.addr_file.unlink(missing_ok=True)
 
     async def _stop_on_store_fault(self, service: ChainService) -> None:
-        """Stop the node once a chain call met a store error, whoever caught it."""
-        await service.store_broken.wait()
+        await service.store_broken.wait()  # whoever caught it: stop the node
         assert service.store_fault is not None
         raise StoreFault(store_fault_line(service.store_fault))
 
@@ -264,8 +263,11 @@ class Node:
         if self.serve.layers is None:
             with trio.move_on_after(self.network.catch_up_s):
                 await joined.wait()
+        cashier = Cashier(ChainTabs(self.service, self.txs), self.datadir.node_key(),
+                          self.serve.price, self.datadir.path / "tabs", report=self.report)
+        await nursery.start(cashier.run)
         self.server = LayerServer(host, identity, self.announcer, self.clock, self.serve,
-                                  report=self.report)
+                                  report=self.report, cashier=cashier, node_key=self.node_key)
         self.announcer.make_announce = self.server.announce
         await nursery.start(self.server.run)
 
@@ -377,7 +379,7 @@ class Node:
         except PolError as exc:
             raise BadRequest(str(exc)) from None
 
-    def _running(self) -> ChainService:
+    def _running(self) -> ChainService:  # the chain service, unless the node is stopping
         if self.service is None or self.txs is None:
             raise BadRequest("the node is stopping")
         return self.service
@@ -462,8 +464,7 @@ class Node:
                 self.report(f"not mining: {exc}")
             nursery.cancel_scope.cancel()
 
-    async def _join(self, addr: str) -> None:
-        """Dial ``addr`` (retrying with backoff) and sync from it once."""
+    async def _join(self, addr: str) -> None:  # dial (with backoff), sync once
         delay = self.network.first_backoff_s
         for attempt in range(1, self.network.dial_attempts + 1):
             try:
@@ -494,7 +495,6 @@ class Node:
             log.warning("sync from %s stopped: %s", peer, exc)
             return None
 
-    def _synced(self, result: SyncResult) -> None:
-        """One line for each sync that added blocks (those gossip set off too)."""
+    def _synced(self, result: SyncResult) -> None:  # a line per sync that added blocks
         self.report(f"synced {result.added} blocks from {str(result.peer)[:16]}..: "
                     f"height {result.height} tip {result.tip_hash.hex()[:16]}")

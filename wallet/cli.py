@@ -177,6 +177,14 @@ def history(address, data_dir, wallet_name, as_json) -> None:
 @click.option("--evidence-dir", type=click.Path(file_okay=False),
               help="Where signed evidence of a wrong answer is written "
                    "[default: DATA_DIR/evidence].")
+@click.option("--max-price", type=click.IntRange(0, 10**12), default=0, show_default=True,
+              help="Pay servers asking at most this many base units (1e-6 coin) per position "
+                   "per layer, from this wallet, through a tab (0: free servers only).")
+@click.option("--tab-blocks", type=click.IntRange(16, 86_400), default=120, show_default=True,
+              help="Blocks until a paid session's tab expires (what no server claimed comes "
+                   "back then).")
+@wallet_option
+@passphrase_option
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the chat template.")
 @click.option("--greedy", is_flag=True, help="Always take the most likely token.")
 @click.option("--max-tokens", type=click.IntRange(1, 100_000), default=64, show_default=True)
@@ -191,8 +199,8 @@ def history(address, data_dir, wallet_name, as_json) -> None:
 @data_dir_option
 @json_option
 def infer(prompt, local, peers, trusted_file, allow_unregistered, wire, push, spot_check_rate,
-          evidence_dir, raw, greedy, max_tokens, temperature, top_p, seed, model_file, data_dir,
-          as_json) -> None:
+          evidence_dir, max_price, tab_blocks, wallet_name, passphrase_file, raw, greedy,
+          max_tokens, temperature, top_p, seed, model_file, data_dir, as_json) -> None:
     """Generate text from PROMPT, streaming tokens as they come.
 
     With --local the whole model runs here. Otherwise the layers run on the
@@ -203,6 +211,11 @@ def infer(prompt, local, peers, trusted_file, allow_unregistered, wire, push, sp
     used (read from its running node, else its store), unless
     --allow-unregistered.
 
+    With --max-price P the route may take servers asking up to P base units
+    per position per layer; one tab from this wallet locks what the route
+    may cost (x2 for a failover's replay), every step pays the steps before
+    it, and what the servers did not earn comes back when they close.
+
     \b
     Examples:
       pwallet infer "What is the capital of France?" --local
@@ -212,18 +225,21 @@ def infer(prompt, local, peers, trusted_file, allow_unregistered, wire, push, sp
       pwallet infer "Hello" --peers ADDR --no-push     # the client drives every hop
       pwallet infer "Hello" --peers ADDR --allow-unregistered   # a private swarm, no chain
       pwallet infer "Hello" --peers ADDR --spot-check-rate 0.1  # rerun 10% elsewhere
+      pwallet infer "Hello" --max-price 20 --json     # pay up to 20 per position per layer
     """
     routed = click.get_current_context().get_parameter_source("push")
-    if local and (peers or trusted_file or allow_unregistered
+    if local and (peers or trusted_file or allow_unregistered or max_price
                   or routed is not ParameterSource.DEFAULT):
         raise click.UsageError("--local runs everything here: drop --peers/--trusted-peers/"
-                               "--allow-unregistered/--push/--no-push")
+                               "--allow-unregistered/--push/--no-push/--max-price")
     if not local and not peers:
         peers = (_running_node_addr(data_dir),)
     for addr in peers:
         parse_peer_addr(addr)
     trusted = read_peer_list(trusted_file) if trusted_file else None
     registered = None if local or allow_unregistered else _registered_servers(data_dir)
+    payer = _payer(data_dir, wallet_name, passphrase_file, max_price, tab_blocks) if (
+        max_price and not local) else None
     if not local:
         torch_thread.share_cpus_politely(torch_thread.CLIENT_SPIN_COUNT)  # it waits on servers
     # torch loads here, not at start-up: the other pwallet commands stay fast.
@@ -251,7 +267,7 @@ def infer(prompt, local, peers, trusted_file, allow_unregistered, wire, push, sp
         checks = _remote_checks(spot_check_rate, evidence_dir or str(DataDir(data_dir).path
                                                                     / "evidence"))
         doc = _infer_remote(request, peers, trusted, registered, wire, push, model_file, show,
-                            checks)
+                            checks, payer)
         for m in doc["spot_checks"]["mismatches"]:
             if not as_json:  # the tokens went to stdout: the warning to stderr
                 click.echo(_mismatch_line(m), err=True)
@@ -308,8 +324,29 @@ def _mismatch_line(m: dict) -> str:
             f"disagree on layers {start}..{end - 1}; {verdict}; evidence: {m['evidence']}")
 
 
+def _payer(data_dir: str, wallet_name: str | None, passphrase_file: str | None,
+           max_price: int, tab_blocks: int):
+    """The `wallet.payer.Payer` of a paid generation: the wallet key, its chain's view.
+
+    Raises:
+        click.UsageError: no data dir to take the wallet and chain from.
+        KeyFileError: a wrong passphrase.
+    """
+    from wallet.payer import Payer
+
+    dd = DataDir(data_dir)
+    if not dd.exists():
+        raise click.UsageError(f"--max-price pays from a wallet: {dd.path} holds no initialised "
+                               "node (give --data-dir)")
+    key = SigningKey(read_key_file(dd.wallet_path(wallet_name),
+                                   common.passphrase(passphrase_file)))
+    view = account_info(dd, key.public)
+    return Payer(key, view["chain_id"], view["next_nonce"], view["height"] + tab_blocks,
+                 max_price, balance=view["balance"])
+
+
 def _infer_remote(request, peers, trusted, registered, wire, push, model_file, show,
-                  checks: dict | None = None) -> dict:
+                  checks: dict | None = None, payer=None) -> dict:
     """Run the generation over the swarm; the JSON fields it adds."""
     from wallet import remote
 
@@ -318,15 +355,17 @@ def _infer_remote(request, peers, trusted, registered, wire, push, model_file, s
     async def run() -> remote.Generation:
         async with remote.open_remote(peers, parts, trusted=trusted, registered=registered,
                                       config=remote.ClientConfig(codec=wire, push=push,
-                                                                 **(checks or {}))
-                                      ) as model:
+                                                                 **(checks or {})),
+                                      payer=payer) as model:
             return await model.generate(request, show)
 
     result = common.run_trio_interruptibly(run)
     route = sorted(result.route, key=lambda s: s.start)  # stable: a failed hop before its heir
     return {"token_ids": result.token_ids, "route": [s.as_json() for s in route],
             "failovers": result.failovers, "wire": wire, "wire_bytes": result.wire_bytes,
-            "spot_checks": result.spot_checks.as_json()}
+            "spot_checks": result.spot_checks.as_json(), "cost": result.payments,
+            "tabs": result.tabs,
+            "claims": [p["claim"] for p in result.payments if p["claim"]]}
 
 
 def _account(dd: DataDir, address: str | None, wallet_name: str | None) -> bytes:

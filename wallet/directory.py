@@ -33,7 +33,7 @@ from node.clock import now_ms
 from node.net import DialError, Host, RequestError
 from node.serve import SwarmView, announce_peer, fetch_view
 from node.wire import Announce, ServerInfo, SpanError
-from wallet.errors import NoRoute, RemoteError
+from wallet.errors import NoRoute, RemoteError, TooExpensive
 from wallet.route import Hop, cap_throughput, plan_route
 
 #: Recent decode steps per server whose median is its measured speed.
@@ -52,11 +52,13 @@ class SwarmDirectory:
             `wallet.registry.RegisteredNode`, are not read here): the
             directory keeps no other server. None: every server (a private
             swarm). Both filters apply when both are given.
+        max_price: route only through servers asking at most this, in base
+            units per position per layer (0: free servers only).
     """
 
     def __init__(self, host: Host, model_id: str, *, trusted: Collection[str] | None = None,
-                 registered: Mapping[str, object] | None = None):
-        self.host, self.model_id = host, model_id
+                 registered: Mapping[str, object] | None = None, max_price: int = 0):
+        self.host, self.model_id, self.max_price = host, model_id, max_price
         self.trusted = None if trusted is None else set(trusted)
         self.registered = None if registered is None else frozenset(registered)
         self.view = SwarmView(ttl=3600.0)  # refreshed on demand, not by gossip
@@ -109,12 +111,18 @@ class SwarmDirectory:
     # -- what is known ----------------------------------------------------------------
 
     def servers(self) -> list[ServerInfo]:
-        """The known servers of this model that are registered (when that is asked).
+        """The known servers of this model that are registered (when that is asked) and ask
+        at most ``max_price``.
 
         Returns:
             The servers as the route planner sees them.
         """
-        return [s for s in self.announced() if self.is_registered(s.peer_id)]
+        return [s for s in self.announced()
+                if self.is_registered(s.peer_id) and s.price <= self.max_price]
+
+    def server_map(self) -> dict[str, ServerInfo]:
+        """`servers`, by peer id."""
+        return {s.peer_id: s for s in self.servers()}
 
     def is_registered(self, peer_id: str) -> bool:
         """Whether ``peer_id`` may serve: registered on the chain, or no chain is checked."""
@@ -221,9 +229,16 @@ class SwarmDirectory:
                               exclude=self.dead | self.banned | set(also_exclude),
                               min_session_positions=positions, min_chunk_positions=chunk)
         except NoRoute as exc:
-            if type(exc) is not NoRoute or not self._only_unregistered(exc.first):
+            if type(exc) is not NoRoute:
                 raise
-            raise NoRoute(exc.first, exc.last, exc.trusted_only, unregistered=True) from None
+            if self._only_unregistered(exc.first):
+                raise NoRoute(exc.first, exc.last, exc.trusted_only, unregistered=True) from None
+            asks = [s.price for s in self.announced() if s.start <= exc.first < s.end
+                    and s.price > self.max_price and self.is_registered(s.peer_id)
+                    and (self.trusted is None or s.peer_id in self.trusted)]
+            if asks:
+                raise TooExpensive(exc.first, min(asks), self.max_price) from None
+            raise
 
     def _only_unregistered(self, layer: int) -> bool:
         """Whether servers (trusted ones, if asked) hold ``layer``, and none is registered.

@@ -63,6 +63,25 @@ class RemoteError(WalletError):
     """Networked inference failed: no peer reachable, no route, too many failures."""
 
 
+class TooExpensive(NoRoute):
+    """Servers cover the layers, but every usable one asks more than ``--max-price``.
+
+    Attributes:
+        first, last: the layer (both: one layer).
+        cheapest: the least ask among the servers of that layer (base units
+            per position per layer); max_price: the client's limit.
+    """
+
+    def __init__(self, first: int, cheapest: int, max_price: int):
+        free = "free servers only (--max-price 0)" if max_price == 0 else (
+            f"--max-price {max_price}")
+        WalletError.__init__(self, f"every server that covers layer {first} asks more than "
+                                   f"{free}: the cheapest asks {cheapest} base units per "
+                                   f"position per layer (--max-price {cheapest} would fit)")
+        self.first = self.last = first
+        self.trusted_only, self.cheapest, self.max_price = False, cheapest, max_price
+
+
 class SessionTooLong(NoRoute, RemoteError):
     """Servers cover a layer, but none of them takes what the generation needs.
 
@@ -105,6 +124,6 @@ class HopFailed(RemoteError):
 class ServerBusy(RemoteError):
     """A server answered `Busy`."""
 
-    def __init__(self, peer: str, retry_after_ms: int, reason: str):
+    def __init__(self, peer: str, retry_after_ms: int, reason: str, min_bid: int = 0):
         super().__init__(f"{peer} is busy ({reason}); retry after {retry_after_ms} ms")
-        self.peer, self.retry_after_ms = peer, retry_after_ms
+        self.peer, self.retry_after_ms, self.min_bid = peer, retry_after_ms, min_bid

@@ -70,6 +70,10 @@ class Generation:
     route: list[Served] = field(default_factory=list)
     failovers: int = 0
     wire_bytes: int = 0  # hidden-state payload bytes sent and received
+    # Paid sessions: one dict per settled hop session (peer_id, layers, positions, bid,
+    # amount, server_counted, tab, claim), and the tabs opened (id, locked).
+    payments: list[dict] = field(default_factory=list)
+    tabs: list[dict] = field(default_factory=list)
     spot_checks: SpotReport = field(default_factory=lambda: SpotReport())
 
 

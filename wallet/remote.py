@@ -59,6 +59,7 @@ import trio
 from compute.generate import next_token
 from compute.model import Transformer
 from compute.tokenizer import Tokenizer
+from ledger.types import format_coins
 from node import torch_thread
 from node.net import Host, PeerIdentity, open_host
 from node.torch_thread import tensor_work
@@ -67,6 +68,7 @@ from wallet.client import InferRequest, Token
 from wallet.directory import SwarmDirectory
 from wallet.errors import HopFailed, RemoteError, RouteError, ServerBusy  # noqa: F401
 from wallet.generation import ClientConfig, Generation, Served  # noqa: F401
+from wallet.payer import InsufficientFunds, Payer, need
 from wallet.route import Hop
 from wallet.session import RouteRun
 from wallet.spotcheck import SpotChecker
@@ -85,15 +87,18 @@ class RemoteModel:
             `wallet.registry.RegisteredNode`): no other is routed through.
             None: any server (a private swarm).
         config: codec and timeouts.
+        payer: pays for sessions (`wallet.payer.Payer`: its ``max_price``
+            bounds the servers routed through); None: free servers only.
     """
 
     def __init__(self, ends: Transformer, tokenizer: Tokenizer, model_id: str, host: Host, *,
                  trusted: Collection[str] | None = None,
                  registered: Mapping[str, object] | None = None,
-                 config: ClientConfig = ClientConfig()):
+                 config: ClientConfig = ClientConfig(), payer: Payer | None = None):
         self.ends, self.tokenizer, self.model_id, self.host = ends, tokenizer, model_id, host
-        self.config = config
-        self.directory = SwarmDirectory(host, model_id, trusted=trusted, registered=registered)
+        self.config, self.payer = config, payer
+        self.directory = SwarmDirectory(host, model_id, trusted=trusted, registered=registered,
+                                        max_price=payer.max_price if payer else 0)
         self.route: list[Hop] = []  # the hops of the generation under way, in order
         # The spot checks' draw: explicit and seedable, never the global random state.
         self.rng = random.Random(config.spot_check_seed)
@@ -140,13 +145,15 @@ class RemoteModel:
                               f"model's context of {cfg.max_seq_len}")
         result = Generation()
         self.directory.clear_exclusions()  # for this generation only: a server may come back
+        if self.payer is not None:
+            self.preflight(max_len)
         text = self.tokenizer.stream_decoder(skip_special=True)
         sampling = request.sampling
         gen = None if sampling.greedy else torch.Generator().manual_seed(sampling.seed)
         failure: Exception | None = None
         async with trio.open_nursery() as readers:  # one per hop session
             run = RouteRun(self.directory, self.host, self.config, result, max_len, readers,
-                           on_route=self._set_route)
+                           on_route=self._set_route, payer=self.payer)
             spot = SpotChecker(run, self.rng, result.spot_checks)
             try:
                 await run.open(0, cfg.n_layers)
@@ -168,9 +175,30 @@ class RemoteModel:
             finally:
                 await run.close()
                 readers.cancel_scope.cancel()  # and any reader a failure left behind
+        if self.payer is not None:
+            result.tabs = [{"tab": t.tab_id.hex(), "locked": sum(x.cap for x in t.tab.lanes),
+                            "paid": sum(t.amounts)} for t in self.payer.tabs]
         if failure is not None:
             raise failure
         return result
+
+    def preflight(self, positions: int) -> None:
+        """Raise unless the wallet can lock what the route of ``positions`` would need.
+
+        Raises:
+            InsufficientFunds: need and balance, in coins, with how the need is made.
+            NoRoute: as `SwarmDirectory.plan` (no route within the max price...).
+        """
+        hops = self.directory.plan(0, self.ends.config.n_layers, positions=positions)
+        servers = self.directory.server_map()
+        needed = need(hops, servers, positions, self.payer.margin)
+        if needed > self.payer.balance:
+            bids = sorted({servers[h.peer_id].price for h in hops})
+            raise InsufficientFunds(
+                f"insufficient funds: need {format_coins(needed)} coins ({positions} positions "
+                f"x {self.ends.config.n_layers} layers x bid {'/'.join(map(str, bids))} base "
+                f"units, x{self.payer.margin:g} margin for failover), balance "
+                f"{format_coins(self.payer.balance)}")
 
     def _set_route(self, hops: list[Hop]) -> None:
         self.route = hops
@@ -212,7 +240,8 @@ def load_client_parts(path: str | None = None) -> ClientParts:
 async def open_remote(peers: Collection[str], parts: ClientParts, *,
                       trusted: Collection[str] | None = None,
                       registered: Mapping[str, object] | None = None,
-                      config: ClientConfig = ClientConfig()) -> AsyncIterator[RemoteModel]:
+                      config: ClientConfig = ClientConfig(),
+                      payer: Payer | None = None) -> AsyncIterator[RemoteModel]:
     """A `RemoteModel` on a fresh client host (random identity) that knows ``peers``' swarm.
 
     Args:
@@ -220,6 +249,7 @@ async def open_remote(peers: Collection[str], parts: ClientParts, *,
         parts: the client's embeddings, head and tokenizer.
         trusted, registered: as for `RemoteModel` (None: no such filter).
         config: codec and timeouts.
+        payer: pays for sessions (None: free servers only).
 
     Raises:
         RemoteError: no peer reachable.
@@ -227,6 +257,6 @@ async def open_remote(peers: Collection[str], parts: ClientParts, *,
     identity = PeerIdentity.from_seed(os.urandom(32))
     async with open_host(identity) as host:
         client = RemoteModel(parts.ends, parts.tokenizer, parts.model_id, host,
-                             trusted=trusted, registered=registered, config=config)
+                             trusted=trusted, registered=registered, config=config, payer=payer)
         await client.discover(peers)
         yield client

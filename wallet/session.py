@@ -20,48 +20,22 @@ from collections.abc import Callable
 
 import torch
 import trio
-from libp2p.abc import INetStream
-from libp2p.peer.id import ID
 
 from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
-from ledger.errors import DecodeError, EncodeError
-from node.net import (
-    DialError, FrameReader, FramingError, Host, RequestError, read_frame, write_frame,
-)
+from ledger.errors import EncodeError
+from node.net import FramingError, Host, write_frame
 from node.torch_thread import tensor_work
 from node.wire import (
-    INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, MAX_POSITIONS, Busy, Link, Linked, OpenSession,
-    SessionAccepted, SessionError, Step, StepResult,
+    MAX_INFERENCE_FRAME, MAX_POSITIONS, Link, Linked, SessionError, Settle, Settled, Step,
+    StepResult,
 )
 from wallet.directory import SwarmDirectory
 from wallet.errors import HopFailed, NoRoute, RemoteError, RouteBusy, ServerBusy, SessionTooLong
-from wallet.generation import ClientConfig, Generation, Served
+from wallet.generation import ClientConfig, Generation
+from wallet.hop import HopSession, open_hop
+from wallet.payer import ClientTab, Payer
 from wallet.route import Hop
-
-
-class HopSession:
-    """One open inference stream to one server for one hop.
-
-    A reader task (`RouteRun._read`) takes every frame the server sends and
-    hands it to the run's inbox; a broken stream is kept in ``error``.
-    """
-
-    def __init__(self, hop: Hop, stream: INetStream, served: Served, token: bytes = b""):
-        self.hop, self.stream, self.served, self.token = hop, stream, served, token
-        self.reader = FrameReader(stream)
-        self.reading = trio.CancelScope()  # the reader task's
-        self.error: HopFailed | None = None
-        self.steps = 0
-        self.last_reply: StepResult | None = None  # signed: a spot check's evidence
-
-    async def close(self) -> None:
-        self.reading.cancel()
-        with trio.move_on_after(2.0, shield=True):
-            try:
-                await self.stream.close()
-            except Exception:  # a dead server's stream: nothing to close
-                pass
 
 
 #: Frames a run's readers may hold before they wait for the client to take them.
@@ -89,12 +63,15 @@ class RouteRun:
         nursery: where the sessions' reader tasks run.
         on_route: called with the route's hops whenever they change (opened,
             or a hop replaced).
+        payer: pays the sessions (None: free sessions only): one tab for the
+            route's hops, one more for each replacement or spot check.
     """
 
     def __init__(self, directory: SwarmDirectory, host: Host, config: ClientConfig,
                  result: Generation, max_len: int, nursery: trio.Nursery,
-                 on_route: Callable[[list[Hop]], None] = lambda hops: None):
-        self.directory, self.host, self.config = directory, host, config
+                 on_route: Callable[[list[Hop]], None] = lambda hops: None,
+                 payer: Payer | None = None):
+        self.directory, self.host, self.config, self.payer = directory, host, config, payer
         self.result, self.max_len = result, max_len
         self.nursery, self.on_route = nursery, on_route
         self.sessions: list[HopSession] = []
@@ -119,8 +96,29 @@ class RouteRun:
         self.kept = {s.hop.start for s in (self.sessions[:1] if self.pushing else self.sessions)}
 
     async def close(self) -> None:
+        """Settle the paid sessions (the final voucher pays the last step), then close all."""
         for s in self.sessions:
+            if s.paid and s.error is None:
+                await self._settle(s)
             await s.close()
+
+    async def _settle(self, s: HopSession) -> None:
+        """Send the final voucher; keep what the server says it is owed and its claim."""
+        owed, claim = None, None
+        try:
+            with trio.fail_after(self.config.open_timeout):
+                await write_frame(s.stream, encode(Settle(s.voucher())))
+                _, reply = await self._receive(
+                    [s], lambda x, m: x is s and isinstance(m, Settled))
+            owed, claim = reply.owed, (reply.claim.hex() if any(reply.claim) else None)
+        except (trio.TooSlowError, FramingError, HopFailed):
+            pass  # it claims after its idle timeout anyway, with the voucher it holds
+        self.result.payments.append({
+            "peer_id": s.hop.peer_id, "layers": s.hop.end - s.hop.start,
+            "positions": s.tab.owed(s.hop.peer_id) // max(
+                (s.hop.end - s.hop.start) * s.tab.bids[s.hop.peer_id], 1),
+            "bid": s.tab.bids[s.hop.peer_id], "amount": s.tab.owed(s.hop.peer_id),
+            "server_counted": owed, "tab": s.tab.tab_id.hex(), "claim": claim})
 
     async def forward(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         """Run hidden states ``x`` (1, T, C) at ``pos`` through every hop; fail over as needed."""
@@ -332,9 +330,11 @@ class RouteRun:
                 await directory.refresh()
                 continue
             opened: list[HopSession] = []
+            tab = None if self.payer is None else self.payer.open_tab(
+                hops, directory.server_map(), self.max_len)
             try:
                 for hop in hops:
-                    opened.append(await self._open(hop))
+                    opened.append(await self._open(hop, tab))
                 caps = {s.peer_id: s.max_chunk_positions for s in directory.servers()}
                 self.chunk = min([self.chunk, *(caps.get(h.peer_id, 1) for h in hops)])
                 return opened
@@ -349,39 +349,12 @@ class RouteRun:
                     for session in opened:
                         await session.close()
 
-    async def _open(self, hop: Hop) -> HopSession:
-        host = self.host
-        served = Served(hop.peer_id, hop.start, hop.end)
-        stream = None
-        try:
-            with trio.fail_after(self.config.open_timeout):
-                peer = ID.from_base58(hop.peer_id)
-                if peer not in host.connected_peers():
-                    for addr in self.directory.addrs(hop.peer_id):
-                        try:
-                            await host.connect(addr)
-                            break
-                        except DialError:
-                            continue
-                stream = await host.open_stream(peer, INFERENCE_PROTOCOL)
-                await write_frame(stream, encode(OpenSession(
-                    self.directory.model_id, hop.start, hop.end, self.max_len,
-                    self.config.codec)))
-                reply = decode(await read_frame(stream, 4096),
-                               (SessionAccepted, Busy, SessionError))
-        except (trio.TooSlowError, RequestError, FramingError, DecodeError, ValueError) as exc:
-            if stream is not None:
-                await HopSession(hop, stream, served).close()
-            raise HopFailed(f"cannot open a session on {hop.peer_id}: {exc!r}") from None
-        session = HopSession(hop, stream, served,
-                           reply.token if isinstance(reply, SessionAccepted) else b"")
-        if isinstance(reply, Busy):
-            await session.close()
-            raise ServerBusy(hop.peer_id, reply.retry_after_ms, reply.reason)
-        if isinstance(reply, SessionError):
-            # E.g. it moved to other layers since it announced: plan around it.
-            await session.close()
-            raise HopFailed(f"{hop.peer_id} refused the session: {reply.reason}")
+    async def _open(self, hop: Hop, tab: ClientTab | None = None) -> HopSession:
+        """A session on ``hop`` (paid from ``tab``, else from a tab of its own when the
+        run pays), its reader started. Raises as `wallet.hop.open_hop`."""
+        if self.payer is not None and tab is None:
+            tab = self.payer.open_tab([hop], self.directory.server_map(), self.max_len)
+        session = await open_hop(self.host, self.directory, hop, self.config, self.max_len, tab)
         self.nursery.start_soon(self._read, session)
         return session
 
@@ -411,7 +384,7 @@ class RouteRun:
         payload = await tensor_work(encode_tensor, x, cfg.codec, rows=x.shape[1])
         timeout = self._timeout(session, x.shape[1], max(len(chunks), 1))
         try:
-            message = encode(Step(pos, chunks, payload))
+            message = encode(Step(pos, chunks, payload, session.voucher()))
         except EncodeError as exc:
             raise RemoteError(f"a step of {x.shape[1]} positions is too large for one frame "
                               f"({exc}); use a shorter prompt or --wire fp16") from None
@@ -463,6 +436,8 @@ class RouteRun:
             if not done.steps:  # the route lists servers that actually served
                 self.result.route.append(done.served)
             done.steps += 1
+            if done.tab is not None:  # delivered: the next voucher pays for it
+                done.tab.deliver(done.hop, x.shape[1])
         return session, out.to(x.dtype)
 
     async def _receive(self, watch: list[HopSession], wanted) -> tuple[HopSession, object]:
@@ -485,7 +460,7 @@ class RouteRun:
             try:
                 while True:
                     message = decode(await session.reader.read_frame(MAX_INFERENCE_FRAME),
-                                     (StepResult, SessionError, Linked))
+                                     (StepResult, SessionError, Linked, Settled))
                     if isinstance(message, SessionError):  # the server ends the session
                         raise HopFailed(f"{session.hop.peer_id} refused a step: "
                                         f"{message.reason}", session)

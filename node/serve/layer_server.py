@@ -52,7 +52,7 @@ class ServeConfig:
     span_len: layers held when choosing (default: the whole model).
     model_path: a GGUF file (default: the bundled SmolLM2-135M-Instruct).
     device: "cpu", "cuda:0", ...
-    price: per token, in base coin units, announced.
+    price: the ask, base units per position per layer, announced (0: free).
     threads: torch threads for the forward passes.
     rebalance_s, discover_s: how often an ``--auto`` server reconsiders its
         span, and how long it listens to the swarm before choosing one.
@@ -75,11 +75,15 @@ class LayerServer:
 
     def __init__(self, host: Host, identity: PeerIdentity, announcer: Announcer,
                  clock: Callable[[], int], config: ServeConfig = ServeConfig(), *,
-                 report: Callable[[str], None] = lambda line: None, reader=None):
+                 report: Callable[[str], None] = lambda line: None, reader=None,
+                 cashier=None, node_key: bytes = bytes(32)):
         """
         Args:
             reader: an open `gguf.GGUFReader` to load from (default: open
                 ``config.model_path``); lets several servers share one.
+            cashier: the node's `node.serve.cashier.Cashier` (None: free
+                sessions only; then the price must be 0).
+            node_key: the node key announced for tab lanes (zeros: none).
         """
         self.host, self.identity, self.announcer = host, identity, announcer
         self.clock, self.config, self.report = clock, config, report
@@ -88,6 +92,7 @@ class LayerServer:
         self.model_id = ""
         self._reader = reader
         self._n_layers = 0
+        self.cashier, self.node_key = cashier, node_key
 
     async def run(self, *, task_status: trio.TaskStatus[LayerServer] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -113,7 +118,7 @@ class LayerServer:
         if server is None:
             return None
         unsigned = Announce(
-            self.identity.public_key, tuple(self.host.addrs[:8]), self.model_id,
+            self.identity.public_key, self.node_key, tuple(self.host.addrs[:8]), self.model_id,
             server.layers.start, server.layers.stop, int(self.throughput * 1000),
             len(server.sessions), server.config.max_sessions,
             server.config.max_chunk_positions, server.max_session_positions, self.config.price,
@@ -206,6 +211,7 @@ class LayerServer:
         if self.inference is None:
             self.inference = InferenceServer(self.host, model, layers, self.model_id,
                                              device=self.config.device, config=self.config.sessions)
+            self.inference.cashier = self.cashier
             self.inference.start()
         else:
             self.inference.swap(model, layers)

@@ -1,32 +1,32 @@
 """The server side of inference sessions: a span of layers, a KV cache per session.
 
-Owns `InferenceServer`, which serves ``/pnode/inference/2.2.0`` (specs/network.md
-section 9.3) from a partial model (`compute.model.ModelPart`: only the layers
-it serves are in memory):
+Owns `InferenceServer`, which serves ``/pnode/inference/3.0.0`` (specs/network.md
+sections 9.3 and 9.6) from a partial model (`compute.model.ModelPart`: only
+the layers it serves are in memory):
 
 - a client opens a session for a sub-span of the served layers; the server
-  keeps that session's KV cache until the stream ends, the session runs no
-  forward for ``idle_timeout`` seconds (other frames do not count), or an
-  error;
-- a server at ``max_sessions``, or a client at its share (per peer id, per
+  keeps that session's KV cache until the stream ends, the client settles,
+  the session runs no forward for ``idle_timeout`` seconds (other frames do
+  not count), or an error;
+- a server at ``max_sessions``, or a client at its share (per account, per
   address: `node.serve.admission`), answers `Busy` with a retry hint at
   once rather than queueing the client behind an unknown wait;
 - a forward call runs at most ``max_chunk_positions`` positions and a
   session holds at most ``max_len`` (both announced); longer steps are
   refused with a `SessionError`;
+- paid sessions (`node.serve.cashier.Cashier`): a session opens with a bid
+  and a tab the node's mempool admits; each step's voucher must cover the
+  positions delivered before it; the lane is claimed when it ends;
 - every forward call runs as a job on the process's one torch thread
   (`node.torch_thread.run_sync`), one call of this server at a time, in
-  fair order (`node.serve.admission.FairScheduler`: the session that used
-  less compute since it arrived goes first), and the trio loop stays free
-  for the network; each session's compute (positions, forward seconds) is
-  metered and shown in `status`;
-- push routing: a client may `Link` a session to the next hop's session
-  (its peer and secret token); the server then sends each step's outputs
-  to that hop over ``/pnode/inference-push/1.0.0`` instead of to the
-  client, so a token crosses the route once instead of returning to the
-  client between hops. Steps pushed into a session are checked and run
-  exactly as the client's own; a linked session answers the client only
-  when its push fails.
+  fair order (`node.serve.admission.FairScheduler`: a higher bid first,
+  then the session that used less compute since it arrived), and the trio
+  loop stays free for the network; each session's compute is metered and
+  shown in `status`;
+- push routing (`node.serve.push`): a client may `Link` a session to the
+  next hop's session; the server then sends each step's outputs to that hop
+  instead of to the client. Steps pushed into a session are checked and run
+  exactly as the client's own.
 
 A malformed frame, a step at the wrong position or one past the session's
 budget gets a `SessionError` and the stream is closed; a frame that does not
@@ -54,15 +54,17 @@ from compute.model import Transformer
 from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node import torch_thread
-from node.errors import NodeError
 from node.net import FrameEOF, FrameReader, FrameTimeout, Host, write_frame
 from node.serve.admission import (  # noqa: F401 (SessionConfig: re-exported)
-    FairScheduler, Meter, SessionConfig, address_key, refusal, remote_ip,
+    FairScheduler, Meter, SessionConfig, SessionRefused, address_key, refusal, remote_ip,
 )
+from node.serve.billing import Bill, PaymentError
+from node.serve.push import PushRouting
 from node.torch_thread import tensor_work
 from node.wire import (
-    INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, PUSH_PROTOCOL, Busy, Link, Linked, OpenSession,
-    S_STEP, PushOpen, SessionAccepted, SessionError, Step, StepResult, step_claim,
+    INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, MAX_OPEN_FRAME, PUSH_PROTOCOL, Busy, Link,
+    OpenSession, S_STEP, SessionAccepted, SessionError, Settle, Settled, Step, StepResult,
+    step_claim,
 )
 
 log = logging.getLogger(__name__)
@@ -71,20 +73,13 @@ log = logging.getLogger(__name__)
 _MAX_PEERS_METERED = 1024
 
 
-class InferenceError(NodeError):
-    """Root of the inference-serving errors."""
-
-
-class SessionRefused(InferenceError):
-    """A session request the server will not serve (its reason goes to the client)."""
-
-
 @dataclass(slots=True)
 class _Session:
     """One open session: its sub-span, cache and counters."""
 
     id: int
     peer: ID
+    account: str  # whom the per-client limit counts: the tab's client, else the peer id
     start: int
     end: int
     codec: str
@@ -98,6 +93,7 @@ class _Session:
     pushes: list[trio.CancelScope] = field(default_factory=list)  # push streams reading
     address: str | None = None  # the client's `address_key` bucket
     meter: Meter = field(default_factory=Meter)  # compute used; its fair-queue tag
+    bill: Bill | None = None  # a paid session's lane (`node.serve.billing`)
     tokens: int = 0
     steps: int = 0
     last_forward: float = 0.0  # trio time of its last forward (or of its opening)
@@ -126,7 +122,7 @@ def measure_throughput(model: Transformer, layers: range, device: torch.device |
     return 1.0 / max(times[len(times) // 2], 1e-6)
 
 
-class InferenceServer:
+class InferenceServer(PushRouting):
     """Serves inference sessions for the layers a partial model holds.
 
     Args:
@@ -153,9 +149,12 @@ class InferenceServer:
         # Compute per client peer id (closed sessions' too), so a heavy client shows in
         # `status`; at most ``_MAX_PEERS_METERED`` peers, the lightest dropped first.
         self.usage: dict[str, Meter] = {}
-        #: The hook for paid sessions: the `Meter.priority` a new session gets (a higher
-        #: one gets the compute thread first). Every session is 0 until payment exists.
-        self.priority: Callable[[ID, OpenSession], int] = lambda peer, request: 0
+        #: The `Meter.priority` a new session gets (a higher one gets the compute thread
+        #: first): a paid session's bid, a free one's 0.
+        self.priority: Callable[[ID, OpenSession], int] = lambda peer, request: (
+            request.bid if request.tab else 0)
+        #: Payments (`node.serve.cashier.Cashier`); None: free sessions only, no tabs.
+        self.cashier = None
         self.scheduler = FairScheduler()
         self._ids = itertools.count(1)
 
@@ -201,7 +200,8 @@ class InferenceServer:
                 "open": [{"id": s.id, "peer": str(s.peer), "address": s.address,
                           "layers": [s.start, s.end], **s.meter.as_json()}
                          for s in self.sessions.values()],
-                "heaviest_peers": [{"peer": peer, **m.as_json()} for peer, m in heaviest]}
+                "heaviest_peers": [{"peer": peer, **m.as_json()} for peer, m in heaviest],
+                "payments": self.cashier.status() if self.cashier else None}
 
     def measure_throughput(self, tokens: int = 8) -> float:
         """Decode tokens/s through the served span (blocking: run it on the torch thread)."""
@@ -212,12 +212,14 @@ class InferenceServer:
     async def _serve(self, stream: INetStream, peer: ID) -> None:
         reader = FrameReader(stream)  # many frames on this stream: few reads
         try:
-            first = await reader.read_frame(4096, timeout=self.config.idle_timeout)
+            first = await reader.read_frame(MAX_OPEN_FRAME, timeout=self.config.idle_timeout)
         except (FrameEOF, FrameTimeout):
             return  # a client that gave up before asking: nothing to score
         request = decode(first, OpenSession)  # garbage: the host resets and scores
         try:
-            session = self._open(request, peer, address_key(remote_ip(stream)))
+            paid = self._precheck(request)
+            account = paid[0].client.hex() if paid else str(peer)
+            session = self._open(request, peer, account, address_key(remote_ip(stream)))
         except SessionRefused as exc:
             await self._reply(stream, SessionError(str(exc)[:256]))
             return
@@ -229,12 +231,20 @@ class InferenceServer:
         session.client = stream
         self._by_token[session.token] = session
         try:
+            if paid:  # the tab into the mempool (and gossip) before a step runs
+                try:
+                    session.bill = await self.cashier.open(*paid, request.bid)
+                except PaymentError as exc:
+                    await self._reply(stream, SessionError(str(exc)[:256]))
+                    return
             await self._reply(stream, SessionAccepted(session.cache.max_len, session.token))
             with session.scope:
                 await self._run_session(stream, reader, session)
         finally:
             del self.sessions[session.id]
             del self._by_token[session.token]
+            if session.bill is not None:  # the lane's last session: claim it
+                await self.cashier.release(session.bill)
             log.info("session %d of %s (%s) closed: %d positions, %.2f s forward, %d steps",
                      session.id, peer, session.address, session.meter.positions,
                      session.meter.forward_s, session.meter.steps)
@@ -242,12 +252,33 @@ class InferenceServer:
                 scope.cancel()
             await self._unlink(session)
 
-    def _open(self, req: OpenSession, peer: ID, address: str | None) -> _Session | str:
+    def _precheck(self, req: OpenSession):
+        """The tab and lane paying for ``req`` (None: free), checked without the chain.
+
+        Raises:
+            SessionRefused: a tab where this server takes none, a free session
+                where it asks a price, or a tab that is bad in itself.
+        """
+        if self.cashier is None:
+            if req.tab:
+                raise SessionRefused("this server takes no tabs (it follows no chain): "
+                                     "open a free session")
+            return None
+        try:
+            return self.cashier.precheck(req, req.layer_end - req.layer_start)
+        except PaymentError as exc:
+            raise SessionRefused(str(exc)) from None
+
+    def _open(self, req: OpenSession, peer: ID, account: str, address: str | None
+              ) -> _Session | str:
         """A new session, or the `Busy` reason (full, or this client's limit).
 
         Args:
             req: the client's request.
             peer: the client's peer id.
+            account: whom the per-client limit counts: a paid session's
+                client account (peer ids are free and random per run), else
+                the peer id.
             address: its `address_key` bucket (None: unknown).
 
         Raises:
@@ -265,14 +296,15 @@ class InferenceServer:
         if req.max_len > limit:
             raise SessionRefused(f"a session may hold at most {limit} tokens, asked {req.max_len}")
         busy = refusal(self.config.limits(),
-                       ((str(s.peer), s.address) for s in self.sessions.values()),
-                       str(peer), address)
+                       ((s.account, s.address) for s in self.sessions.values()),
+                       account, address)
         if busy is not None:
             return busy
         # The cache is allocated lazily by torch.empty: an idle budget costs no pages.
         cache = KVCache(self.model.config, req.max_len,
                         layers=range(req.layer_start, req.layer_end), device=self.device)
-        session = _Session(next(self._ids), peer, req.layer_start, req.layer_end, req.codec,
+        session = _Session(next(self._ids), peer, account, req.layer_start, req.layer_end,
+                           req.codec,
                            cache, self.model, token=os.urandom(32), address=address,
                            meter=Meter(priority=self.priority(peer, req)))
         self.sessions[session.id] = session
@@ -296,12 +328,30 @@ class InferenceServer:
                 continue  # a pushed step may have run meanwhile: look again
             except FrameEOF:
                 return  # the client is done
-            msg = decode(data, (Step, Link))
+            msg = decode(data, (Step, Link, Settle))
             if isinstance(msg, Link):
                 async with s.lock:  # never between a pushed step's writes
                     await self._link(s, msg)
+            elif isinstance(msg, Settle):
+                async with s.lock:
+                    await self._settle(s, msg)
+                return
             elif not await self._step(s, msg):
                 return
+
+    async def _settle(self, s: _Session, msg: Settle) -> None:
+        """The client's final voucher: keep it, claim the lane, say what is owed."""
+        if s.bill is None:
+            await self._reply(s.client, SessionError("a free session has nothing to settle"))
+            return
+        try:
+            s.bill.settle(msg.voucher)
+        except PaymentError as exc:
+            await self._reply(s.client, SessionError(str(exc)[:256]))
+            return
+        bill, s.bill = s.bill, None
+        claim = await self.cashier.release(bill)
+        await self._reply(s.client, Settled(bill.owed, claim or bytes(32)))
 
     async def _step(self, s: _Session, step: Step) -> bool:
         """Run one step of the client's or the previous hop's; False once the session failed.
@@ -316,8 +366,10 @@ class InferenceServer:
             s.last_forward = trio.current_time()  # a long forward is not idleness either
             try:
                 hidden = await self._check_step(step, s)
+                if s.bill is not None:  # pay after delivery: the voucher covers the steps before
+                    self.cashier.take(s.bill, step.voucher, hidden.shape[1], s.end - s.start)
                 out = await self._forward(s, step, hidden)
-            except SessionRefused as exc:
+            except (SessionRefused, PaymentError) as exc:
                 self.refused_steps += 1
                 await self._reply(s.client, SessionError(str(exc)[:256]))
                 s.scope.cancel()
@@ -329,14 +381,22 @@ class InferenceServer:
             self.served_tokens += hidden.shape[1]
             if s.link is not None:
                 try:
-                    await write_frame(s.link, encode(Step(step.pos, step.chunks, out)),
+                    await write_frame(s.link, encode(Step(step.pos, step.chunks, out,
+                                                          step.voucher)),
                                       timeout=self.config.push_timeout)
+                    self._delivered(s, hidden.shape[1])
                     return True
                 except Exception as exc:  # the next hop died or stalled: the client sees to it
                     log.info("push to the next hop failed: %s: %s", type(exc).__name__, exc)
                     await self._unlink(s)
             await self._reply(s.client, self._answer(s, step, out))
+            self._delivered(s, hidden.shape[1])
             return True
+
+    def _delivered(self, s: _Session, positions: int) -> None:
+        """The step's outputs left: a paid session's bill counts them (`Cashier.delivered`)."""
+        if s.bill is not None:
+            self.cashier.delivered(s.bill, positions, s.end - s.start)
 
     def _answer(self, s: _Session, step: Step, out: bytes) -> StepResult:
         """The signed `StepResult` of ``step``: the server's key over its `StepClaim`.
@@ -347,58 +407,6 @@ class InferenceServer:
         claim = step_claim(s.token, self.model_id, s.start, s.end, step, out)
         signature = self.host.identity.key_pair.private_key.sign(S_STEP + encode(claim))
         return StepResult(step.pos, out, signature)
-
-    async def _link(self, s: _Session, msg: Link) -> None:
-        """Link (or, with an empty peer id, unlink) the session to the next hop's."""
-        await self._unlink(s)
-        if not msg.peer_id:
-            return
-        try:
-            with trio.fail_after(self.config.link_timeout):
-                peer = ID.from_base58(msg.peer_id)
-                if peer not in self.host.connected_peers():
-                    addrs = [a for a in msg.addrs if a.endswith(f"/p2p/{msg.peer_id}")]
-                    if not addrs:
-                        raise SessionRefused("no address of the next hop names it")
-                    await self.host.connect(addrs[0])
-                stream = await self.host.open_stream(peer, PUSH_PROTOCOL)
-                await write_frame(stream, encode(PushOpen(msg.token)))
-        except Exception as exc:  # unreachable, refused, bad id: the client stays in charge
-            await self._reply(s.client, Linked(False, f"{type(exc).__name__}: {exc}"[:256]))
-            return
-        s.link = stream
-        await self._reply(s.client, Linked(True, ""))
-
-    async def _unlink(self, s: _Session) -> None:
-        link, s.link = s.link, None
-        if link is not None:
-            with trio.move_on_after(2.0, shield=True):
-                try:
-                    await link.close()
-                except Exception:  # a dead hop's stream: nothing to close
-                    pass
-
-    async def _serve_push(self, stream: INetStream, peer: ID) -> None:
-        """The previous hop's outputs: steps of the session its token names."""
-        reader = FrameReader(stream)
-        try:
-            first = await reader.read_frame(4096, timeout=self.config.idle_timeout)
-        except (FrameEOF, FrameTimeout):
-            return
-        s = self._by_token.get(decode(first, PushOpen).token)
-        if s is None:
-            return  # a session that ended (or never was): nothing to push into
-        with trio.CancelScope() as scope:  # the session's end ends this stream too
-            s.pushes.append(scope)
-            while s.id in self.sessions:
-                try:
-                    data = await reader.read_frame(MAX_INFERENCE_FRAME,
-                                                   timeout=self.config.idle_timeout)
-                except (FrameEOF, FrameTimeout):
-                    return
-                self.pushed_steps += 1
-                if not await self._step(s, decode(data, Step)):
-                    return
 
     async def _check_step(self, step: Step, s: _Session) -> torch.Tensor:
         """The step's hidden states, checked against the session. Raises SessionRefused."""
@@ -463,16 +471,13 @@ class InferenceServer:
     def _charge(self, s: _Session, positions: int = 0, seconds: float = 0.0,
                 steps: int = 0) -> None:
         """Meter a forward call (or a step): the session's, its client's and the server's."""
-        peer = str(s.peer)
-        usage = self.usage.get(peer)
+        usage = self.usage.get(s.account)
         if usage is None:
             if len(self.usage) >= _MAX_PEERS_METERED:  # keep the heavy ones visible
                 del self.usage[min(self.usage, key=lambda p: self.usage[p].forward_s)]
-            usage = self.usage[peer] = Meter()
+            usage = self.usage[s.account] = Meter()
         for meter in (s.meter, usage, self.compute):
-            meter.positions += positions
-            meter.forward_s += seconds
-            meter.steps += steps
+            meter.add(positions, seconds, steps)
 
     def _timed(self, s: _Session, chunk: torch.Tensor, pos: int) -> tuple[torch.Tensor, float]:
         """`_run` and its seconds (on the torch thread: the wait in its queue is not counted)."""

@@ -19,6 +19,7 @@ Codec tags (the ledger's own objects use 1-40; a tag is never reused):
     72-74  serve (push routing): Link, Linked, PushOpen
     75-77  serve (spot checks): StepClaim, SignedAnswer, SpotEvidence
     78-81  pol: PolRequest, PolReply, PolWindow, NamedSet
+    82-83  serve (paid sessions): Settle, Settled
 """
 
 from node.lazy import lazy_exports
@@ -30,10 +31,12 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ),
     "node.wire.serve": (
         "ANNOUNCE_TOPIC", "INFERENCE_PROTOCOL", "MAX_ANNOUNCES", "MAX_CHUNKS", "MAX_HIDDEN_BYTES",
-        "MAX_INFERENCE_FRAME", "MAX_POSITIONS", "MAX_SWARM_FRAME", "PUSH_PROTOCOL",
+        "MAX_INFERENCE_FRAME", "MAX_OPEN_FRAME", "MAX_POSITIONS", "MAX_TAB_BYTES",
+        "MAX_VOUCHER_BYTES", "MAX_SWARM_FRAME", "PUSH_PROTOCOL",
         "SWARM_PROTOCOL", "S_ANNOUNCE", "Addrs", "Announce", "Busy", "ClientMessage", "Link",
         "Linked", "ModelId", "OpenSession", "PushOpen", "SessionAccepted", "SessionError", "Step",
-        "StepResult", "SwarmRequest", "SwarmResponse", "Text", "sign_announce",
+        "StepResult", "SwarmRequest", "SwarmResponse", "Text", "sign_announce", "Settle",
+        "Settled",
         "S_STEP", "SignedAnswer", "SpotEvidence", "StepClaim", "session_id", "step_claim",
     ),
     "node.wire.pol": (

@@ -1,11 +1,15 @@
 """Protocol ids, gossip topic and messages of model serving (specs/network.md section 9).
 
 Owns what servers and clients of the swarm say to each other: signed
-announcements of who serves which layers (gossip topic ``pnode/announce/2``
-and the ``/pnode/swarm/2.0.0`` request that returns a node's view of them),
-the inference session stream ``/pnode/inference/2.2.0`` and the
-server-to-server push stream ``/pnode/inference-push/1.0.0`` that carries a
-hop's outputs straight into the next hop's session. Messages are frozen,
+announcements of who serves which layers (gossip topic ``pnode/announce/3``
+and the ``/pnode/swarm/3.0.0`` request that returns a node's view of them),
+the inference session stream ``/pnode/inference/3.0.0`` and the
+server-to-server push stream ``/pnode/inference-push/2.0.0`` that carries a
+hop's outputs straight into the next hop's session. Version 3 pays: an
+announcement names the node key a tab's lane pays and its price per
+position per layer; a session opens with a bid and an `OpenTab`, every step
+carries the client's latest `Voucher`, and `Settle` ends it with the final
+one (specs/network.md section 9.6). Messages are frozen,
 slotted dataclasses on the ledger codec (tags in `node.wire`'s table), so
 decode refuses anything unexpected.
 
@@ -24,13 +28,13 @@ from ledger.codec import U32, U64, Key32, MaxLen, Range, Sig64, encode, encode_u
 from ledger.crypto import verify
 
 #: Request/response protocol: a node's current view of the swarm's servers.
-SWARM_PROTOCOL = "/pnode/swarm/2.0.0"  # 2: `Announce` version 2 (its position caps)
+SWARM_PROTOCOL = "/pnode/swarm/3.0.0"  # 3: `Announce` version 3 (its node key)
 #: Stream protocol of one inference session (many frames each way).
-INFERENCE_PROTOCOL = "/pnode/inference/2.2.0"  # 2.2: signed `StepResult`
+INFERENCE_PROTOCOL = "/pnode/inference/3.0.0"  # 3: paid sessions (bid, tab, vouchers)
 #: Stream protocol on which a server pushes its outputs into the next hop's session.
-PUSH_PROTOCOL = "/pnode/inference-push/1.0.0"
+PUSH_PROTOCOL = "/pnode/inference-push/2.0.0"  # 2: a pushed `Step` forwards the voucher
 #: Gossip topic of `Announce` messages.
-ANNOUNCE_TOPIC = "pnode/announce/2"
+ANNOUNCE_TOPIC = "pnode/announce/3"
 #: Signature domain of announcements (a peer key signs nothing else with it).
 S_ANNOUNCE = b"pnode:sign:announce:"
 #: Signature domain of a server's answers to steps (`StepClaim`).
@@ -48,18 +52,26 @@ MAX_SWARM_FRAME = 2 * 1024 * 1024
 MAX_CHUNKS = 4096
 #: Largest position count the protocol can express (a session budget, a chunk, a cap).
 MAX_POSITIONS = 1 << 20
+#: Largest encoded `OpenTab` an `OpenSession` carries (64 lanes fit with room to spare).
+MAX_TAB_BYTES = 8192
+#: Largest encoded `Voucher` a `Step` or `Settle` carries (64 amounts fit).
+MAX_VOUCHER_BYTES = 1024
+#: Largest first frame of an inference stream (an `OpenSession` with a maximal tab).
+MAX_OPEN_FRAME = MAX_TAB_BYTES + 1024
 
 Text = Annotated[str, MaxLen(256)]
 ModelId = Annotated[str, MaxLen(64)]
 Addrs = Annotated[tuple[Text, ...], MaxLen(8)]
 
 
-@wire(57, 2)
+@wire(57, 3)
 @dataclass(frozen=True, slots=True)
 class Announce:
     """A server says what it serves, how fast, how loaded and at what price.
 
     public_key: the raw Ed25519 key of the peer (its peer id is derived).
+    node_key: the node key its tab lanes pay (the chain's NODE record of
+        this peer; all zero: a server of a private swarm, free only).
     addrs: multiaddrs to dial it at (each with ``/p2p/<peer id>``).
     model_id: `compute.gguf.model_id` of the weights it serves.
     layer_start, layer_end: the span of layers held, [start, end).
@@ -69,11 +81,13 @@ class Announce:
         step without chunks, or each chunk of one); a longer one is refused.
     max_session_positions: the most positions one session may hold (the
         largest ``OpenSession.max_len`` it accepts).
-    price: asked per token, in base coin units (informational until paid).
+    price: asked per position per layer, in base coin units (0: free); a
+        session's bid must be at least this.
     time_ms: the server's clock when signed; a later one replaces an earlier.
     """
 
     public_key: Key32
+    node_key: Key32
     addrs: Addrs
     model_id: ModelId
     layer_start: U32
@@ -124,6 +138,11 @@ class OpenSession:
 
     max_len: the session's token budget (KV cache positions).
     codec: how the server encodes its outputs (the inputs say their own).
+    bid: what the client pays per position per layer (at least the ask).
+    tab: the encoded `ledger.tab.OpenTab` that pays, with a lane for this
+        server's node key (b"": a free session, refused where the ask is
+        above 0). The server admits it to its node's mempool and gossips it
+        before it accepts.
     """
 
     model_id: ModelId
@@ -131,6 +150,8 @@ class OpenSession:
     layer_end: U32
     max_len: Annotated[int, Range(1, 1 << 20)]
     codec: Annotated[str, MaxLen(8)]
+    bid: U64 = 0
+    tab: Annotated[bytes, MaxLen(MAX_TAB_BYTES)] = b""
 
 
 @wire(61, 2)
@@ -147,16 +168,21 @@ class SessionAccepted:
     token: Key32
 
 
-@wire(62)
+@wire(62, 2)
 @dataclass(frozen=True, slots=True)
 class Busy:
-    """The server is full: try another server, or this one after the hint."""
+    """The server is full: try another server, or this one after the hint.
+
+    min_bid: the least bid its waiting room would admit now (0: any bid;
+        a client may raise its bid to it and ask again).
+    """
 
     retry_after_ms: U32
     reason: Text
+    min_bid: U64 = 0
 
 
-@wire(63)
+@wire(63, 2)
 @dataclass(frozen=True, slots=True)
 class Step:
     """Hidden states entering the session's first layer at positions ``pos ..``.
@@ -165,12 +191,16 @@ class Step:
     chunks: how the server must split the T positions into consecutive
         forward calls (a replay repeats the original prefill and decode
         steps, so the rebuilt KV cache is bit-identical); () means one call.
+    voucher: the client's latest encoded `ledger.tab.Voucher` for the
+        session's tab, covering every position delivered before this step
+        (b"" in a free session); a pushed step forwards it unchanged.
     The answer is a `StepResult` with the outputs at all T positions.
     """
 
     pos: U32
     chunks: Annotated[tuple[Annotated[int, Range(1, 1 << 20)], ...], MaxLen(MAX_CHUNKS)]
     hidden: Annotated[bytes, MaxLen(MAX_HIDDEN_BYTES)]
+    voucher: Annotated[bytes, MaxLen(MAX_VOUCHER_BYTES)] = b""
 
 
 @wire(64, 3)
@@ -310,4 +340,30 @@ class SpotEvidence:
             for a in self.answers)
 
 
-ClientMessage = (OpenSession, Step, Link)
+@wire(82)
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """Client to a paid hop: the session is over, here is the voucher for every step.
+
+    voucher: the encoded final `ledger.tab.Voucher` (covering the last step
+        too). The server answers `Settled` and ends the session.
+    """
+
+    voucher: Annotated[bytes, MaxLen(MAX_VOUCHER_BYTES)]
+
+
+@wire(83)
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The server took the final voucher: what it counts as owed, and its claim.
+
+    owed: base units it counts for this session (positions run x layers x bid).
+    claim: the id of the closing `Claim` it submitted (all zero: not yet,
+        e.g. the tab is not in a block yet; it retries until the tab expires).
+    """
+
+    owed: U64
+    claim: Key32
+
+
+ClientMessage = (OpenSession, Step, Link, Settle)

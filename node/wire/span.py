@@ -27,7 +27,8 @@ class ServerInfo:
     peer_id: the server's peer id; start, end: it holds layers [start, end);
     throughput: tokens/s for one decode token through all its layers (> 0);
     load: its active sessions; max_sessions: sessions it accepts at most;
-    price: what it asks (not used by the route, carried for the caller).
+    price: what it asks per position per layer (the route keeps to servers
+        asking at most the client's ``--max-price``).
     max_chunk_positions: the most positions of one forward call it runs.
     max_session_positions: the most positions one session may hold there.
 
@@ -46,6 +47,7 @@ class ServerInfo:
     price: int = 0
     max_chunk_positions: int = 128  # (defaults: a default server's)
     max_session_positions: int = 2048
+    node_key: bytes = bytes(32)  # the node key its tab lane pays (zeros: none)
 
     def __post_init__(self) -> None:
         if not 0 <= self.start < self.end:
@@ -75,7 +77,7 @@ class ServerInfo:
         return cls(peer_id, announce.layer_start, announce.layer_end,
                    max(announce.throughput, min_throughput), announce.load,
                    announce.max_sessions, announce.price, announce.max_chunk_positions,
-                   announce.max_session_positions)
+                   announce.max_session_positions, announce.node_key)
 
     @property
     def busy(self) -> bool:

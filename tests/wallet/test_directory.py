@@ -24,8 +24,8 @@ def announce(n: int, start: int, end: int, *, model: str = MODEL, load: int = 0,
     me = ident(n)
     if addrs is None:
         addrs = (f"/ip4/127.0.0.1/tcp/{4000 + n}/p2p/{me.peer_id}",)
-    unsigned = Announce(me.public_key, addrs, model, start, end, 10_000, load, 8, 128, 2048, 0,
-                        now_ms(), bytes(64))
+    unsigned = Announce(me.public_key, bytes(32), addrs, model, start, end, 10_000, load, 8, 128,
+                        2048, 0, now_ms(), bytes(64))
     return sign_announce(unsigned, me.key_pair.private_key.sign)
 
 

@@ -18,7 +18,7 @@ NOW_MS = 1_700_000_000_000
 
 def announce(n: int, *, start=0, end=10, time_ms=NOW_MS, load=0) -> Announce:
     me = ident(n)
-    unsigned = Announce(me.public_key, (f"/ip4/127.0.0.1/tcp/1/p2p/{me.peer_id}",), "model",
+    unsigned = Announce(me.public_key, bytes(32), (f"/ip4/127.0.0.1/tcp/1/p2p/{me.peer_id}",), "model",
                         start, end, 12_500, load, 8, 128, 2048, 0, time_ms, bytes(64))
     return sign_announce(unsigned, me.key_pair.private_key.sign)
 

@@ -1,0 +1,42 @@
+"""The chain as a serving node's cashier sees it: admit a tab or claim, look a tab up.
+
+Owns `ChainTabs`, the ``ledger`` of `node.serve.cashier.Cashier` (node.serve
+does not import node.chain): admission goes through `TxGossip.submit` (the
+mempool, then gossip), lookups through `ChainService.call` (alone with the
+ChainDB).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledger import schema
+from ledger.state import TAB
+from node.chain.sync import ChainService
+from node.chain.txgossip import TxGossip
+
+
+class ChainTabs:
+    """Tab admission and lookups on a running node's chain."""
+
+    def __init__(self, service: ChainService, txs: TxGossip):
+        self.service, self.txs = service, txs
+
+    @property
+    def chain_id(self) -> str:
+        return self.service.chain.chain_id
+
+    async def admit(self, tx: Any) -> bytes:
+        """Admit ``tx`` to the mempool and gossip it; its id. Raises ValidationError."""
+        return await self.txs.submit(tx)
+
+    async def lookup(self, tab_id: bytes, txids: list[bytes]
+                     ) -> tuple[int, Any, frozenset[bytes]]:
+        """(height, the tab's `TabRecord` or None, which of ``txids`` are in the mempool)."""
+        return await self.service.call(self._lookup, tab_id, txids)
+
+    def _lookup(self, tab_id: bytes, txids: list[bytes]) -> tuple[int, Any, frozenset[bytes]]:
+        chain = self.service.chain
+        queued = frozenset(t for t in txids
+                           if chain.store.get(schema.mempool_key(t)) is not None)
+        return chain.height, chain.state.get(TAB + tab_id), queued

@@ -1,0 +1,333 @@
+"""A serving node's payments: tabs it admits, vouchers it keeps, claims it makes.
+
+Owns `Cashier` (specs/network.md section 9.6), which the inference server
+asks at three moments:
+
+- a session opens with a tab (`open`): the pure checks (`node.serve.billing.
+  check_tab`), then the node's mempool admits the tab (the chain's checks:
+  funds, nonce, registered lanes, expiry) and gossips it, before the server
+  accepts. A tab whose nonce is ahead of the mempool waits ``gap_wait_s``
+  for its predecessors to arrive by gossip (a client's failover tab follows
+  its first tab by one nonce);
+- each step (`check`): the tab must still be on its way into a block (in
+  the mempool) or in one; a tab that is not in a block ``include_within``
+  blocks after it was admitted, or that the chain dropped (a double spend
+  lost to another tab of the same nonce), ends the lane's sessions;
+- a lane's last session ends (`release`): the server submits
+  ``Claim(latest voucher, close)`` at once and again until the lane is
+  closed on chain or the tab expires (`run`).
+
+The latest voucher of each lane is kept in ``folder`` (one file per tab,
+written atomically at most every ``poll_s`` and when the lane ends), so a
+restarted server still claims what it was owed.
+
+The chain is reached through ``ledger``, an object with ``chain_id``,
+``await admit(tx) -> txid`` (the node's `TxGossip.submit`) and ``await
+lookup(tab_id, txids) -> (height, TabRecord | None, queued txids)``
+(`node.chain.tabs.ChainTabs`): node.serve does not import node.chain.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import trio
+
+from ledger.codec import U32, MaxLen, decode, encode, wire
+from ledger.crypto import SigningKey
+from ledger.errors import BadNonce, DecodeError, ValidationError
+from ledger.tab import Claim, OpenTab, Voucher
+from ledger.types import ZERO_SIG, sign, tx_hash
+from node.serve.billing import Bill, PaymentError, check_tab
+from node.wire import OpenSession
+
+log = logging.getLogger(__name__)
+
+#: Blocks a tab may take to reach a block after a server admitted it (D, specs 9.6).
+INCLUDE_WITHIN = 8
+
+
+@wire(84)
+@dataclass(frozen=True, slots=True)
+class KeptTab:
+    """What a server keeps of a lane on disk: the tab, its lane, the latest voucher."""
+
+    tab: OpenTab
+    lane: U32
+    voucher: Annotated[bytes, MaxLen(1024)]  # encoded `Voucher` (b"": none yet)
+    closing: bool
+
+
+@dataclass(slots=True)
+class _Lane:
+    """A lane this server took: its bill and where its tab and claim stand."""
+
+    bill: Bill
+    since: int  # the height when this server admitted the tab
+    included: bool = False
+    dead: str | None = None  # why the tab will never pay (its sessions end)
+    closing: bool = False  # the lane's sessions ended: claim it
+    claim_id: bytes | None = None
+    dirty: bool = True  # the kept file is behind
+    done: bool = False
+
+
+@dataclass
+class CashierStats:
+    admitted: int = 0
+    refused: int = 0
+    claims: int = 0
+    settled: int = 0
+    claim_ids: list[str] = field(default_factory=list)
+
+
+class Cashier:
+    """Admits a serving node's tabs, keeps its vouchers and claims them.
+
+    Args:
+        ledger: the node's chain (see the module docstring).
+        node_key: the node key its lanes pay and its claims are signed with.
+        ask: its price, base units per position per layer.
+        folder: where the latest vouchers are kept (None: memory only).
+        include_within: blocks a tab may take to reach a block.
+        gap_wait_s: seconds a tab whose nonce is ahead waits for its predecessors.
+        poll_s: seconds between looks at the chain.
+    """
+
+    def __init__(self, ledger: Any, node_key: SigningKey, ask: int, folder: Path | None = None,
+                 *, include_within: int = INCLUDE_WITHIN, gap_wait_s: float = 5.0,
+                 poll_s: float = 0.5, report: Callable[[str], None] = lambda line: None):
+        self.ledger, self.node_key, self.ask, self.folder = ledger, node_key, ask, folder
+        self.include_within, self.gap_wait_s, self.poll_s = include_within, gap_wait_s, poll_s
+        self.report = report
+        self.lanes: dict[bytes, _Lane] = {}
+        self.stats = CashierStats()
+        self._height = 0
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def precheck(self, request: OpenSession, layers: int) -> tuple[OpenTab, int] | None:
+        """The tab and lane of ``request`` (None: a free session), checked without the chain.
+
+        Raises:
+            PaymentError: a free session where this server asks a price, or a bad tab.
+        """
+        if not request.tab:
+            if self.ask > 0:
+                raise PaymentError(f"this server asks {self.ask} base units per position per "
+                                   "layer: open a tab (pwallet infer --max-price)")
+            return None
+        return check_tab(request.tab, chain_id=self.ledger.chain_id,
+                         node_key=self.node_key.public, bid=request.bid, ask=self.ask,
+                         layers=layers)
+
+    async def open(self, tab: OpenTab, lane: int, bid: int) -> Bill:
+        """The bill of a session on ``tab``'s ``lane``, once the node's mempool admitted the tab.
+
+        Raises:
+            PaymentError: the chain refuses the tab, its lane was settled or
+                its tab dropped, or the bid differs from the lane's earlier one.
+        """
+        known = self.lanes.get(_tab_id(tab))
+        if known is None:
+            height = await self._admit(tab)
+            known = self.lanes[_tab_id(tab)] = _Lane(Bill.of(tab, lane, bid), height)
+            self.stats.admitted += 1
+        if known.closing or known.dead:
+            raise PaymentError(known.dead or "this tab's lane was settled already")
+        if known.bill.bid != bid:
+            raise PaymentError(f"this lane was opened at a bid of {known.bill.bid}, not {bid}")
+        known.bill.sessions += 1
+        return known.bill
+
+    def take(self, bill: Bill, voucher: bytes, positions: int, layers: int) -> None:
+        """Check a step's voucher (`Bill.take`), and that its tab is still in a block or on
+        its way into one, before the step runs.
+
+        Raises:
+            PaymentError: the tab will not pay (see the module docstring), or
+                the voucher does not (`Bill.take`).
+        """
+        lane = self.lanes.get(bill.tab_id)
+        if lane is not None and lane.dead:
+            raise PaymentError(lane.dead)
+        bill.take(voucher, positions, layers)
+
+    def delivered(self, bill: Bill, positions: int, layers: int) -> None:
+        """A step's outputs left: count them owed, then check the voucher's signature.
+
+        After the write, so the check is off the decode's critical path; a
+        forged voucher ends the session at its next step (`Bill.take`). A
+        good one is kept (written at the next poll).
+        """
+        bill.deliver(positions, layers)
+        if bill.pending is not None and bill.verify_pending():
+            lane = self.lanes.get(bill.tab_id)
+            if lane is not None:
+                lane.dirty = True
+
+    async def release(self, bill: Bill) -> bytes | None:
+        """A session of the bill's lane ended; the last one's claim is submitted now.
+
+        Returns:
+            The claim's id when submitted, else None (none to make, or the
+            chain refused it for now: `run` retries).
+        """
+        lane = self.lanes.get(bill.tab_id)
+        bill.sessions -= 1
+        if lane is None or bill.sessions > 0 or lane.closing:
+            return None
+        lane.closing, lane.dirty = True, True
+        if bill.voucher is None:  # nothing was paid: the lane's cap goes back at expiry
+            lane.done = True
+            self._forget(bill.tab_id)
+            return None
+        self._keep(lane)
+        return await self._claim(lane)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[Cashier] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Load the kept lanes, then watch tabs and claim, every ``poll_s``, until cancelled."""
+        self._load()
+        task_status.started(self)
+        while True:
+            for tab_id, lane in list(self.lanes.items()):
+                try:
+                    await self._watch(lane)
+                except ValidationError as exc:  # refused for now: try again
+                    log.info("claim of tab %s refused for now: %s", tab_id.hex()[:16], exc)
+                if lane.dirty and not lane.done:
+                    self._keep(lane)
+                if lane.done:
+                    self.lanes.pop(tab_id, None)
+                    self._forget(tab_id)
+            await trio.sleep(self.poll_s)
+
+    def status(self) -> dict:
+        """What `pnode status` shows of the payments."""
+        lanes = list(self.lanes.values())
+        return {"ask": self.ask, "tabs_admitted": self.stats.admitted,
+                "tabs_refused": self.stats.refused, "open_lanes": len(lanes),
+                "owed": sum(x.bill.owed for x in lanes),
+                "vouched": sum(x.bill.paid for x in lanes),
+                "claims": self.stats.claims, "settled": self.stats.settled,
+                "claim_ids": self.stats.claim_ids[-8:]}
+
+    async def _watch(self, lane: _Lane) -> None:
+        bill = lane.bill
+        ids = [bill.tab_id] + ([lane.claim_id] if lane.claim_id else [])
+        height, record, queued = await self.ledger.lookup(bill.tab_id, ids)
+        self._height = height
+        lane.since = lane.since or height  # a lane kept from an earlier run
+        if height > bill.tab.expiry_height:
+            lane.done = True  # expired: what was not claimed went back to the client
+            return
+        if record is not None:
+            lane.included = True
+        elif not lane.included and not lane.dead:
+            if bill.tab_id not in queued:
+                lane.dead = "the chain dropped the session's tab (a conflicting transaction won)"
+            elif height - lane.since > self.include_within:
+                lane.dead = (f"the session's tab is not in a block {self.include_within} blocks "
+                             "after it was admitted")
+        if lane.dead and not lane.included:
+            lane.done = bill.sessions == 0
+            return
+        if not lane.closing:
+            return
+        if (record is None and lane.included) or (record and record.closed[bill.lane]):
+            lane.done = True  # closed (the whole tab, once every lane is)
+            self.stats.settled += 1
+            self.report(f"tab {bill.tab_id.hex()[:16]}.. settled: {bill.paid} base units "
+                        "vouched for this lane")
+        elif record is not None and lane.claim_id not in queued:
+            await self._claim(lane)
+
+    async def _claim(self, lane: _Lane) -> bytes | None:
+        bill = lane.bill
+        claim = sign(Claim(bill.tab.chain_id, self.node_key.public, bill.voucher, True,
+                           ZERO_SIG), self.node_key)
+        try:
+            lane.claim_id = await self.ledger.admit(claim)
+        except ValidationError as exc:  # e.g. the tab is not in a block yet: `run` retries
+            log.info("claim of tab %s waits: %s", bill.tab_id.hex()[:16], exc)
+            return None
+        self.stats.claims += 1
+        self.stats.claim_ids.append(lane.claim_id.hex())
+        return lane.claim_id
+
+    async def _admit(self, tab: OpenTab) -> int:
+        """Admit the tab to the node's mempool; the height then. Raises PaymentError."""
+        give_up = trio.current_time() + self.gap_wait_s
+        while True:
+            try:
+                await self.ledger.admit(tab)
+                break
+            except BadNonce as exc:
+                height, record, _ = await self.ledger.lookup(_tab_id(tab), [])
+                if record is not None:  # in a block already (another lane's server admitted it)
+                    return height
+                if "out of order" in str(exc) and trio.current_time() < give_up:
+                    await trio.sleep(0.1)  # its predecessors may still be on their way
+                    continue
+                self.stats.refused += 1
+                raise PaymentError(f"the chain refuses the tab: {exc}") from None
+            except ValidationError as exc:
+                self.stats.refused += 1
+                raise PaymentError(f"the chain refuses the tab: {type(exc).__name__}: "
+                                   f"{exc}") from None
+        height, _, _ = await self.ledger.lookup(_tab_id(tab), [])
+        return height
+
+    # -- the kept files ------------------------------------------------------------------
+
+    def _path(self, tab_id: bytes) -> Path | None:
+        return None if self.folder is None else self.folder / f"{tab_id.hex()}.tab"
+
+    def _keep(self, lane: _Lane) -> None:
+        lane.dirty = False
+        path = self._path(lane.bill.tab_id)
+        if path is None or lane.bill.voucher is None:
+            return
+        bill = lane.bill
+        data = encode(KeptTab(bill.tab, bill.lane, encode(bill.voucher), lane.closing))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if lane.closing:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _forget(self, tab_id: bytes) -> None:
+        path = self._path(tab_id)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def _load(self) -> None:
+        """Lanes kept by an earlier run of this node: all to claim (their sessions are gone)."""
+        if self.folder is None or not self.folder.is_dir():
+            return
+        for path in sorted(self.folder.glob("*.tab")):
+            try:
+                kept = decode(path.read_bytes(), KeptTab)
+                bill = Bill.of(kept.tab, kept.lane, 0)
+                bill.voucher = decode(kept.voucher, Voucher)
+            except (DecodeError, OSError, IndexError) as exc:
+                log.warning("kept tab %s unreadable, skipped: %s", path.name, exc)
+                continue
+            self.lanes[bill.tab_id] = _Lane(bill, 0, closing=True, dirty=False)
+        if self.lanes:
+            self.report(f"claiming {len(self.lanes)} tab(s) kept from an earlier run")
+
+
+def _tab_id(tab: OpenTab) -> bytes:
+    return tx_hash(tab)

@@ -1,0 +1,105 @@
+"""One hop's inference stream: opening it (free or paid) and closing it.
+
+Owns `HopSession` (one open session on one server for one hop of a route)
+and `open_hop`, which dials the server, sends `OpenSession` (with the
+tab and bid when the hop is paid, specs/network.md section 9.6) and reads
+its answer: accepted, busy (with the least bid it would admit) or refused.
+`wallet.session.RouteRun` drives the steps; it reads every hop's frames.
+"""
+
+from __future__ import annotations
+
+import trio
+from libp2p.abc import INetStream
+from libp2p.peer.id import ID
+
+from ledger.codec import decode, encode
+from ledger.errors import DecodeError
+from node.net import DialError, FrameReader, FramingError, Host, RequestError, read_frame, write_frame
+from node.wire import (
+    INFERENCE_PROTOCOL, Busy, OpenSession, SessionAccepted, SessionError, StepResult,
+)
+from wallet.directory import SwarmDirectory
+from wallet.errors import HopFailed, ServerBusy
+from wallet.generation import ClientConfig, Served
+from wallet.payer import ClientTab
+from wallet.route import Hop
+
+
+class HopSession:
+    """One open inference stream to one server for one hop.
+
+    A reader task (`RouteRun._read`) takes every frame the server sends and
+    hands it to the run's inbox; a broken stream is kept in ``error``.
+    ``tab``: the tab paying this hop (None: a free session).
+    """
+
+    def __init__(self, hop: Hop, stream: INetStream, served: Served, token: bytes = b"",
+                 tab: ClientTab | None = None):
+        self.hop, self.stream, self.served, self.token = hop, stream, served, token
+        self.tab = tab
+        self.reader = FrameReader(stream)
+        self.reading = trio.CancelScope()  # the reader task's
+        self.error: HopFailed | None = None
+        self.steps = 0
+        self.last_reply: StepResult | None = None  # signed: a spot check's evidence
+
+    @property
+    def paid(self) -> bool:
+        return self.tab is not None
+
+    def voucher(self) -> bytes:
+        """The voucher a step to this hop carries (b"": a free session)."""
+        return self.tab.voucher() if self.tab is not None else b""
+
+    async def close(self) -> None:
+        self.reading.cancel()
+        with trio.move_on_after(2.0, shield=True):
+            try:
+                await self.stream.close()
+            except Exception:  # a dead server's stream: nothing to close
+                pass
+
+
+async def open_hop(host: Host, directory: SwarmDirectory, hop: Hop, config: ClientConfig,
+                   max_len: int, tab: ClientTab | None = None) -> HopSession:
+    """Open a session of ``max_len`` positions on ``hop``'s server; paid from ``tab`` if given.
+
+    Raises:
+        ServerBusy: the server is full (its retry hint and least bid with it).
+        HopFailed: unreachable, or it refused the session (its reason: a
+            moved span, a tab the chain refuses, a bid below its ask...).
+    """
+    served = Served(hop.peer_id, hop.start, hop.end)
+    paid = tab is not None and hop.peer_id in tab.lane_of
+    request = OpenSession(directory.model_id, hop.start, hop.end, max_len, config.codec,
+                          tab.bids[hop.peer_id] if paid else 0, encode(tab.tab) if paid else b"")
+    stream = None
+    try:
+        with trio.fail_after(config.open_timeout):
+            peer = ID.from_base58(hop.peer_id)
+            if peer not in host.connected_peers():
+                for addr in directory.addrs(hop.peer_id):
+                    try:
+                        await host.connect(addr)
+                        break
+                    except DialError:
+                        continue
+            stream = await host.open_stream(peer, INFERENCE_PROTOCOL)
+            await write_frame(stream, encode(request))
+            reply = decode(await read_frame(stream, 4096), (SessionAccepted, Busy, SessionError))
+    except (trio.TooSlowError, RequestError, FramingError, DecodeError, ValueError) as exc:
+        if stream is not None:
+            await HopSession(hop, stream, served).close()
+        raise HopFailed(f"cannot open a session on {hop.peer_id}: {exc!r}") from None
+    session = HopSession(hop, stream, served,
+                         reply.token if isinstance(reply, SessionAccepted) else b"",
+                         tab if paid else None)
+    if isinstance(reply, Busy):
+        await session.close()
+        raise ServerBusy(hop.peer_id, reply.retry_after_ms, reply.reason, reply.min_bid)
+    if isinstance(reply, SessionError):
+        # E.g. it moved to other layers since it announced: plan around it.
+        await session.close()
+        raise HopFailed(f"{hop.peer_id} refused the session: {reply.reason}")
+    return session
