@@ -341,8 +341,8 @@ def _payer(data_dir: str, wallet_name: str | None, passphrase_file: str | None,
     key = SigningKey(read_key_file(dd.wallet_path(wallet_name),
                                    common.passphrase(passphrase_file)))
     view = account_info(dd, key.public)
-    return Payer(key, view["chain_id"], view["next_nonce"], view["height"] + tab_blocks,
-                 max_price, balance=view["balance"])
+    return Payer(key, view["chain_id"], view["next_nonce"], view["height"], max_price,
+                 blocks=tab_blocks, balance=view["balance"])
 
 
 def _infer_remote(request, peers, trusted, registered, wire, push, model_file, show,

@@ -22,7 +22,7 @@ from node.wire import (
 from wallet.directory import SwarmDirectory
 from wallet.errors import HopFailed, ServerBusy
 from wallet.generation import ClientConfig, Served
-from wallet.payer import ClientTab
+from wallet.payer import ClientTab, PaymentRefused
 from wallet.route import Hop
 
 
@@ -42,6 +42,8 @@ class HopSession:
         self.reading = trio.CancelScope()  # the reader task's
         self.error: HopFailed | None = None
         self.steps = 0
+        self.height = 0  # the server's chain height when it accepted (0: none said)
+        self.sent: dict[int, int] = {}  # positions of each step sent, by pos, until answered
         self.last_reply: StepResult | None = None  # signed: a spot check's evidence
 
     @property
@@ -67,8 +69,9 @@ async def open_hop(host: Host, directory: SwarmDirectory, hop: Hop, config: Clie
 
     Raises:
         ServerBusy: the server is full (its retry hint and least bid with it).
+        PaymentRefused: the server's chain refuses the tab (funds, nonce...).
         HopFailed: unreachable, or it refused the session (its reason: a
-            moved span, a tab the chain refuses, a bid below its ask...).
+            moved span, a bid below its ask...).
     """
     served = Served(hop.peer_id, hop.start, hop.end)
     paid = tab is not None and hop.peer_id in tab.lane_of
@@ -95,11 +98,30 @@ async def open_hop(host: Host, directory: SwarmDirectory, hop: Hop, config: Clie
     session = HopSession(hop, stream, served,
                          reply.token if isinstance(reply, SessionAccepted) else b"",
                          tab if paid else None)
+    session.height = reply.height if isinstance(reply, SessionAccepted) else 0
     if isinstance(reply, Busy):
         await session.close()
         raise ServerBusy(hop.peer_id, reply.retry_after_ms, reply.reason, reply.min_bid)
     if isinstance(reply, SessionError):
-        # E.g. it moved to other layers since it announced: plan around it.
         await session.close()
+        if paid and reply.reason.startswith("the chain refuses the tab"):
+            # Every server's chain would: no other route helps (e.g. a stale balance).
+            raise PaymentRefused(f"{hop.peer_id}: {reply.reason}")
+        # E.g. it moved to other layers since it announced: plan around it.
         raise HopFailed(f"{hop.peer_id} refused the session: {reply.reason}")
     return session
+
+
+def count_delivered(sessions: list[HopSession], pos: int) -> None:
+    """Count the step at ``pos`` as delivered by each of ``sessions`` still waiting on it.
+
+    A step's positions are owed once its server sent its outputs on: to the
+    client, or pushed to the next hop. The client sees only the chain's last
+    answer, or an earlier hop's after its push failed; on a failure inside
+    a pushed chain it pays the hops before the failed one for the step in
+    flight (they ran it), so its vouchers stay level with their counts.
+    """
+    for s in sessions:
+        positions = s.sent.pop(pos, None)
+        if positions is not None and s.tab is not None:
+            s.tab.deliver(s.hop, positions)

@@ -100,18 +100,28 @@ class Payer:
         key: the wallet key the tabs lock coins of.
         chain_id: the chain the servers follow.
         nonce: the wallet's next nonce (each tab takes one).
-        expiry_height: the height the tabs expire at (their rest comes back).
+        height: the chain's height now (a later one comes with each session).
+        blocks: a tab's life: it expires ``blocks`` after the height last seen.
         max_price: the most paid per position per layer (servers asking more
             are not routed through).
         balance: the wallet's balance (base units), for the preflight.
         margin: the room each lane's cap leaves for replays (`MARGIN`).
     """
 
-    def __init__(self, key: SigningKey, chain_id: str, nonce: int, expiry_height: int,
-                 max_price: int, *, balance: int = 0, margin: float = MARGIN):
+    def __init__(self, key: SigningKey, chain_id: str, nonce: int, height: int, max_price: int,
+                 *, blocks: int = 120, balance: int = 0, margin: float = MARGIN):
         self.key, self.chain_id, self.nonce, self.balance = key, chain_id, nonce, balance
-        self.expiry_height, self.max_price, self.margin = expiry_height, max_price, margin
+        self.height, self.blocks, self.max_price, self.margin = height, blocks, max_price, margin
         self.tabs: list[ClientTab] = []
+
+    @property
+    def expiry_height(self) -> int:
+        """The expiry of the next tab: ``blocks`` after the latest height seen."""
+        return self.height + self.blocks
+
+    def saw_height(self, height: int) -> None:
+        """A server said its chain is at ``height`` (`SessionAccepted`): date tabs from it."""
+        self.height = max(self.height, height)
 
     def open_tab(self, hops: Sequence[Hop], servers: Mapping[str, ServerInfo],
                  positions: int) -> ClientTab | None:

@@ -33,7 +33,7 @@ from node.wire import (
 from wallet.directory import SwarmDirectory
 from wallet.errors import HopFailed, NoRoute, RemoteError, RouteBusy, ServerBusy, SessionTooLong
 from wallet.generation import ClientConfig, Generation
-from wallet.hop import HopSession, open_hop
+from wallet.hop import HopSession, count_delivered, open_hop
 from wallet.payer import ClientTab, Payer
 from wallet.route import Hop
 
@@ -98,9 +98,11 @@ class RouteRun:
     async def close(self) -> None:
         """Settle the paid sessions (the final voucher pays the last step), then close all."""
         for s in self.sessions:
-            if s.paid and s.error is None:
-                await self._settle(s)
-            await s.close()
+            try:
+                if s.paid and s.error is None:
+                    await self._settle(s)
+            finally:  # cancelled (a killed client): no settling, but every stream closes
+                await s.close()
 
     async def _settle(self, s: HopSession) -> None:
         """Send the final voucher; keep what the server says it is owed and its claim."""
@@ -127,8 +129,11 @@ class RouteRun:
             try:
                 i, x = await self._run_from(i, x, pos)
             except _Silent:  # a linked route went quiet: ask hop by hop who it is
+                count_delivered(self.sessions, pos)  # any hop may have run it: pay, at most once
                 await self._stop_pushing()
             except HopFailed as exc:
+                if self.pushing and exc.session in self.sessions:  # the hops before it ran it
+                    count_delivered(self.sessions[: self.sessions.index(exc.session)], pos)
                 await self._stop_pushing()
                 i, x = await self._fail_over(self.sessions.index(exc.session), exc, pos)
         return x
@@ -149,6 +154,8 @@ class RouteRun:
         self.widest = max(self.widest, pieces[0].shape[1])
         self._record(session, pieces, pos)
         last = len(self.sessions) - 1 if self.pushing else i
+        for pushed in self.sessions[i + 1: last + 1]:  # they run it too, if the chain holds
+            pushed.sent[pos] = x.shape[1]
         chunks = tuple(p.shape[1] for p in pieces) if len(pieces) > 1 else ()
         began = trio.current_time()
         timeout, sent = await self._send(session, x, pos, chunks)
@@ -355,6 +362,8 @@ class RouteRun:
         if self.payer is not None and tab is None:
             tab = self.payer.open_tab([hop], self.directory.server_map(), self.max_len)
         session = await open_hop(self.host, self.directory, hop, self.config, self.max_len, tab)
+        if self.payer is not None:
+            self.payer.saw_height(session.height)
         self.nursery.start_soon(self._read, session)
         return session
 
@@ -383,6 +392,7 @@ class RouteRun:
         cfg = self.config
         payload = await tensor_work(encode_tensor, x, cfg.codec, rows=x.shape[1])
         timeout = self._timeout(session, x.shape[1], max(len(chunks), 1))
+        session.sent[pos] = x.shape[1]
         try:
             message = encode(Step(pos, chunks, payload, session.voucher()))
         except EncodeError as exc:
@@ -436,8 +446,6 @@ class RouteRun:
             if not done.steps:  # the route lists servers that actually served
                 self.result.route.append(done.served)
             done.steps += 1
-            if done.tab is not None:  # delivered: the next voucher pays for it
-                done.tab.deliver(done.hop, x.shape[1])
         return session, out.to(x.dtype)
 
     async def _receive(self, watch: list[HopSession], wanted) -> tuple[HopSession, object]:
@@ -461,6 +469,8 @@ class RouteRun:
                 while True:
                     message = decode(await session.reader.read_frame(MAX_INFERENCE_FRAME),
                                      (StepResult, SessionError, Linked, Settled))
+                    if isinstance(message, StepResult) and session.tab is not None:
+                        self._delivered(session, message.pos)
                     if isinstance(message, SessionError):  # the server ends the session
                         raise HopFailed(f"{session.hop.peer_id} refused a step: "
                                         f"{message.reason}", session)
@@ -469,6 +479,13 @@ class RouteRun:
                 session.error = exc if isinstance(exc, HopFailed) else HopFailed(
                     f"{session.hop.peer_id} failed: {exc}", session)
                 await self._inbox_in.send((session, None))  # wakes a waiting client
+
+
+    def _delivered(self, session: HopSession, pos: int) -> None:
+        """``session`` answered the step at ``pos``: it, and the hops before it that pushed
+        the step there, delivered it (`wallet.hop.count_delivered`), awaited or not."""
+        count_delivered(self.sessions[: self.sessions.index(session) + 1]
+                        if session in self.sessions else [session], pos)
 
 
 class _Silent(RemoteError):

@@ -107,7 +107,7 @@ class Cashier:
         self.report = report
         self.lanes: dict[bytes, _Lane] = {}
         self.stats = CashierStats()
-        self._height = 0
+        self.height = 0
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -224,7 +224,7 @@ class Cashier:
         bill = lane.bill
         ids = [bill.tab_id] + ([lane.claim_id] if lane.claim_id else [])
         height, record, queued = await self.ledger.lookup(bill.tab_id, ids)
-        self._height = height
+        self.height = height
         lane.since = lane.since or height  # a lane kept from an earlier run
         if height > bill.tab.expiry_height:
             lane.done = True  # expired: what was not claimed went back to the client

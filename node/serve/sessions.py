@@ -237,7 +237,8 @@ class InferenceServer(PushRouting):
                 except PaymentError as exc:
                     await self._reply(stream, SessionError(str(exc)[:256]))
                     return
-            await self._reply(stream, SessionAccepted(session.cache.max_len, session.token))
+            await self._reply(stream, SessionAccepted(session.cache.max_len, session.token,
+                                                      self.cashier.height if paid else 0))
             with session.scope:
                 await self._run_session(stream, reader, session)
         finally:

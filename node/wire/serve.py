@@ -154,7 +154,7 @@ class OpenSession:
     tab: Annotated[bytes, MaxLen(MAX_TAB_BYTES)] = b""
 
 
-@wire(61, 2)
+@wire(61, 3)
 @dataclass(frozen=True, slots=True)
 class SessionAccepted:
     """The server holds a KV cache of ``max_len`` positions for this session.
@@ -162,10 +162,13 @@ class SessionAccepted:
     token: a random secret naming the session; whoever holds it (the
         previous hop, once the client sends it a `Link`) may push steps
         into the session (`PUSH_PROTOCOL`).
+    height: the height of the server's chain (0: it follows none), so a
+        client without a node of its own dates its next tab's expiry.
     """
 
     max_len: U32
     token: Key32
+    height: U64 = 0
 
 
 @wire(62, 2)

@@ -44,8 +44,8 @@ class PaidSwarm:
         return registry_from_view(registry_view(self.db))
 
     def payer(self, user, max_price: int, blocks: int = 120) -> Payer:
-        return Payer(user, self.net.genesis.chain_id, self._nonce(user.public),
-                     self.db.height + blocks, max_price, balance=balance(self.db, user.public))
+        return Payer(user, self.net.genesis.chain_id, self._nonce(user.public), self.db.height,
+                     max_price, blocks=blocks, balance=balance(self.db, user.public))
 
     def _nonce(self, account: bytes) -> int:
         from ledger.state import ACCOUNT
