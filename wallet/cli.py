@@ -271,6 +271,10 @@ def infer(prompt, local, peers, trusted_file, allow_unregistered, wire, push, sp
         for m in doc["spot_checks"]["mismatches"]:
             if not as_json:  # the tokens went to stdout: the warning to stderr
                 click.echo(_mismatch_line(m), err=True)
+        if doc["cost"] and not as_json:
+            click.echo(f"\npaid {format_coins(sum(p['amount'] for p in doc['cost']))} coins "
+                       f"to {len(doc['cost'])} servers (tab {doc['tabs'][0]['tab'][:16]}.., "
+                       f"{len(doc['claims'])} claims submitted)", err=True)
     doc["text"] = "".join(pieces)
     if not greedy:
         doc["seed"] = seed

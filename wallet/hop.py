@@ -125,3 +125,23 @@ def count_delivered(sessions: list[HopSession], pos: int) -> None:
         positions = s.sent.pop(pos, None)
         if positions is not None and s.tab is not None:
             s.tab.deliver(s.hop, positions)
+
+
+def step_timeout(config: ClientConfig, throughput: float, positions: int, calls: int) -> float:
+    """Seconds a server of ``throughput`` tokens/s may take for a step of ``positions`` in
+    ``calls`` forward calls.
+
+    A replay makes one forward call per chunk: allow each about twice the
+    server's announced time for one token through its layers.
+    """
+    return (config.step_timeout + config.step_timeout_per_token * positions
+            + 2.0 * (calls - 1) / throughput)
+
+
+def chained_timeout(config: ClientConfig, throughput: float, positions: int) -> float:
+    """Seconds a linked chain's wait grows by for a further hop of ``throughput`` tokens/s.
+
+    0.02 s per position and twice the server's announced time for one
+    step: a chain of slow servers is not taken for a silent one.
+    """
+    return config.step_timeout_per_token * positions + 2.0 / throughput

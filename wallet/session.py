@@ -1,18 +1,17 @@
 """The hops of one generation: sessions, steps, push links and failover.
 
 Owns what a client does with the servers of a route (specs/network.md
-sections 9.3a and 9.4): opening one session per hop (around busy and dead
-servers, and only on servers whose announced caps fit), reading every hop's
-frames through one inbox, sending steps (a long prompt in forward calls
-within every hop's ``max_chunk_positions``) and matching their results,
-linking the hops for push routing, and replacing a failed hop by replaying
-the inputs it was sent (rebuilt first when they were pushed), chunk by
-chunk, so the rebuilt KV caches are bit-identical.
+sections 9.3a, 9.4 and 9.6): opening the hops' sessions at once (around busy
+and dead servers, only on servers whose caps fit; paid from a tab when the
+run pays), reading every hop's frames through one inbox, sending steps (a
+long prompt in forward calls within every hop's ``max_chunk_positions``)
+with their vouchers and matching their results, linking the hops for push
+routing, replacing a failed hop by replaying the inputs it was sent (rebuilt
+first when they were pushed) chunk by chunk, so the rebuilt KV caches are
+bit-identical, and settling the paid sessions at the end.
 
-A run is given the swarm's `wallet.directory.SwarmDirectory` (whom to use,
-where they are, whom to exclude), the client's host and its `ClientConfig`;
-it never sees the model (`wallet.remote.RemoteModel` embeds and picks tokens).
-"""
+A run is given the swarm's `wallet.directory.SwarmDirectory`, the client's
+host and its `ClientConfig`; it never sees the model (`wallet.remote`)."""
 
 from __future__ import annotations
 
@@ -33,7 +32,9 @@ from node.wire import (
 from wallet.directory import SwarmDirectory
 from wallet.errors import HopFailed, NoRoute, RemoteError, RouteBusy, ServerBusy, SessionTooLong
 from wallet.generation import ClientConfig, Generation
-from wallet.hop import HopSession, count_delivered, open_hop
+from wallet.hop import (
+    HopSession, chained_timeout, count_delivered, open_hop, step_timeout,
+)
 from wallet.payer import ClientTab, Payer
 from wallet.route import Hop
 
@@ -115,12 +116,12 @@ class RouteRun:
             owed, claim = reply.owed, (reply.claim.hex() if any(reply.claim) else None)
         except (trio.TooSlowError, FramingError, HopFailed):
             pass  # it claims after its idle timeout anyway, with the voucher it holds
+        layers, bid, amount = s.hop.end - s.hop.start, s.tab.bids[s.hop.peer_id], s.tab.owed(
+            s.hop.peer_id)
         self.result.payments.append({
-            "peer_id": s.hop.peer_id, "layers": s.hop.end - s.hop.start,
-            "positions": s.tab.owed(s.hop.peer_id) // max(
-                (s.hop.end - s.hop.start) * s.tab.bids[s.hop.peer_id], 1),
-            "bid": s.tab.bids[s.hop.peer_id], "amount": s.tab.owed(s.hop.peer_id),
-            "server_counted": owed, "tab": s.tab.tab_id.hex(), "claim": claim})
+            "peer_id": s.hop.peer_id, "layers": layers, "positions": amount // (layers * bid),
+            "bid": bid, "amount": amount, "server_counted": owed, "tab": s.tab.tab_id.hex(),
+            "claim": claim})
 
     async def forward(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         """Run hidden states ``x`` (1, T, C) at ``pos`` through every hop; fail over as needed."""
@@ -159,7 +160,8 @@ class RouteRun:
         chunks = tuple(p.shape[1] for p in pieces) if len(pieces) > 1 else ()
         began = trio.current_time()
         timeout, sent = await self._send(session, x, pos, chunks)
-        timeout += sum(self._chained(s, x.shape[1]) for s in self.sessions[i + 1: last + 1])
+        timeout += sum(chained_timeout(self.config, self.directory.throughput(s.hop.peer_id),
+                                       x.shape[1]) for s in self.sessions[i + 1: last + 1])
         answered, out = await self._await(self.sessions[: last + 1],
                                           self.sessions[i: last + 1], x, pos, timeout, sent)
         if answered is session and x.shape[1] == 1:  # one hop's own decode step: time it
@@ -179,11 +181,15 @@ class RouteRun:
         """Link each hop to the next; False (and nothing linked) if any hop could not."""
         try:
             with trio.fail_after(self.config.open_timeout):
-                for a, b in zip(self.sessions, self.sessions[1:]):
+                pairs = list(zip(self.sessions, self.sessions[1:]))
+                for a, b in pairs:  # every hop dials its next at once, then the answers
                     await write_frame(a.stream, encode(Link(
                         b.hop.peer_id, self.directory.addrs(b.hop.peer_id), b.token)))
-                    _, reply = await self._receive(
-                        [a], lambda s, m: s is a and isinstance(m, Linked))
+                waiting = {a: b for a, b in pairs}
+                while waiting:  # the answers, in whatever order they come
+                    a, reply = await self._receive(
+                        list(waiting), lambda s, m: s in waiting and isinstance(m, Linked))
+                    b = waiting.pop(a)
                     if not reply.ok:
                         raise HopFailed(f"{a.hop.peer_id} cannot reach {b.hop.peer_id}: "
                                         f"{reply.reason}", a)
@@ -336,25 +342,45 @@ class RouteRun:
                 busy.clear()
                 await directory.refresh()
                 continue
-            opened: list[HopSession] = []
             tab = None if self.payer is None else self.payer.open_tab(
                 hops, directory.server_map(), self.max_len)
             try:
-                for hop in hops:
-                    opened.append(await self._open(hop, tab))
+                opened = await self._open_all(hops, tab)
                 caps = {s.peer_id: s.max_chunk_positions for s in directory.servers()}
                 self.chunk = min([self.chunk, *(caps.get(h.peer_id, 1) for h in hops)])
                 return opened
-            except (ServerBusy, HopFailed) as exc:
-                if isinstance(exc, ServerBusy):
-                    busy[exc.peer] = max(exc.retry_after_ms, 50)
-                else:
-                    self._count_failure(exc)
-                    directory.exclude(hops[len(opened)].peer_id)
-            finally:
-                if len(opened) < len(hops):  # failed part way (or cancelled): free them
-                    for session in opened:
+            except ServerBusy as exc:
+                busy[exc.peer] = max(exc.retry_after_ms, 50)
+            except HopFailed as exc:
+                self._count_failure(exc)
+                directory.exclude(exc.peer)
+
+    async def _open_all(self, hops: list[Hop], tab: ClientTab | None) -> list[HopSession]:
+        """Sessions on all ``hops`` at once: one round trip to the first step, not one per
+        hop. On a failure every session opened is closed and the first hop's error raised
+        (a `HopFailed` with ``peer`` set to its hop's peer)."""
+        opened: list[HopSession | None] = [None] * len(hops)
+        errors: dict[int, BaseException] = {}
+
+        async def one(k: int) -> None:
+            try:
+                opened[k] = await self._open(hops[k], tab)
+            except Exception as exc:  # raised below, as itself, not in a group
+                errors[k] = exc
+        try:
+            async with trio.open_nursery() as nursery:
+                for k in range(len(hops)):
+                    nursery.start_soon(one, k)
+        finally:
+            if errors or None in opened:  # failed part way (or cancelled): free them
+                for session in opened:
+                    if session is not None:
                         await session.close()
+        if errors:
+            k = min(errors)
+            errors[k].peer = hops[k].peer_id  # whom to exclude
+            raise errors[k]
+        return opened
 
     async def _open(self, hop: Hop, tab: ClientTab | None = None) -> HopSession:
         """A session on ``hop`` (paid from ``tab``, else from a tab of its own when the
@@ -367,31 +393,13 @@ class RouteRun:
         self.nursery.start_soon(self._read, session)
         return session
 
-    def _timeout(self, session: HopSession, positions: int, calls: int) -> float:
-        """Seconds ``session`` may take for a step of ``positions`` in ``calls`` forward calls.
-
-        A replay makes one forward call per chunk: allow each about twice
-        the server's announced time for one token through its layers.
-        """
-        cfg = self.config
-        return (cfg.step_timeout + cfg.step_timeout_per_token * positions
-                + 2.0 * (calls - 1) / self.directory.throughput(session.hop.peer_id))
-
-    def _chained(self, session: HopSession, positions: int) -> float:
-        """Seconds a linked chain's wait grows by for ``session`` among its further hops.
-
-        0.02 s per position and twice the server's announced time for one
-        step: a chain of slow servers is not taken for a silent one.
-        """
-        return (self.config.step_timeout_per_token * positions
-                + 2.0 / self.directory.throughput(session.hop.peer_id))
-
     async def _send(self, session: HopSession, x: torch.Tensor, pos: int,
                     chunks: tuple[int, ...]) -> tuple[float, int]:
         """Send a step to ``session``; returns (its answer's timeout, payload bytes)."""
         cfg = self.config
         payload = await tensor_work(encode_tensor, x, cfg.codec, rows=x.shape[1])
-        timeout = self._timeout(session, x.shape[1], max(len(chunks), 1))
+        timeout = step_timeout(self.config, self.directory.throughput(session.hop.peer_id),
+                               x.shape[1], max(len(chunks), 1))
         session.sent[pos] = x.shape[1]
         try:
             message = encode(Step(pos, chunks, payload, session.voucher()))

@@ -35,6 +35,8 @@ from rich.console import Console
 
 console = Console()
 BIN = Path(sys.executable).parent
+#: What the three servers ask: base units (1e-6 coin) per position per layer.
+PRICES = (5, 6, 7)
 
 
 def step(title: str, *argv: str, capture_json: bool = False, quiet: bool = False) -> dict | None:
@@ -57,13 +59,14 @@ def start_swarm(root: Path, alice: str) -> list[subprocess.Popen]:
     console.rule("[bold]A local swarm on loopback: three `pnode start` processes")
     procs: list[subprocess.Popen] = []
     spans = ["0:10", "10:20", "20:30"]
-    for i, span in enumerate(spans):
+    for i, (span, price) in enumerate(zip(spans, PRICES)):
         data = alice if i == 0 else str(root / f"server{i}")
         if i:
             step("", "pnode", "init", "--data-dir", data, "--genesis", f"{alice}/genesis.json")
         peers = ["--peers", (Path(alice) / "node.addr").read_text().strip()] if i else []
-        argv = [str(BIN / "pnode"), "start", "--data-dir", data, "--layers", span, *peers]
-        console.print(f"[cyan]$ pnode start --data-dir {data} --layers {span} "
+        argv = [str(BIN / "pnode"), "start", "--data-dir", data, "--layers", span,
+                "--price", str(price), *peers]
+        console.print(f"[cyan]$ pnode start --data-dir {data} --layers {span} --price {price} "
                       f"{'--peers <alice>' if i else ''} &")
         log = open(root / f"node{i}.log", "w")
         procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
@@ -96,6 +99,43 @@ def wait_registered(data: Path, log: Path, limit: float = 60) -> None:
     console.print(f"[red]node on {data} did not register within {limit:.0f} s:\n"
                   f"{log.read_text()}")
     sys.exit(1)
+
+
+def paid_question(root: Path, alice: str, addr: str) -> None:
+    """Bob pays the three servers for an answer; balances before and after, cost per hop."""
+    wallets = [step("", "pwallet", "balance", "--data-dir", d, "--json", capture_json=True,
+                    quiet=True)["address"] for d in (alice, root / "server1", root / "server2")]
+    before = balances(alice, ["--wallet", "bob"], wallets)
+    # --data-dir alice: the client routes only through the servers registered on the
+    # chain that node follows (all three now); --max-price: it pays up to 10 base units
+    # per position per layer, from Bob's wallet, through one tab.
+    step("The same question over the swarm, paid by Bob: layers 0-9, 10-19, 20-29 on three "
+         "servers asking 5, 6 and 7 base units per position per layer",
+         "pwallet", "infer", "What is the capital of France?", "--peers", addr,
+         "--data-dir", alice, "--wallet", "bob", "--max-price", "10", "--greedy",
+         "--max-tokens", "24")
+    doc = step("... again with --json: the route, the cost per hop, the tab and the claims",
+               "pwallet", "infer", "What is the capital of France?", "--peers", addr,
+               "--data-dir", alice, "--wallet", "bob", "--max-price", "10", "--greedy",
+               "--max-tokens", "24", "--json", capture_json=True, quiet=True)
+    for hop in doc["cost"]:
+        console.print(f"  {hop['peer_id'][:20]}..  {hop['layers']} layers x {hop['positions']} "
+                      f"positions x bid {hop['bid']} = {hop['amount']} base units  claim "
+                      f"{(hop['claim'] or 'pending')[:16]}")
+    time.sleep(3)  # the claims land in the next blocks
+    after = balances(alice, ["--wallet", "bob"], wallets)
+    console.rule("[bold]Balances before and after the two paid answers (coins)")
+    for name, b, a in zip(("bob", "alice (0-9)", "server 1 (10-19)", "server 2 (20-29)"),
+                          before, after):
+        console.print(f"  {name:18} {b:>14}  ->  {a:>14}")
+
+
+def balances(alice: str, bob: list[str], wallets: list[str]) -> list[str]:
+    docs = [step("", "pwallet", "balance", "--data-dir", alice, *bob, "--json",
+                 capture_json=True, quiet=True)]
+    docs += [step("", "pwallet", "balance", w, "--data-dir", alice, "--json", capture_json=True,
+                  quiet=True) for w in wallets]
+    return [f"{d['balance'] / 1e6:.6f}" for d in docs]
 
 
 def stop_swarm(procs: list[subprocess.Popen]) -> None:
@@ -164,16 +204,7 @@ def main() -> None:
                     console.print(f"  server {i}: {line}", highlight=False, markup=False)
         step("", "pwallet", "balance", bob, "--data-dir", alice)
         addr = (Path(alice) / "node.addr").read_text().strip()
-        # --data-dir alice: the client routes only through the servers registered
-        # on the chain that node follows (all three now).
-        step("The same question over the swarm: layers 0-9, 10-19, 20-29 on three servers",
-             "pwallet", "infer", "What is the capital of France?", "--peers", addr,
-             "--data-dir", alice, "--greedy", "--max-tokens", "24")
-        doc = step("... and the route it took (--json)", "pwallet", "infer",
-                   "What is the capital of France?", "--peers", addr, "--data-dir", alice,
-                   "--greedy", "--max-tokens", "24", "--json", capture_json=True, quiet=True)
-        for hop in doc["route"]:
-            console.print(f"  layers {hop['start']:>2}..{hop['end'] - 1:<2} on {hop['peer_id']}")
+        paid_question(root, alice, addr)
     finally:
         stop_swarm(nodes)
     step("The default training job, locally: the loss falls", "pnode", "train",

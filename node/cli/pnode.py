@@ -232,7 +232,7 @@ def _status_text(info: dict) -> str:
     if info.get("swarm") is not None:
         lines.append(f"{'swarm':16} {len(info['swarm'])} servers announced")
         lines += [f"  layers {s['layers'][0]:>3}:{s['layers'][1]:<3} {s['throughput']:7.1f} tok/s"
-                  f"  load {s['load']}  price {format_coins(s['price'])}  {s['peer_id']}"
+                  f"  load {s['load']}  price {s['price']}/position/layer  {s['peer_id']}"
                   for s in info["swarm"]]
     return "\n".join(lines)
 

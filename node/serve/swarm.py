@@ -3,7 +3,7 @@
 Owns `SwarmView` (the fresh, verified `Announce` of every known server) and
 `Announcer`, the node component that keeps it (specs/network.md section 9.2):
 
-- it gossips this node's own announcement on ``pnode/announce/2`` (when the
+- it gossips this node's own announcement on ``pnode/announce/3`` (when the
   node serves layers) as soon as what it says changes, and otherwise every
   ``refresh`` seconds;
 - it adds every announcement it hears that verifies, is newer than the one
@@ -13,7 +13,7 @@ Owns `SwarmView` (the fresh, verified `Announce` of every known server) and
   when a peer that was connected to this node disconnects (a killed server
   drops out of the view within a second, not after its TTL) or stops
   answering pings (a stalled one, within ``interval + ping_timeout``);
-- it answers ``/pnode/swarm/2.0.0`` with the view (clients route from it).
+- it answers ``/pnode/swarm/3.0.0`` with the view (clients route from it).
 
 Attack notes: announcements are signed by the announcing peer's key, so a
 relay can neither forge nor alter one; a relay can replay an old one, which is

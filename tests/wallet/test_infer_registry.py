@@ -65,3 +65,36 @@ def test_a_registered_server_serves_and_another_chains_client_refuses_it(
                       "pass --allow-unregistered for a private swarm")
     r = pwallet(*args, "--data-dir", str(other), "--allow-unregistered")
     assert r.code == 0, r.err
+
+
+def test_paid_inference_from_the_cli(pwallet, pnode, tmp_path, spawn):  # noqa: F811
+    """A server asking 5 base units per position per layer: a free-only client is told
+    the cheapest ask, a broke wallet stops before any session (exit 2), a funded one
+    pays and the server's claim lands."""
+    d = tmp_path / "n"
+    assert pnode("init", "--data-dir", str(d), "--chain-id", "t-paid", "--slot-ms", "200").code == 0
+    bob = pwallet("create", "--data-dir", str(d), "--name", "bob", "--json").json()["address"]
+    assert pwallet("create", "--data-dir", str(d), "--name", "broke").code == 0
+    proc, _, _ = spawn("n", "--data-dir", str(d), "--layers", "0:30", "--price", "5")
+    addr = node_addr(d, proc, 90)
+    wait_for(lambda: live_status(pnode, d).get("serving"), "the server to serve", limit=60)
+    assert pwallet("send", bob, "3", "--data-dir", str(d)).code == 0
+    wait_for(lambda: pwallet("balance", bob, "--data-dir", str(d), "--json").json()["balance"]
+             == 3_000_000, "bob's coins", limit=30)
+    args = ("infer", PROMPT, "--peers", addr, "--raw", "--greedy", "--max-tokens", "4",
+            "--data-dir", str(d))
+    one_line_error(pwallet(*args), "asks more than free servers only (--max-price 0)",
+                   "the cheapest asks 5", "--max-price 5 would fit")
+    r = pwallet(*args, "--wallet", "broke", "--max-price", "10")
+    one_line_error(r, "insufficient funds: need 0.00", "positions x 30 layers x bid 5 base "
+                      "units, x2 margin for failover), balance 0")
+    assert live_status(pnode, d)["served_tokens"] == 0  # no session opened
+    r = pwallet(*args, "--wallet", "bob", "--max-price", "10", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    [hop] = doc["cost"]
+    assert (hop["layers"], hop["bid"]) == (30, 5) and hop["positions"] >= 5
+    assert hop["amount"] == hop["server_counted"] == hop["positions"] * 30 * 5
+    assert doc["claims"] == [hop["claim"]] and len(doc["tabs"]) == 1
+    wait_for(lambda: pwallet("balance", bob, "--data-dir", str(d), "--json").json()["balance"]
+             == 3_000_000 - hop["amount"], "the claim settled and the rest refunded", limit=30)
