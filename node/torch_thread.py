@@ -1,8 +1,16 @@
 """Where a process's torch work runs: one thread, one OpenMP team, and how idle threads wait.
 
-Owns `run_sync` (a job on the process's one torch thread, first in, first
-out), `tensor_work` (the same, or inline for a few rows) and
-`share_cpus_politely` (libgomp's spin, set before torch loads).
+Owns `run_sync` (a job on the process's one torch thread: by priority with
+ageing, else first in, first out), `tensor_work` (the same, or inline for a
+few rows) and `share_cpus_politely` (libgomp's spin, set before torch loads).
+
+Priority (specs/network.md 9.6): a paid session's forward calls carry its
+bid; the thread runs the waiting job of the highest level, ``log2(1 +
+priority)`` plus one level per `AGEING_S` seconds it has waited, the
+earliest on a tie. Jobs of equal priority stay first in, first out; a
+mining unit (priority 0) or a low bid waits at most about
+``log2(1 + top bid) * AGEING_S`` behind newer, richer jobs (2 s for a bid
+of 10^12), so none starves.
 
 Why one thread: on Linux every OS thread that runs a parallel region gets a
 libgomp team of its own, and once a process's teams hold more threads than
@@ -18,24 +26,54 @@ never waits on another job, so the queue cannot deadlock.
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
-import queue
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import outcome
 import trio
 
-_jobs: queue.SimpleQueue = queue.SimpleQueue()
+#: Seconds of waiting that raise a job by one priority level.
+AGEING_S = 0.05
+
+
+@dataclass(slots=True)
+class _Job:
+    level: float
+    at: float
+    seq: int
+    fn: Callable[..., Any]
+    args: tuple
+    deliver: Callable[[outcome.Outcome], None]
+
+
+_pending: list[_Job] = []
+_ready = threading.Condition()
+_seq = itertools.count()
 _start_lock = threading.Lock()
 _thread: threading.Thread | None = None
+
+
+def _next_job() -> _Job:
+    """The waiting job of the highest aged level (the earliest on a tie); blocks until one."""
+    with _ready:
+        while not _pending:
+            _ready.wait()
+        now = time.monotonic()
+        job = max(_pending, key=lambda j: (j.level + (now - j.at) / AGEING_S, -j.seq))
+        _pending.remove(job)
+        return job
 
 
 def _serve_jobs() -> None:
     """The torch thread: run each job, hand its outcome back to the waiting task."""
     while True:
-        fn, args, deliver = _jobs.get()
-        deliver(outcome.capture(fn, *args))
+        job = _next_job()
+        job.deliver(outcome.capture(job.fn, *job.args))
 
 
 def _ensure_thread() -> None:
@@ -51,8 +89,9 @@ def thread_id() -> int | None:
     return _thread.native_id if _thread is not None else None
 
 
-async def run_sync(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` on the process's torch thread, after the jobs queued before it.
+async def run_sync(fn: Callable[..., Any], *args: Any, priority: int = 0) -> Any:
+    """``fn(*args)`` on the process's torch thread, after the jobs queued before it
+    (of the same aged priority level: see the module docstring).
 
     Like ``trio.to_thread.run_sync`` (without ``abandon_on_cancel``): a
     cancellation that arrives while the job waits or runs does not stop it;
@@ -75,7 +114,10 @@ async def run_sync(fn: Callable[..., Any], *args: Any) -> Any:
         except trio.RunFinishedError:  # the run ended while the job ran: nobody waits
             pass
 
-    _jobs.put((fn, args, deliver))
+    with _ready:
+        _pending.append(_Job(math.log2(1 + max(priority, 0)), time.monotonic(), next(_seq), fn,
+                             args, deliver))
+        _ready.notify()
     return await trio.lowlevel.wait_task_rescheduled(
         lambda raise_cancel: trio.lowlevel.Abort.FAILED)
 

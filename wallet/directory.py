@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 from collections import deque
 from collections.abc import Collection, Mapping
 
@@ -205,7 +206,7 @@ class SwarmDirectory:
     # -- routes -----------------------------------------------------------------------
 
     def plan(self, start: int, end: int, also_exclude: Collection[str] = (), *,
-             positions: int = 1, chunk: int = 1) -> list[Hop]:
+             positions: int = 1, chunk: int = 1, ignore_load: bool = False) -> list[Hop]:
         """The cheapest route over [start, end) avoiding excluded (and ``also_exclude``) servers.
 
         Args:
@@ -213,6 +214,8 @@ class SwarmDirectory:
             also_exclude: peers to avoid for this plan only (e.g. busy ones).
             positions, chunk: only servers announcing at least these
                 ``max_session_positions`` and ``max_chunk_positions``.
+            ignore_load: plan as if no server were loaded or full (what a
+                route would cost once they have room: the payment preflight).
 
         Returns:
             The hops, as `wallet.route.plan_route` chooses them.
@@ -224,7 +227,8 @@ class SwarmDirectory:
                 served, but only by servers not registered on the chain.
         """
         try:
-            return plan_route(cap_throughput(self.servers(), self.measured()), start, end,
+            servers = [replace(s, load=0) if ignore_load else s for s in self.servers()]
+            return plan_route(cap_throughput(servers, self.measured()), start, end,
                               rtt=self.rtt, allowed=self.trusted,
                               exclude=self.dead | self.banned | set(also_exclude),
                               min_session_positions=positions, min_chunk_positions=chunk)

@@ -9,6 +9,8 @@ its answer: accepted, busy (with the least bid it would admit) or refused.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
@@ -17,7 +19,7 @@ from ledger.codec import decode, encode
 from ledger.errors import DecodeError
 from node.net import DialError, FrameReader, FramingError, Host, RequestError, read_frame, write_frame
 from node.wire import (
-    INFERENCE_PROTOCOL, Busy, OpenSession, SessionAccepted, SessionError, StepResult,
+    INFERENCE_PROTOCOL, Busy, OpenSession, SessionAccepted, SessionError, Settle, StepResult,
 )
 from wallet.directory import SwarmDirectory
 from wallet.errors import HopFailed, ServerBusy
@@ -42,6 +44,7 @@ class HopSession:
         self.reading = trio.CancelScope()  # the reader task's
         self.error: HopFailed | None = None
         self.steps = 0
+        self.settled = False  # the final voucher went out (`Settle`)
         self.height = 0  # the server's chain height when it accepted (0: none said)
         self.sent: dict[int, int] = {}  # positions of each step sent, by pos, until answered
         self.last_reply: StepResult | None = None  # signed: a spot check's evidence
@@ -55,7 +58,16 @@ class HopSession:
         return self.tab.voucher() if self.tab is not None else b""
 
     async def close(self) -> None:
+        """Close the stream; a paid session not settled yet is first sent the voucher it
+        has (even all zero: its server closes the lane and its cap comes back at once)."""
         self.reading.cancel()
+        if self.tab is not None and not self.settled and self.error is None:
+            self.settled = True
+            with trio.move_on_after(1.0, shield=True):
+                try:
+                    await write_frame(self.stream, encode(Settle(self.voucher())))
+                except Exception:  # a dead server's stream: it claims what it holds
+                    pass
         with trio.move_on_after(2.0, shield=True):
             try:
                 await self.stream.close()
@@ -99,6 +111,8 @@ async def open_hop(host: Host, directory: SwarmDirectory, hop: Hop, config: Clie
                          reply.token if isinstance(reply, SessionAccepted) else b"",
                          tab if paid else None)
     session.height = reply.height if isinstance(reply, SessionAccepted) else 0
+    if paid and isinstance(reply, SessionAccepted):
+        tab.accepted = True  # in the server's mempool now: a later tab takes the next nonce
     if isinstance(reply, Busy):
         await session.close()
         raise ServerBusy(hop.peer_id, reply.retry_after_ms, reply.reason, reply.min_bid)
@@ -145,3 +159,36 @@ def chained_timeout(config: ClientConfig, throughput: float, positions: int) -> 
     step: a chain of slow servers is not taken for a silent one.
     """
     return config.step_timeout_per_token * positions + 2.0 / throughput
+
+
+async def open_all(hops: list[Hop], open_one: Callable[[Hop], Awaitable[HopSession]]
+                   ) -> list[HopSession]:
+    """Sessions on all ``hops`` at once (``open_one`` each): one round trip before the
+    first step, not one per hop.
+
+    Raises:
+        The first hop's error when any failed (every session opened is then
+        closed), with ``peer`` set to that hop's peer id (whom to exclude).
+    """
+    opened: list[HopSession | None] = [None] * len(hops)
+    errors: dict[int, Exception] = {}
+
+    async def one(k: int) -> None:
+        try:
+            opened[k] = await open_one(hops[k])
+        except Exception as exc:  # raised below, as itself, not in a group
+            errors[k] = exc
+    try:
+        async with trio.open_nursery() as nursery:
+            for k in range(len(hops)):
+                nursery.start_soon(one, k)
+    finally:
+        if errors or None in opened:  # failed part way (or cancelled): free them
+            for session in opened:
+                if session is not None:
+                    await session.close()
+    if errors:
+        k = min(errors)
+        errors[k].peer = hops[k].peer_id
+        raise errors[k]
+    return opened

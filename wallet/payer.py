@@ -68,6 +68,7 @@ class ClientTab:
     lane_of: dict[str, int]  # peer id -> lane index
     bids: dict[str, int]  # peer id -> its bid (its ask)
     amounts: list[int] = field(default_factory=list)
+    accepted: bool = False  # a server took a session on it (so admitted it to a mempool)
     _signed: bytes = b""
     _signed_for: tuple[int, ...] = ()
 
@@ -113,6 +114,15 @@ class Payer:
         self.key, self.chain_id, self.nonce, self.balance = key, chain_id, nonce, balance
         self.height, self.blocks, self.max_price, self.margin = height, blocks, max_price, margin
         self.tabs: list[ClientTab] = []
+        self.raised: dict[str, int] = {}  # peer id -> the bid a full server asked for
+
+    def outbid(self, peer_id: str, min_bid: int) -> bool:
+        """A full server admits ``min_bid`` or more: bid that from now on, if within
+        ``max_price`` and above the bid already raised to. False: the client cannot."""
+        if min_bid <= self.raised.get(peer_id, 0) or min_bid > self.max_price:
+            return False
+        self.raised[peer_id] = min_bid
+        return True
 
     @property
     def expiry_height(self) -> int:
@@ -142,10 +152,11 @@ class Payer:
                 raise PaymentRefused(f"{hop.peer_id} announces no node key: it cannot be paid")
             if info.node_key not in caps and len(caps) == MAX_LANES:
                 raise PaymentRefused(f"a route of more than {MAX_LANES} servers cannot be paid")
+            bid = max(info.price, self.raised.get(hop.peer_id, 0))
             caps[info.node_key] = caps.get(info.node_key, 0) + math.ceil(
-                hop_cost(hop, positions, info.price) * self.margin)
+                hop_cost(hop, positions, bid) * self.margin)
             lane_of[hop.peer_id] = list(caps).index(info.node_key)
-            bids[hop.peer_id] = info.price
+            bids[hop.peer_id] = bid
         if not caps:
             return None
         lanes = tuple(Lane(k, cap) for k, cap in caps.items())
@@ -155,6 +166,13 @@ class Payer:
         out = ClientTab(tab, self.key, lane_of, bids, [0] * len(lanes))
         self.tabs.append(out)
         return out
+
+    def retract(self, tab: ClientTab | None) -> None:
+        """Forget the latest tab if no server accepted a session on it (a `Busy` comes
+        before a server admits the tab): its nonce is the next tab's."""
+        if tab is not None and not tab.accepted and self.tabs and self.tabs[-1] is tab:
+            self.tabs.pop()
+            self.nonce -= 1
 
     def locked(self) -> int:
         """What the tabs opened lock in all."""

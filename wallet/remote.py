@@ -189,7 +189,8 @@ class RemoteModel:
             InsufficientFunds: need and balance, in coins, with how the need is made.
             NoRoute: as `SwarmDirectory.plan` (no route within the max price...).
         """
-        hops = self.directory.plan(0, self.ends.config.n_layers, positions=positions)
+        hops = self.directory.plan(0, self.ends.config.n_layers, positions=positions,
+                                   ignore_load=True)
         servers = self.directory.server_map()
         needed = need(hops, servers, positions, self.payer.margin)
         if needed > self.payer.balance:

@@ -33,7 +33,7 @@ from wallet.directory import SwarmDirectory
 from wallet.errors import HopFailed, NoRoute, RemoteError, RouteBusy, ServerBusy, SessionTooLong
 from wallet.generation import ClientConfig, Generation
 from wallet.hop import (
-    HopSession, chained_timeout, count_delivered, open_hop, step_timeout,
+    HopSession, chained_timeout, count_delivered, open_all, open_hop, step_timeout,
 )
 from wallet.payer import ClientTab, Payer
 from wallet.route import Hop
@@ -110,6 +110,7 @@ class RouteRun:
         owed, claim = None, None
         try:
             with trio.fail_after(self.config.open_timeout):
+                s.settled = True
                 await write_frame(s.stream, encode(Settle(s.voucher())))
                 _, reply = await self._receive(
                     [s], lambda x, m: x is s and isinstance(m, Settled))
@@ -327,8 +328,7 @@ class RouteRun:
         give_up_at = trio.current_time() + self.config.busy_wait
         while True:
             try:
-                hops = directory.plan(start, end, also_exclude=busy, positions=self.max_len,
-                                      chunk=self.widest)
+                hops = self._plan(start, end, busy)
             except SessionTooLong:
                 raise
             except NoRoute as exc:
@@ -345,42 +345,35 @@ class RouteRun:
             tab = None if self.payer is None else self.payer.open_tab(
                 hops, directory.server_map(), self.max_len)
             try:
-                opened = await self._open_all(hops, tab)
+                opened = await open_all(hops, lambda hop: self._open(hop, tab))
                 caps = {s.peer_id: s.max_chunk_positions for s in directory.servers()}
                 self.chunk = min([self.chunk, *(caps.get(h.peer_id, 1) for h in hops)])
                 return opened
             except ServerBusy as exc:
+                if self.payer is not None:
+                    self.payer.retract(tab)
+                    if self.payer.outbid(exc.peer, exc.min_bid):
+                        continue  # full: ask again at once, bidding what it would admit
                 busy[exc.peer] = max(exc.retry_after_ms, 50)
             except HopFailed as exc:
+                if self.payer is not None:
+                    self.payer.retract(tab)
                 self._count_failure(exc)
                 directory.exclude(exc.peer)
 
-    async def _open_all(self, hops: list[Hop], tab: ClientTab | None) -> list[HopSession]:
-        """Sessions on all ``hops`` at once: one round trip to the first step, not one per
-        hop. On a failure every session opened is closed and the first hop's error raised
-        (a `HopFailed` with ``peer`` set to its hop's peer)."""
-        opened: list[HopSession | None] = [None] * len(hops)
-        errors: dict[int, BaseException] = {}
-
-        async def one(k: int) -> None:
-            try:
-                opened[k] = await self._open(hops[k], tab)
-            except Exception as exc:  # raised below, as itself, not in a group
-                errors[k] = exc
+    def _plan(self, start: int, end: int, busy: dict[str, int]) -> list[Hop]:
+        """`SwarmDirectory.plan` around ``busy``; a paying client also plans over full
+        servers (a full server seats paid requests in its waiting room, by bid)."""
+        directory = self.directory
         try:
-            async with trio.open_nursery() as nursery:
-                for k in range(len(hops)):
-                    nursery.start_soon(one, k)
-        finally:
-            if errors or None in opened:  # failed part way (or cancelled): free them
-                for session in opened:
-                    if session is not None:
-                        await session.close()
-        if errors:
-            k = min(errors)
-            errors[k].peer = hops[k].peer_id  # whom to exclude
-            raise errors[k]
-        return opened
+            return directory.plan(start, end, also_exclude=busy, positions=self.max_len,
+                                  chunk=self.widest)
+        except NoRoute as exc:
+            if (self.payer is None or type(exc) is not NoRoute
+                    or not directory.announced_full(start, end)):
+                raise
+            return directory.plan(start, end, also_exclude=busy, positions=self.max_len,
+                                  chunk=self.widest, ignore_load=True)
 
     async def _open(self, hop: Hop, tab: ClientTab | None = None) -> HopSession:
         """A session on ``hop`` (paid from ``tab``, else from a tab of its own when the

@@ -7,7 +7,8 @@ who may open a session, fair order of the forward calls, compute metering),
 `sessions` (`InferenceServer`: the KV-cached sessions of
 `/pnode/inference`), `push` (a session linked to the next hop's), `billing`
 (what a paid session owes: pure), `cashier` (`Cashier`: a serving node's
-tabs, vouchers and claims), `layer_server` (`LayerServer`: loads the span, serves
+tabs, vouchers and claims), `waiting` (a full server's waiting room, highest
+bid first), `throughput` (decode speed through a span), `layer_server` (`LayerServer`: loads the span, serves
 it, moves it). Never imports the chain or the miner.
 """
 
@@ -19,6 +20,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.serve.admission": ("InferenceError", "SessionConfig", "SessionRefused"),
     "node.serve.billing": ("Bill", "PaymentError", "check_tab", "cost"),
     "node.serve.cashier": ("Cashier",),
-    "node.serve.sessions": ("InferenceServer", "measure_throughput"),
+    "node.serve.sessions": ("InferenceServer",),
+    "node.serve.throughput": ("measure_throughput",),
+    "node.serve.waiting": ("WaitingRoom",),
     "node.serve.layer_server": ("LayerServer", "ServeConfig"),
 })

@@ -132,6 +132,8 @@ class SessionConfig:
     max_len: int = 2048
     max_chunk_positions: int = 128
     idle_timeout: float = 60.0  # seconds a session may go without a forward
+    max_waiting: int | None = None  # paid requests in the waiting room (None: max_sessions)
+    queue_timeout: float = 5.0  # seconds one waits there (under a client's open timeout)
     busy_retry_ms: int = 1000  # the hint given with `Busy`
     write_timeout: float = 30.0
     link_timeout: float = 5.0  # dialing the next hop for push routing

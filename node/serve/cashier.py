@@ -200,7 +200,8 @@ class Cashier:
         while True:
             for tab_id, lane in list(self.lanes.items()):
                 try:
-                    await self._watch(lane)
+                    if not lane.done:
+                        await self._watch(lane)
                 except ValidationError as exc:  # refused for now: try again
                     log.info("claim of tab %s refused for now: %s", tab_id.hex()[:16], exc)
                 if lane.dirty and not lane.done:
@@ -252,6 +253,8 @@ class Cashier:
 
     async def _claim(self, lane: _Lane) -> bytes | None:
         bill = lane.bill
+        if bill.voucher is None:  # nothing vouched: nothing to claim (the cap comes back later)
+            return None
         claim = sign(Claim(bill.tab.chain_id, self.node_key.public, bill.voucher, True,
                            ZERO_SIG), self.node_key)
         try:

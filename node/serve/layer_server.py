@@ -37,7 +37,8 @@ from ledger.errors import DecodeError
 from node import torch_thread
 from node.net import Host, PeerIdentity, RequestError
 from node.serve.placement import choose_span, should_move
-from node.serve.sessions import InferenceServer, SessionConfig, measure_throughput
+from node.serve.sessions import InferenceServer, SessionConfig
+from node.serve.throughput import measure_throughput
 from node.serve.swarm import Announcer, announce_peer
 from node.wire import Announce, ServerInfo, sign_announce
 

@@ -60,6 +60,8 @@ from node.serve.admission import (  # noqa: F401 (SessionConfig: re-exported)
 )
 from node.serve.billing import Bill, PaymentError
 from node.serve.push import PushRouting
+from node.serve.throughput import measure_throughput
+from node.serve.waiting import WaitingRoom
 from node.torch_thread import tensor_work
 from node.wire import (
     INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, MAX_OPEN_FRAME, PUSH_PROTOCOL, Busy, Link,
@@ -99,29 +101,6 @@ class _Session:
     last_forward: float = 0.0  # trio time of its last forward (or of its opening)
 
 
-def measure_throughput(model: Transformer, layers: range, device: torch.device | str = "cpu",
-                       tokens: int = 8) -> float:
-    """Decode tokens/s of ``model`` through ``layers`` (blocking: run it on the torch thread).
-
-    One warm-up token, then the median of ``tokens`` single-token steps,
-    the same calls a session makes; what `Announce` reports.
-    """
-    device = torch.device(device)
-    cfg = model.config
-    cache = KVCache(cfg, tokens + 1, layers=layers, device=device)
-    h = torch.zeros(1, 1, cfg.dim, device=device)
-    times = []
-    with torch.inference_mode():
-        for _ in range(tokens + 1):
-            began = time.perf_counter()
-            model.run_layers(h, layers.start, layers.stop, cache=cache)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - began)
-    times = sorted(times[1:])
-    return 1.0 / max(times[len(times) // 2], 1e-6)
-
-
 class InferenceServer(PushRouting):
     """Serves inference sessions for the layers a partial model holds.
 
@@ -156,6 +135,7 @@ class InferenceServer(PushRouting):
         #: Payments (`node.serve.cashier.Cashier`); None: free sessions only, no tabs.
         self.cashier = None
         self.scheduler = FairScheduler()
+        self.room = WaitingRoom(config.max_waiting or config.max_sessions)
         self._ids = itertools.count(1)
 
     def start(self) -> None:
@@ -196,7 +176,7 @@ class InferenceServer(PushRouting):
                 "served_tokens": self.served_tokens, "refused_busy": self.refused_busy,
                 "refused_limit": self.refused_limit, "refused_steps": self.refused_steps,
                 "pushed_steps": self.pushed_steps, "compute": self.compute.as_json(),
-                "waiting": self.scheduler.waiting,
+                "waiting": self.scheduler.waiting, "waiting_room": self.room.waiting,
                 "open": [{"id": s.id, "peer": str(s.peer), "address": s.address,
                           "layers": [s.start, s.end], **s.meter.as_json()}
                          for s in self.sessions.values()],
@@ -223,10 +203,15 @@ class InferenceServer(PushRouting):
         except SessionRefused as exc:
             await self._reply(stream, SessionError(str(exc)[:256]))
             return
+        if isinstance(session, str) and paid and session.endswith("sessions open"):
+            if await self.room.wait(request.bid, self.config.queue_timeout):  # highest bid first
+                self.room.take()
+                session = self._open(request, peer, account, address_key(remote_ip(stream)))
         if isinstance(session, str):  # full, or this client holds its share: the reason
             self.refused_busy += 1
             self.refused_limit += session.startswith("this client")
-            await self._reply(stream, Busy(self.config.busy_retry_ms, session[:256]))
+            await self._reply(stream, Busy(self.config.busy_retry_ms, session[:256],
+                                           self.room.min_bid(self.cashier.ask if paid else 0)))
             return
         session.client = stream
         self._by_token[session.token] = session
@@ -244,6 +229,7 @@ class InferenceServer(PushRouting):
         finally:
             del self.sessions[session.id]
             del self._by_token[session.token]
+            self.room.free()  # the slot goes to the highest bid waiting
             if session.bill is not None:  # the lane's last session: claim it
                 await self.cashier.release(session.bill)
             log.info("session %d of %s (%s) closed: %d positions, %.2f s forward, %d steps",
@@ -297,7 +283,8 @@ class InferenceServer(PushRouting):
         if req.max_len > limit:
             raise SessionRefused(f"a session may hold at most {limit} tokens, asked {req.max_len}")
         busy = refusal(self.config.limits(),
-                       ((s.account, s.address) for s in self.sessions.values()),
+                       [*((s.account, s.address) for s in self.sessions.values()),
+                        *[("", None)] * self.room.reserved],  # slots admitted waiters hold
                        account, address)
         if busy is not None:
             return busy
@@ -458,7 +445,8 @@ class InferenceServer(PushRouting):
             chunk = hidden[:, pos - step.pos: pos - step.pos + n]
             try:
                 async with self.scheduler.turn(s.meter):  # the fair queue, one call at a time
-                    out, seconds = await torch_thread.run_sync(self._timed, s, chunk, pos)
+                    out, seconds = await torch_thread.run_sync(self._timed, s, chunk, pos,
+                                                               priority=s.meter.priority)
                     self._charge(s, n, seconds)
                 outs.append(out)
             except Exception as exc:  # the server's fault, not the client's: no score

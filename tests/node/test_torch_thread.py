@@ -1,8 +1,10 @@
-"""node.torch_thread: all torch work of a process on one thread, first in, first out; the
+"""node.torch_thread: all torch work of a process on one thread, by priority with ageing,
+else first in, first out; the
 OpenMP spin default that swarm processes set before torch loads."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 
@@ -47,6 +49,43 @@ def test_jobs_run_in_the_order_they_were_submitted():
             gate.set()
     run(main)
     assert done == list(range(20))
+
+
+def test_a_higher_priority_goes_first_and_a_waiting_job_ages_past_it():
+    done = []
+
+    async def main():
+        gate = threading.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(torch_thread.run_sync, gate.wait)  # holds the thread
+            await trio.sleep(0.05)
+            nursery.start_soon(functools.partial(torch_thread.run_sync, done.append, "mining"))
+            await trio.sleep(0)
+            for bid in (5, 1000, 5):
+                nursery.start_soon(functools.partial(torch_thread.run_sync, done.append,
+                                                     f"bid {bid}", priority=bid))
+                await trio.sleep(0)
+            await trio.sleep(0.01)
+            gate.set()
+    run(main)
+    # log2(1001) ~ 10 levels above the mining job, log2(6) ~ 2.6: the equal bids in order.
+    assert done == ["bid 1000", "bid 5", "bid 5", "mining"]
+    done.clear()
+
+    async def aged():
+        gate = threading.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(torch_thread.run_sync, gate.wait)
+            await trio.sleep(0.05)
+            nursery.start_soon(torch_thread.run_sync, done.append, "mining")
+            # It waits 1 s (20 levels at AGEING_S = 50 ms) before a bid of 1000 arrives.
+            await trio.sleep(20 * torch_thread.AGEING_S)
+            nursery.start_soon(functools.partial(torch_thread.run_sync, done.append, "rich",
+                                                 priority=1000))
+            await trio.sleep(0.01)
+            gate.set()
+    run(aged)
+    assert done == ["mining", "rich"]  # no job starves behind newer, richer ones
 
 
 def test_a_cancelled_caller_waits_for_its_job_then_sees_the_cancellation():

@@ -61,9 +61,10 @@ class PaidSwarm:
 
 async def paid_swarm(stack: AsyncExitStack, tmp_path, reader, prices=(5, 6, 7), *,
                      sessions: SessionConfig = SessionConfig(), spans=SPANS,
-                     interval_ms: int = 300, idle_timeout: float | None = None) -> PaidSwarm:
+                     interval_ms: int = 300, idle_timeout: float | None = None,
+                     users: int = 2) -> PaidSwarm:
     """Start the servers of ``spans`` at ``prices``, each on its own chain, all meshed."""
-    net = make_net(n_nodes=len(spans), n_users=2, layers=list(spans))
+    net = make_net(n_nodes=len(spans), n_users=users, layers=list(spans))
     swarm = PaidSwarm(net)
     if idle_timeout is not None:
         from dataclasses import replace

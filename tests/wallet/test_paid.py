@@ -19,7 +19,8 @@ from ledger.state import TAB
 from ledger.tab import Claim, sign_voucher
 from ledger.types import ZERO_SIG, sign
 from tests.ledger.chainkit import balance
-from tests.node.netkit import run
+from tests.node.netkit import eventually, run
+from node.serve import SessionConfig
 from tests.wallet.paidkit import paid_swarm
 from tests.wallet.test_remote import PROMPT, local_tokens, parts  # noqa: F401 (fixtures)
 from wallet.client import InferRequest
@@ -318,4 +319,46 @@ def test_a_dishonest_server_cannot_claim_more_than_was_vouched(
             owed = payer.tabs[0].owed(str(s.host.peer_id))
             assert owed == bill.paid == positions_of(parts, 2) * 10 * s.price
             assert balance(swarm.db, s.wallet.public) - before == owed
+    run(main, deadline=120)
+
+
+def test_a_full_server_admits_the_higher_bid_first(tmp_path, gguf_reader, parts):  # noqa: F811
+    """One slot, one seat in the waiting room. A holds the slot; B (up to 6) waits at
+    the ask (5); C (up to 9) is told the room admits 6, bids 6 and takes B's seat; B
+    cannot bid 7, waits, and asks again at its ask. When A settles, C is served first."""
+    async def main():
+        async with AsyncExitStack() as stack:
+            swarm = await paid_swarm(stack, tmp_path, gguf_reader, prices=(5,), spans=((0, 30),),
+                                     sessions=SessionConfig(max_sessions=1, max_waiting=1),
+                                     users=3)
+            a, b, c = swarm.net.users
+            order: list[str] = []
+            results = {}
+
+            async def ask(name, user, max_price):
+                async with open_remote(swarm.entry(), parts, registered=swarm.registry(),
+                                       config=NO_CHECKS, payer=swarm.payer(user, max_price)
+                                       ) as client:
+                    results[name] = await client.generate(
+                        InferRequest(PROMPT, max_tokens=3),
+                        lambda t: order.append(name) if name not in order else None)
+
+            async with open_remote(swarm.entry(), parts, registered=swarm.registry(),
+                                   config=NO_CHECKS, payer=swarm.payer(a, 5)) as holder, \
+                    trio.open_nursery() as nursery:
+                ids = parts.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
+                held = RouteRun(holder.directory, holder.host, NO_CHECKS, Generation(),
+                                len(ids) + 2, nursery, payer=holder.payer)
+                await held.open(0, 30)
+                inference = swarm.servers[0].server.inference
+                nursery.start_soon(ask, "b", b, 6)
+                await eventually(lambda: inference.room.waiting == 1, "b waiting", 10)
+                nursery.start_soon(ask, "c", c, 9)
+                # c is told 6, outbids b, b is told 7 (which it cannot bid): two Busy.
+                await eventually(lambda: inference.refused_busy >= 2, "c outbidding b", 10)
+                assert inference.room.waiting == 1
+                await held.close()
+            assert order == ["c", "b"]
+            assert [p["bid"] for p in results["c"].payments] == [6]  # raised to what it took
+            assert [p["bid"] for p in results["b"].payments] == [5]  # 7 was past its max
     run(main, deadline=120)
