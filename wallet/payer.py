@@ -53,9 +53,10 @@ def hop_cost(hop: Hop, positions: int, price: int) -> int:
 
 
 def need(hops: Sequence[Hop], servers: Mapping[str, ServerInfo], positions: int,
-         margin: float = MARGIN) -> int:
-    """What a tab for ``hops`` locks: every hop's cost at its ask, times ``margin``."""
-    return sum(math.ceil(hop_cost(h, positions, servers[h.peer_id].price) * margin)
+         margin: float = MARGIN, floor: int = 0) -> int:
+    """What a tab for ``hops`` locks: every hop's cost at its ask (at least ``floor``),
+    times ``margin``."""
+    return sum(math.ceil(hop_cost(h, positions, max(servers[h.peer_id].price, floor)) * margin)
                for h in hops)
 
 
@@ -106,13 +107,17 @@ class Payer:
         max_price: the most paid per position per layer (servers asking more
             are not routed through).
         balance: the wallet's balance (base units), for the preflight.
+        floor: bid at least this (at most ``max_price``), to free servers too:
+            a higher bid goes first in a server's queue and waiting room.
         margin: the room each lane's cap leaves for replays (`MARGIN`).
     """
 
     def __init__(self, key: SigningKey, chain_id: str, nonce: int, height: int, max_price: int,
-                 *, blocks: int = 120, balance: int = 0, margin: float = MARGIN):
+                 *, blocks: int = 120, balance: int = 0, margin: float = MARGIN,
+                 floor: int = 0):
         self.key, self.chain_id, self.nonce, self.balance = key, chain_id, nonce, balance
         self.height, self.blocks, self.max_price, self.margin = height, blocks, max_price, margin
+        self.floor = min(floor, max_price)
         self.tabs: list[ClientTab] = []
         self.raised: dict[str, int] = {}  # peer id -> the bid a full server asked for
 
@@ -146,13 +151,13 @@ class Payer:
         lane_of, bids = {}, {}
         for hop in hops:
             info = servers[hop.peer_id]
-            if info.price == 0:
-                continue  # a free server: its session is free
+            bid = max(info.price, self.raised.get(hop.peer_id, 0), self.floor)
+            if bid == 0:
+                continue  # a free server, and no tip: its session is free
             if info.node_key == bytes(32):
                 raise PaymentRefused(f"{hop.peer_id} announces no node key: it cannot be paid")
             if info.node_key not in caps and len(caps) == MAX_LANES:
                 raise PaymentRefused(f"a route of more than {MAX_LANES} servers cannot be paid")
-            bid = max(info.price, self.raised.get(hop.peer_id, 0))
             caps[info.node_key] = caps.get(info.node_key, 0) + math.ceil(
                 hop_cost(hop, positions, bid) * self.margin)
             lane_of[hop.peer_id] = list(caps).index(info.node_key)

@@ -192,9 +192,9 @@ class RemoteModel:
         hops = self.directory.plan(0, self.ends.config.n_layers, positions=positions,
                                    ignore_load=True)
         servers = self.directory.server_map()
-        needed = need(hops, servers, positions, self.payer.margin)
+        needed = need(hops, servers, positions, self.payer.margin, self.payer.floor)
         if needed > self.payer.balance:
-            bids = sorted({servers[h.peer_id].price for h in hops})
+            bids = sorted({max(servers[h.peer_id].price, self.payer.floor) for h in hops})
             raise InsufficientFunds(
                 f"insufficient funds: need {format_coins(needed)} coins ({positions} positions "
                 f"x {self.ends.config.n_layers} layers x bid {'/'.join(map(str, bids))} base "
