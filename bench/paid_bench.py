@@ -51,7 +51,7 @@ from ledger.genesis import DEFAULT_PARAMS, chain_params, new_genesis, node_regis
 from ledger.tab import Claim, Voucher  # noqa: E402
 from ledger.types import COIN, ZERO_SIG, sign  # noqa: E402
 from node.clock import now_ms  # noqa: E402
-from node.control import control_call  # noqa: E402
+from node.control import control_call, control_request  # noqa: E402
 from node.datadir import DataDir  # noqa: E402
 from wallet.client import InferRequest  # noqa: E402
 from wallet.payer import Payer  # noqa: E402
@@ -111,11 +111,17 @@ async def one(addr: str, parts, registry, tokens: int, payer: Payer | None,
     request = InferRequest(PROMPT, raw=True, max_tokens=tokens, sampling=Sampling())
     times: list[float] = []
     heights: list[int] = []
+    last = trio.Event()
 
     def on_token(token) -> None:
         times.append(time.perf_counter())
-        if watch and len(times) == tokens:  # a blocking control call: once, at the end
-            heights.append(account(*watch)["height"])
+        if len(times) == tokens:
+            last.set()
+
+    async def height_at_last_token() -> None:
+        await last.wait()  # runs at the client's next checkpoint: before its claims land
+        d, key = watch
+        heights.append((await control_request(d, "account", address=key.public.hex()))["height"])
     async with open_remote([addr], parts, registered=registry, payer=payer,
                            config=ClientConfig(push=True, spot_check_rate=0.0)) as client:
         with trio.fail_after(30):
@@ -123,7 +129,10 @@ async def one(addr: str, parts, registry, tokens: int, payer: Payer | None,
                 await trio.sleep(0.2)
                 await client.refresh()
         began = time.perf_counter()
-        result = await client.generate(request, on_token)
+        async with trio.open_nursery() as nursery:
+            if watch:
+                nursery.start_soon(height_at_last_token)
+            result = await client.generate(request, on_token)
     return {"ids": result.token_ids, "ttft": times[0] - began, "height": heights,
             "rate": (len(times) - 1) / (times[-1] - times[0]), "result": result}
 

@@ -7,9 +7,9 @@ and the control socket, under one nursery.
    dir fails here with `DataDirError`) and loads ``peer.key`` and ``node.key``;
 2. opens the host on ``network.listen`` (with ``network.trusted``: an allow-list)
    and starts `ChainService` (sync and block gossip), `TxGossip`
-   (transaction gossip), the `ControlServer` on ``D/node.sock`` (the CLIs
-   talk to it while the node holds the store) and the `Announcer` (the
-   swarm's announcements);
+   (transaction gossip), the `WalletDesk` (light clients), the
+   `ControlServer` on ``D/node.sock`` (the CLIs talk to it while the node
+   holds the store) and the `Announcer` (the swarm's announcements);
 3. dials each of ``network.peers`` and syncs from it; a peer that cannot be
    reached is logged and retried with backoff, never fatal; every
    ``network.resync_s`` it syncs again from every connected (trusted) peer;
@@ -51,8 +51,8 @@ from ledger.crypto import SigningKey
 from ledger.errors import StoreError, StoreFailedError
 from ledger.types import TX_TYPES
 from node.chain import (
-    ChainService, ChainTabs, Producer, Registrar, SyncError, SyncResult, TxGossip, account_view,
-    node_status_view, registry_view,
+    ChainService, ChainTabs, Producer, Registrar, SyncError, SyncResult, TxGossip, WalletDesk,
+    account_view, node_status_view, registry_view,
 )
 from node.clock import Clock
 from node.control import BadRequest, ControlOp, ControlServer, socket_path
@@ -229,6 +229,7 @@ class Node:
             nursery.start_soon(self._stop_on_store_fault, service)
             self.service = await nursery.start(service.run)
             self.txs = await nursery.start(TxGossip(self.service).run)
+            WalletDesk(self.service, self.txs).install()  # light clients (`pwallet --peers`)
             await nursery.start(ControlServer(self.sock_file, self.control_ops()).run)
             self.announcer = await nursery.start(
                 Announcer(host, self.clock, allowed=self.trusted).run)
@@ -279,8 +280,7 @@ class Node:
                 "hold_production": self.hold_production, "registry": self.registry,
                 "pol_export": self.pol_export, "pol_audit": self.pol_audit}
 
-    def extra_status(self) -> dict[str, Any]:
-        """The ``status`` op's serving fields: span, sessions, throughput, the swarm seen."""
+    def extra_status(self) -> dict[str, Any]:  # serving: span, sessions, the swarm seen
         info: dict[str, Any] = self.server.status() if self.server else {
             "serving": None, "sessions": 0}
         if self.announcer is not None:

@@ -10,6 +10,8 @@ and queues it in the mempool for `pnode produce`. No rule lives here.
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import sys
 
@@ -35,6 +37,9 @@ from wallet.errors import WalletError
 
 wallet_option = click.option("--wallet", "wallet_name", metavar="NAME",
                              help="Use wallets/NAME.json instead of the default wallet.")
+light_option = click.option("--peers", "peer", metavar="MULTIADDR", default=None,
+                            help="Ask this node (with /p2p/<peer id>) over the network "
+                                 "instead of one on --data-dir: a wallet without a node.")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -62,11 +67,9 @@ def create(data_dir, name, passphrase_file, as_json) -> None:
     Example:
       PNODE_PASSPHRASE=secret pwallet create --name savings
     """
-    dd = DataDir(data_dir)
-    if not dd.path.is_dir():
-        raise click.UsageError(f"data dir {dd.path} does not exist (run `pnode init` first)")
+    dd = DataDir(data_dir)  # a node's, or a wallet-only one (`pwallet --peers` uses it)
     path = dd.wallet_path(name)
-    path.parent.mkdir(exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     key = SigningKey(os.urandom(32))
     write_key_file(path, key.seed(), common.passphrase(passphrase_file, confirm=True))
     emit(as_json, {"name": name, "address": key.public.hex(), "file": str(path)},
@@ -77,18 +80,20 @@ def create(data_dir, name, passphrase_file, as_json) -> None:
 @click.argument("address", required=False)
 @data_dir_option
 @wallet_option
+@light_option
 @json_option
-def balance(address, data_dir, wallet_name, as_json) -> None:
+def balance(address, data_dir, wallet_name, peer, as_json) -> None:
     """Balance and bond of an address (default: this wallet).
 
     \b
     Examples:
       pwallet balance
       pwallet balance 5e3c...a1 --json
+      pwallet balance --peers /ip4/10.0.0.5/tcp/4001/p2p/12D3KooW...   # no node here
     """
     dd = DataDir(data_dir)
     account_id = _account(dd, address, wallet_name)
-    view = account_info(dd, account_id)
+    view = _account_view(dd, account_id, peer)
     info = {k: view[k] for k in ("address", "height", "balance", "bond", "nonce", "queued",
                                  "running")}
     emit(as_json, info, f"{format_coins(info['balance'])} coins (bond {format_coins(info['bond'])})"
@@ -101,22 +106,26 @@ def balance(address, data_dir, wallet_name, as_json) -> None:
 @data_dir_option
 @wallet_option
 @passphrase_option
+@light_option
 @json_option
-def send(recipient, amount, data_dir, wallet_name, passphrase_file, as_json) -> None:
+def send(recipient, amount, data_dir, wallet_name, passphrase_file, peer, as_json) -> None:
     """Send AMOUNT coins to RECIPIENT (queued for the next block).
 
     \b
-    Example:
+    Examples:
       pwallet send 5e3c...a1 2.5 --passphrase-file pass.txt
+      pwallet send 5e3c...a1 2.5 --peers MULTIADDR      # through that node: no node here
     """
     to, units = parse_address(recipient), parse_coins(amount)
     dd = DataDir(data_dir)
     key = SigningKey(read_key_file(dd.wallet_path(wallet_name),
                                    common.passphrase(passphrase_file)))
-    view = account_info(dd, key.public)
+    view = _account_view(dd, key.public, peer)
     nonce = view["next_nonce"]
     tx = sign(Transfer(view["chain_id"], key.public, to, units, nonce, ZERO_SIG), key)
-    if view["running"]:  # the node admits and gossips the transfer
+    if peer:  # the peer admits and gossips it
+        txid = _light(peer, lambda p: p.submit(tx))
+    elif view["running"]:  # the node admits and gossips the transfer
         txid = bytes.fromhex(control_call(dd.path, "submit_tx", tx=encode(tx).hex())["txid"])
     else:
         with dd.open_chain() as db:
@@ -237,8 +246,9 @@ def infer(prompt, local, peers, trusted_file, allow_unregistered, wire, push, sp
     for addr in peers:
         parse_peer_addr(addr)
     trusted = read_peer_list(trusted_file) if trusted_file else None
-    registered = None if local or allow_unregistered else _registered_servers(data_dir)
-    payer = _payer(data_dir, wallet_name, passphrase_file, max_price, tab_blocks) if (
+    light = None if local or DataDir(data_dir).exists() else peers[0]  # no chain here
+    registered = None if local or allow_unregistered else _registered_servers(data_dir, light)
+    payer = _payer(data_dir, wallet_name, passphrase_file, max_price, tab_blocks, light) if (
         max_price and not local) else None
     if not local:
         torch_thread.share_cpus_politely(torch_thread.CLIENT_SPIN_COUNT)  # it waits on servers
@@ -293,10 +303,11 @@ def _running_node_addr(data_dir: str) -> str:
                                f"{data_dir}: {addr_file} is missing)") from None
 
 
-def _registered_servers(data_dir: str) -> dict:
+def _registered_servers(data_dir: str, light: str | None = None) -> dict:
     """The servers registered and bonded on the chain of ``data_dir``, by peer id.
 
-    Read from the node running on it, else from its store.
+    Read from the node running on it, else from its store; with ``light``
+    (a data dir without a chain), from that peer (`wallet.light`).
 
     Raises:
         click.UsageError: ``data_dir`` holds no chain (not initialised).
@@ -305,13 +316,9 @@ def _registered_servers(data_dir: str) -> dict:
     """
     from wallet.registry import registry_from_view
 
-    dd = DataDir(data_dir)
-    if not dd.exists():  # no chain to check servers against: say both ways out
-        raise click.UsageError(
-            f"no chain to check servers against: {dd.path} holds no initialised node; give "
-            f"--data-dir of the node whose chain the servers are registered on, or pass "
-            f"--allow-unregistered for a private swarm without a chain")
-    return registry_from_view(common.registry_info(dd))
+    if light is not None:  # the peer's registry: it is trusted for it, as for the balance
+        return registry_from_view(_light(light, lambda p: p.registry()))
+    return registry_from_view(common.registry_info(DataDir(data_dir)))
 
 
 def _remote_checks(rate: float, evidence_dir: str) -> dict:
@@ -329,7 +336,7 @@ def _mismatch_line(m: dict) -> str:
 
 
 def _payer(data_dir: str, wallet_name: str | None, passphrase_file: str | None,
-           max_price: int, tab_blocks: int):
+           max_price: int, tab_blocks: int, light: str | None = None):
     """The `wallet.payer.Payer` of a paid generation: the wallet key, its chain's view.
 
     Raises:
@@ -339,12 +346,9 @@ def _payer(data_dir: str, wallet_name: str | None, passphrase_file: str | None,
     from wallet.payer import Payer
 
     dd = DataDir(data_dir)
-    if not dd.exists():
-        raise click.UsageError(f"--max-price pays from a wallet: {dd.path} holds no initialised "
-                               "node (give --data-dir)")
     key = SigningKey(read_key_file(dd.wallet_path(wallet_name),
                                    common.passphrase(passphrase_file)))
-    view = account_info(dd, key.public)
+    view = _account_view(dd, key.public, light)  # the peer's view when no chain is here
     return Payer(key, view["chain_id"], view["next_nonce"], view["height"], max_price,
                  blocks=tab_blocks, balance=view["balance"])
 
@@ -354,6 +358,7 @@ def _infer_remote(request, peers, trusted, registered, wire, push, model_file, s
     """Run the generation over the swarm; the JSON fields it adds."""
     from wallet import remote
 
+    _quiet_libp2p()
     parts = remote.load_client_parts(model_file)
 
     async def run() -> remote.Generation:
@@ -370,6 +375,26 @@ def _infer_remote(request, peers, trusted, registered, wire, push, model_file, s
             "spot_checks": result.spot_checks.as_json(), "cost": result.payments,
             "tabs": result.tabs,
             "claims": [p["claim"] for p in result.payments if p["claim"]]}
+
+
+def _light(addr: str, ask):
+    """``await ask(LightPeer)`` through a fresh host connected to ``addr``."""
+    from wallet.light import light_peer
+
+    parse_peer_addr(addr)
+    _quiet_libp2p()
+
+    async def run():
+        async with light_peer(addr) as peer:
+            return await ask(peer)
+    return common.run_trio_interruptibly(run)
+
+
+def _account_view(dd: DataDir, account_id: bytes, peer: str | None) -> dict:
+    """An account from ``peer`` (over the network), else the node or store of ``dd``."""
+    if peer:
+        return _light(peer, lambda p: p.account(account_id))
+    return account_info(dd, account_id)
 
 
 def _account(dd: DataDir, address: str | None, wallet_name: str | None) -> bytes:
@@ -420,6 +445,14 @@ def _row(tx, account: bytes, nodes: set[bytes]) -> dict:
 def main() -> None:
     """Console entry point."""
     common.run(main_group, expected=(WalletError,))
+
+
+def _quiet_libp2p() -> None:
+    """Report a failed dial once, as this command's error, not also as py-libp2p's log
+    lines (Python prints them for want of a handler; its import resets its loggers, so
+    this comes after)."""
+    importlib.import_module("libp2p")
+    logging.getLogger("libp2p").addHandler(logging.NullHandler())
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Sub-modules: `sync` (`ChainService`: the store, the mempool, sync with
 peers), `txgossip`, `producer` (blocks in this node's slots), `registrar`
 (registers a serving node once it is funded), `tabs` (a serving node's
-tab admission and lookups, for its cashier), `views` (an account and a
+tab admission and lookups, for its cashier), `desk` (the wallet desk: light
+clients' accounts, registry and submissions), `views` (an account and a
 node's status and the registered nodes as the CLIs show them). No torch here.
 """
 
@@ -14,6 +15,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.chain.registrar": ("Registrar",),
     "node.chain.sync": ("ChainService", "SyncError", "SyncResult"),
     "node.chain.tabs": ("ChainTabs",),
+    "node.chain.desk": ("WalletDesk",),
     "node.chain.txgossip": ("TxGossip",),
     "node.chain.views": ("account_view", "node_status_view", "registry_view"),
 })

@@ -1,6 +1,7 @@
 """Every message between peers and clients, with its protocol id or topic (no trio, libp2p or torch).
 
-Sub-modules: `sync` (chain sync, block and transaction topics), `serve`
+Sub-modules: `sync` (chain sync, block and transaction topics), `wallet`
+(a light client's account, registry and submissions), `serve`
 (swarm announcements and inference sessions), `span` (`ServerInfo`: the span
 record servers and clients read from an announcement), `train` (training
 pushes and state sync), `averaging` (replica averaging), `pol`
@@ -20,6 +21,9 @@ Codec tags (the ledger's own objects use 1-40; a tag is never reused):
     75-77  serve (spot checks): StepClaim, SignedAnswer, SpotEvidence
     78-81  pol: PolRequest, PolReply, PolWindow, NamedSet
     82-83  serve (paid sessions): Settle, Settled
+    84     node.serve.cashier's KeptTab (a lane kept on disk)
+    85-91  wallet desk: AccountQuery, AccountInfo, SubmitTx, TxResult, RegistryQuery,
+           RegisteredEntry, RegistryInfo
 """
 
 from node.lazy import lazy_exports
@@ -45,6 +49,11 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "PolWindow",
     ),
     "node.wire.span": ("ServerInfo", "SpanError"),
+    "node.wire.wallet": (
+        "MAX_REGISTRY", "MAX_TX_BYTES", "MAX_WALLET_REQUEST", "WALLET_PROTOCOL", "AccountInfo",
+        "AccountQuery", "RegisteredEntry", "RegistryInfo", "RegistryQuery", "SubmitTx",
+        "TxResult",
+    ),
     "node.wire.sync": (
         "BLOCKS_TOPIC", "MAX_BLOCKS_PER_REQUEST", "MAX_BLOCKS_RESPONSE_BYTES",
         "MAX_SYNC_REQUEST_FRAME", "MAX_SYNC_RESPONSE_FRAME", "SYNC_PROTOCOL", "TXS_TOPIC",

@@ -3,8 +3,8 @@
 Three registered servers (layers 0:10, 10:20, 20:30), each a node in all
 but the CLI: a LevelDB chain of its own, `ChainService` (sync and block
 gossip), `TxGossip`, a `Producer` sealing blocks with its node key, an
-`Announcer`, and a `LayerServer` whose `Cashier` admits tabs and claims
-through that chain. Users (chainkit's ``net.users``) hold 100 coins each.
+`Announcer`, the `WalletDesk` (light clients), and a `LayerServer` whose
+`Cashier` admits tabs and claims through that chain. Users (chainkit's ``net.users``) hold 100 coins each.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import trio
 
 from ledger.chaindb import ChainDB
 from ledger.store import LevelDBStore
-from node.chain import ChainService, ChainTabs, Producer, TxGossip, registry_view
+from node.chain import ChainService, ChainTabs, Producer, TxGossip, WalletDesk, registry_view
 from node.clock import now_ms
 from node.net import PeerIdentity
 from node.net.host import open_host
@@ -80,6 +80,7 @@ async def paid_swarm(stack: AsyncExitStack, tmp_path, reader, prices=(5, 6, 7), 
         stack.callback(nursery.cancel_scope.cancel)
         service = await nursery.start(ChainService(db, host, now_ms).run)
         txs = await nursery.start(TxGossip(service).run)
+        WalletDesk(service, txs).install()
         for other in swarm.servers:
             await host.connect(other.host.addrs[0])
         cashier = Cashier(ChainTabs(service, txs), node, price, tmp_path / f"tabs{i}",

@@ -19,9 +19,9 @@ def one_line_error(r, *needles: str) -> None:
         assert needle in r.err, r.err
 
 
-def test_without_a_chain_the_client_names_both_ways_out(pwallet, tmp_path):
+def test_without_a_chain_the_client_asks_the_peer_for_the_registry(pwallet, tmp_path):
     r = pwallet("infer", PROMPT, "--peers", DEAD_PEER, "--data-dir", str(tmp_path / "none"))
-    one_line_error(r, "no chain to check servers against", "--data-dir", "--allow-unregistered")
+    one_line_error(r, "no peer reachable")  # it dialed the peer for the registry
 
 
 def test_allow_unregistered_is_for_the_swarm_only(pwallet, tmp_path):
@@ -98,3 +98,14 @@ def test_paid_inference_from_the_cli(pwallet, pnode, tmp_path, spawn):  # noqa: 
     assert doc["claims"] == [hop["claim"]] and len(doc["tabs"]) == 1
     wait_for(lambda: pwallet("balance", bob, "--data-dir", str(d), "--json").json()["balance"]
              == 3_000_000 - hop["amount"], "the claim settled and the rest refunded", limit=30)
+    # A wallet without a node: its own directory, everything through the peer.
+    light = str(tmp_path / "light")
+    carol = pwallet("create", "--data-dir", light, "--name", "carol", "--json").json()["address"]
+    assert pwallet("send", carol, "1", "--data-dir", str(d), "--wallet", "bob",
+                   "--peers", addr).code == 0
+    wait_for(lambda: pwallet("balance", carol, "--peers", addr, "--json").json()["balance"]
+             == 1_000_000, "carol's coin, read through the peer", limit=30)
+    r = pwallet("infer", PROMPT, "--peers", addr, "--raw", "--greedy", "--max-tokens", "4",
+                "--data-dir", light, "--wallet", "carol", "--max-price", "10", "--json")
+    assert r.code == 0, r.err  # the registry and carol's nonce came from the peer
+    assert r.json()["cost"][0]["amount"] == hop["amount"]
