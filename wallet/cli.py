@@ -151,11 +151,13 @@ def history(address, data_dir, wallet_name, as_json) -> None:
     account_id = _account(dd, address, wallet_name)
     with dd.open_chain() as db:
         nodes = {k for k in db.state.ids(NODE) if db.state.get(NODE + k).account == account_id}
+        tabs: set[bytes] = set()
         rows = _genesis_rows(db.genesis, account_id)
         rows += [dict(height=b.header.height, **_row(tx, account_id, nodes))
-                for b in db.iter_blocks() for tx in b.txs if _involves(tx, account_id, nodes)]
+                 for b in db.iter_blocks() for tx in b.txs
+                 if _involves(tx, account_id, nodes, tabs)]
         rows += [dict(height=None, **_row(tx, account_id, nodes))
-                 for tx in db.mempool() if _involves(tx, account_id, nodes)]
+                 for tx in db.mempool() if _involves(tx, account_id, nodes, tabs)]
     emit(as_json, {"address": account_id.hex(), "history": rows}, lambda: "\n".join(
         f"{'queued' if r['height'] is None else r['height']:>7}  {r['type']:17} "
         f"{_signed_coins(r['delta']):>14}  {r['txid'][:16]}" for r in rows) or "no transactions")
@@ -416,15 +418,19 @@ def _signed_coins(units: int | None) -> str:
     return ("-" if units < 0 else "+") + format_coins(abs(units))
 
 
-def _involves(tx, account: bytes, nodes: set[bytes]) -> bool:
+def _involves(tx, account: bytes, nodes: set[bytes], tabs: set[bytes]) -> bool:
+    """Whether ``tx`` moved coins of ``account`` (whose nodes are ``nodes``); the ids of its
+    tabs are added to ``tabs`` as they come, so the claims on them show too."""
     if isinstance(tx, Transfer):
         return account in (tx.sender, tx.recipient)
     if isinstance(tx, Register):
         return tx.account == account
     if isinstance(tx, OpenTab):
+        if tx.client == account:
+            tabs.add(tx_hash(tx))
         return tx.client == account
     if isinstance(tx, Claim):
-        return tx.node_key in nodes
+        return tx.node_key in nodes or tx.voucher.tab_id in tabs
     return False
 
 

@@ -109,3 +109,10 @@ def test_paid_inference_from_the_cli(pwallet, pnode, tmp_path, spawn):  # noqa: 
                 "--data-dir", light, "--wallet", "carol", "--max-price", "10", "--json")
     assert r.code == 0, r.err  # the registry and carol's nonce came from the peer
     assert r.json()["cost"][0]["amount"] == hop["amount"]
+    proc.terminate()  # the store is the node's while it runs
+    proc.wait(timeout=30)
+    rows = pwallet("history", "--data-dir", str(d), "--wallet", "bob", "--json").json()["history"]
+    kinds = [r["type"] for r in rows]
+    assert "OpenTab" in kinds and "Claim" in kinds  # the tab, and the server's claim on it
+    tab_row = next(r for r in rows if r["type"] == "OpenTab")
+    assert tab_row["delta"] < 0 and tab_row["txid"] == doc["tabs"][0]["tab"]
