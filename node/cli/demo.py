@@ -104,7 +104,8 @@ def wait_registered(data: Path, log: Path, limit: float = 60) -> None:
 def paid_question(root: Path, alice: str, addr: str) -> None:
     """Bob pays the three servers for an answer; balances before and after, cost per hop."""
     wallets = [step("", "pwallet", "balance", "--data-dir", d, "--json", capture_json=True,
-                    quiet=True)["address"] for d in (alice, root / "server1", root / "server2")]
+                    quiet=True)["address"] for d in (alice, str(root / "server1"),
+                                                     str(root / "server2"))]
     before = balances(alice, ["--wallet", "bob"], wallets)
     # --data-dir alice: the client routes only through the servers registered on the
     # chain that node follows (all three now); --max-price: it pays up to 10 base units

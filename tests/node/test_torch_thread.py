@@ -33,58 +33,39 @@ def test_a_job_returns_its_value_or_raises_its_error_on_one_thread_across_runs()
         run(failing)
 
 
-def test_jobs_run_in_the_order_they_were_submitted():
-    done = []
-
+def behind_a_held_thread(submits, then: float = 0.0) -> None:
+    """Hold the torch thread, submit ``(priority, fn, arg)`` jobs in order (sleeping
+    ``then`` seconds after the first), then let the thread go."""
     async def main():
         gate = threading.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(torch_thread.run_sync, gate.wait)  # holds the thread
             await trio.sleep(0.05)
-            for i in range(20):
-                nursery.start_soon(torch_thread.run_sync, done.append, i)
-                await trio.sleep(0)  # each submits before the next starts
+            for k, (priority, fn, arg) in enumerate(submits):
+                nursery.start_soon(functools.partial(torch_thread.run_sync, fn, arg,
+                                                     priority=priority))
+                await trio.sleep(then if k == 0 else 0)  # each submits before the next
             await trio.sleep(0.05)
-            assert done == []  # nothing overtakes the job in front
             gate.set()
     run(main)
+
+
+def test_jobs_run_in_the_order_they_were_submitted():
+    done = []
+    behind_a_held_thread([(0, done.append, i) for i in range(20)])
     assert done == list(range(20))
 
 
 def test_a_higher_priority_goes_first_and_a_waiting_job_ages_past_it():
     done = []
-
-    async def main():
-        gate = threading.Event()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(torch_thread.run_sync, gate.wait)  # holds the thread
-            await trio.sleep(0.05)
-            nursery.start_soon(functools.partial(torch_thread.run_sync, done.append, "mining"))
-            await trio.sleep(0)
-            for bid in (5, 1000, 5):
-                nursery.start_soon(functools.partial(torch_thread.run_sync, done.append,
-                                                     f"bid {bid}", priority=bid))
-                await trio.sleep(0)
-            await trio.sleep(0.01)
-            gate.set()
-    run(main)
+    behind_a_held_thread([(0, done.append, "mining"), (5, done.append, "bid 5"),
+                          (1000, done.append, "bid 1000"), (5, done.append, "bid 5 again")])
     # log2(1001) ~ 10 levels above the mining job, log2(6) ~ 2.6: the equal bids in order.
-    assert done == ["bid 1000", "bid 5", "bid 5", "mining"]
+    assert done == ["bid 1000", "bid 5", "bid 5 again", "mining"]
     done.clear()
-
-    async def aged():
-        gate = threading.Event()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(torch_thread.run_sync, gate.wait)
-            await trio.sleep(0.05)
-            nursery.start_soon(torch_thread.run_sync, done.append, "mining")
-            # It waits 1 s (20 levels at AGEING_S = 50 ms) before a bid of 1000 arrives.
-            await trio.sleep(20 * torch_thread.AGEING_S)
-            nursery.start_soon(functools.partial(torch_thread.run_sync, done.append, "rich",
-                                                 priority=1000))
-            await trio.sleep(0.01)
-            gate.set()
-    run(aged)
+    # The mining job waits 1 s (20 levels at AGEING_S = 50 ms) before a bid of 1000 comes.
+    behind_a_held_thread([(0, done.append, "mining"), (1000, done.append, "rich")],
+                         then=20 * torch_thread.AGEING_S)
     assert done == ["mining", "rich"]  # no job starves behind newer, richer ones
 
 

@@ -33,6 +33,20 @@ from wallet.session import RouteRun
 NO_CHECKS = ClientConfig(spot_check_rate=0.0)
 
 
+async def held_route(client, nursery, parts, steps: int, extra: int = 8) -> RouteRun:  # noqa: F811
+    """A paid route over all 30 layers, driven by hand: the prompt, then ``steps - 1``
+    decode steps, and left open (its client neither settles nor hangs up)."""
+    ids = parts.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
+    route = RouteRun(client.directory, client.host, NO_CHECKS, Generation(), len(ids) + extra,
+                     nursery, payer=client.payer)
+    await route.open(0, 30)
+    if steps:
+        await route.forward(client._embed(ids), 0)
+    for pos in range(len(ids), len(ids) + steps - 1):
+        await route.forward(client._embed([1]), pos)
+    return route
+
+
 def test_each_server_gains_what_it_ran_and_the_client_gets_the_rest_back(
         tmp_path, gguf_reader, parts, local_tokens):  # noqa: F811
     async def main():
@@ -152,14 +166,7 @@ def test_a_client_gone_silent_is_claimed_after_the_idle_timeout(
             async with open_remote(swarm.entry(), parts, registered=swarm.registry(),
                                    config=NO_CHECKS, payer=payer) as client, \
                     trio.open_nursery() as readers:
-                ids = parts.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
-                run_ = RouteRun(client.directory, client.host, NO_CHECKS, Generation(),
-                                len(ids) + 8, readers, payer=payer)
-                await run_.open(0, 30)
-                x = client._embed(ids)
-                await run_.forward(x, 0)
-                for pos in range(len(ids), len(ids) + 2):  # two decode steps, then silence
-                    await run_.forward(client._embed([1]), pos)
+                await held_route(client, readers, parts, steps=3)  # then silence
                 tab_id = payer.tabs[0].tab_id
                 vouched = positions_of(parts, 2)  # the last voucher covers two of three steps
                 await swarm.settled("every server claimed after its idle timeout", lambda: (
@@ -290,12 +297,7 @@ def test_a_dishonest_server_cannot_claim_more_than_was_vouched(
             async with open_remote(swarm.entry(), parts, registered=swarm.registry(),
                                    config=NO_CHECKS, payer=payer) as client, \
                     trio.open_nursery() as readers:
-                ids = parts.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
-                run_ = RouteRun(client.directory, client.host, NO_CHECKS, Generation(),
-                                len(ids) + 8, readers, payer=payer)
-                await run_.open(0, 30)
-                await run_.forward(client._embed(ids), 0)
-                await run_.forward(client._embed([1]), len(ids))
+                run_ = await held_route(client, readers, parts, steps=2)
                 tab_id = payer.tabs[0].tab_id
                 await swarm.settled("the tab in a block",
                                     lambda: s.db.state.get(TAB + tab_id) is not None)
@@ -346,10 +348,7 @@ def test_a_full_server_admits_the_higher_bid_first(tmp_path, gguf_reader, parts)
             async with open_remote(swarm.entry(), parts, registered=swarm.registry(),
                                    config=NO_CHECKS, payer=swarm.payer(a, 5)) as holder, \
                     trio.open_nursery() as nursery:
-                ids = parts.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
-                held = RouteRun(holder.directory, holder.host, NO_CHECKS, Generation(),
-                                len(ids) + 2, nursery, payer=holder.payer)
-                await held.open(0, 30)
+                held = await held_route(holder, nursery, parts, steps=0, extra=2)
                 inference = swarm.servers[0].server.inference
                 nursery.start_soon(ask, "b", b, 6)
                 await eventually(lambda: inference.room.waiting == 1, "b waiting", 10)
