@@ -23,7 +23,7 @@ from ledger.codec import decode, encode
 from ledger.errors import (
     DecodeError, ForkTooDeep, StoreCorruptError, UnknownParent, ValidationError,
 )
-from ledger.proofs import ReceiptProof
+from ledger.proofs import ReceiptProof, TxProof
 from ledger.rules import apply_tx
 from ledger.schedule import is_better_tip
 from ledger.state import MemoryState, Overlay, StateReader, decode_record, flatten, state_root
@@ -172,6 +172,21 @@ class ChainDB:
         receipt = decode(leaves[index], Receipt)
         path = merkle.inclusion_proof(leaves, index)
         return ReceiptProof(receipt, index, tuple(path), self.tip)
+
+    def tx_proof(self, txid: bytes) -> TxProof:
+        """A proof that a transaction is in a main-chain block (searched from the tip down).
+
+        Raises:
+            KeyError: no main-chain block holds it.
+        """
+        for height in range(self.height, 0, -1):
+            block = self.block_at(height)
+            encoded = [encode(tx) for tx in block.txs]
+            for index, raw in enumerate(encoded):
+                if tx_hash(block.txs[index], raw) == txid:
+                    return TxProof(block.txs[index], index, len(encoded),
+                                   tuple(merkle.inclusion_proof(encoded, index)), block.header)
+        raise KeyError(f"transaction {txid.hex()} is in no main-chain block")
 
     # -- writing ----------------------------------------------------------------
 

@@ -9,7 +9,10 @@ transfer through the running node, the other two servers registering
 themselves once their wallets are funded, and `pwallet infer --peers`
 generating over the three servers (the same text as the local run; the
 client routes only through servers registered on the chain it follows,
-Alice's); then a short
+Alice's), paid by Bob (the servers ask 5, 6 and 7 base units per position
+per layer: one tab, a voucher a step, each server's claim), with the
+balances before and after and, once the swarm stops, a server's claim
+proven in its block (`pnode proof`, `pnode verify proof`); then a short
 training run of the default job, and the same job mined by a three-node
 devnet (`pnode devnet`), where a tenth of the units are re-executed by
 another node (Proof of Learning): a node's coins are its accepted units
@@ -101,8 +104,12 @@ def wait_registered(data: Path, log: Path, limit: float = 60) -> None:
     sys.exit(1)
 
 
-def paid_question(root: Path, alice: str, addr: str) -> None:
-    """Bob pays the three servers for an answer; balances before and after, cost per hop."""
+def paid_question(root: Path, alice: str, addr: str) -> str | None:
+    """Bob pays the three servers for an answer; balances before and after, cost per hop.
+
+    Returns:
+        The id of one server's claim (its inclusion proof comes once the nodes stop).
+    """
     wallets = [step("", "pwallet", "balance", "--data-dir", d, "--json", capture_json=True,
                     quiet=True)["address"] for d in (alice, str(root / "server1"),
                                                      str(root / "server2"))]
@@ -129,6 +136,22 @@ def paid_question(root: Path, alice: str, addr: str) -> None:
     for name, b, a in zip(("bob", "alice (0-9)", "server 1 (10-19)", "server 2 (20-29)"),
                           before, after):
         console.print(f"  {name:18} {b:>14}  ->  {a:>14}")
+    return next((c for c in doc["claims"]), None)
+
+
+def prove_claim(alice: str, claim: str | None, root: Path) -> None:
+    """`pnode proof` of a server's claim, written to a file, then `pnode verify proof`."""
+    if claim is None:
+        return
+    console.rule("[bold]The claim that paid a server, proven in its block (Merkle path + header)")
+    console.print(f"[cyan]$ pnode proof {claim[:16]}.. --data-dir {alice} > claim.proof")
+    result = subprocess.run([str(BIN / "pnode"), "proof", claim, "--data-dir", alice],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        console.print(f"[red]{result.stderr.strip()}")
+        sys.exit(result.returncode)
+    (root / "claim.proof").write_text(result.stdout)
+    step("", "pnode", "verify", "proof", str(root / "claim.proof"), "--data-dir", alice)
 
 
 def balances(alice: str, bob: list[str], wallets: list[str]) -> list[str]:
@@ -187,6 +210,7 @@ def main() -> None:
     step("SmolLM2-135M-Instruct, run locally from its GGUF (streams tokens)", "pwallet",
          "infer", "What is the capital of France?", "--local", "--greedy", "--max-tokens", "24")
     nodes = start_swarm(root, alice)
+    claim = None
     try:
         step("A running node's live status: peers, what it serves, the swarm it sees",
              "pnode", "status", "--data-dir", alice)
@@ -205,9 +229,10 @@ def main() -> None:
                     console.print(f"  server {i}: {line}", highlight=False, markup=False)
         step("", "pwallet", "balance", bob, "--data-dir", alice)
         addr = (Path(alice) / "node.addr").read_text().strip()
-        paid_question(root, alice, addr)
+        claim = paid_question(root, alice, addr)
     finally:
         stop_swarm(nodes)
+    prove_claim(alice, claim, root)
     step("The default training job, locally: the loss falls", "pnode", "train",
          "--steps", "60")
     step("Mining: three nodes train that job, audit a tenth of each other's units, earn coins",

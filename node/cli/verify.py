@@ -11,7 +11,7 @@ import click
 from ledger.chaindb import ChainDB
 from ledger.codec import from_json, to_json
 from ledger.errors import DecodeError, StoreError, ValidationError
-from ledger.proofs import ReceiptProof, verify_receipt_proof
+from ledger.proofs import ReceiptProof, TxProof, verify_receipt_proof, verify_tx_proof
 from node.cli import common
 from node.cli.common import EXIT_CHECK_FAILED, data_dir_option, emit, json_option
 from node.cli.pol import verify_cert, verify_pol
@@ -20,23 +20,30 @@ from node.errors import ChainCorruptError, ProofError
 
 
 @click.command()
-@click.argument("receipt_id")
+@click.argument("receipt_id", metavar="ID")
 @data_dir_option
 def proof(receipt_id, data_dir) -> None:
-    """Write the inclusion proof of a receipt (JSON) to stdout.
+    """Write the inclusion proof of a receipt or a transaction (JSON) to stdout.
+
+    A receipt (a unit's, in the log) gets a proof against the tip's log root;
+    any other transaction (a transfer, a tab, a claim that paid a server)
+    one against its block's transaction root.
 
     \b
-    Example:
+    Examples:
       pnode proof 3fa1...c9 --data-dir D > receipt.proof
-      pnode verify proof receipt.proof
+      pnode proof "$(pwallet infer Hi --max-price 10 --json | jq -r '.claims[0]')" > claim.proof
+      pnode verify proof claim.proof --data-dir D
     """
-    receipt_hash = common.parse_address(receipt_id)
+    txid = common.parse_address(receipt_id)
     with DataDir(data_dir).open_chain() as db:
         try:
-            doc = to_json(db.receipt_proof(receipt_hash))
+            found = db.receipt_proof(txid) if db.receipt_index(txid) is not None else \
+                db.tx_proof(txid)
         except KeyError:
-            raise ProofError(f"receipt {receipt_id} is not in this chain's log") from None
-    click.echo(json.dumps(doc, indent=2))
+            raise ProofError(f"{receipt_id} is neither in this chain's log nor in a "
+                             "main-chain block (not yet included?)") from None
+    click.echo(json.dumps({"kind": type(found).__name__, **to_json(found)}, indent=2))
 
 
 
@@ -119,15 +126,18 @@ def verify_block(height, data_dir, as_json) -> None:
               help="Also require the proof's header to be on this node's main chain.")
 @json_option
 def verify_proof(proof_file, block_hash, data_dir, as_json) -> None:
-    """Check a receipt proof written by `pnode proof`.
+    """Check a receipt or transaction proof written by `pnode proof`.
 
     \b
     Examples:
       pnode verify proof receipt.proof
-      pnode verify proof receipt.proof --data-dir D   # header must be on our chain
+      pnode verify proof claim.proof --data-dir D   # header must be on our chain
     """
     try:
-        proof_obj = from_json(json.loads(Path(proof_file).read_text()), ReceiptProof)
+        doc = json.loads(Path(proof_file).read_text())
+        kind = TxProof if isinstance(doc, dict) and doc.pop("kind", None) == "TxProof" else \
+            ReceiptProof
+        proof_obj = from_json(doc, kind)
     except (OSError, ValueError, DecodeError) as exc:
         raise ProofError(f"cannot read proof file {proof_file}: {exc}") from None
     trusted = common.parse_address(block_hash) if block_hash else None
@@ -137,12 +147,14 @@ def verify_proof(proof_file, block_hash, data_dir, as_json) -> None:
         if trusted is None:
             trusted = b"\x00" * 32  # above our tip: cannot be on our chain
     try:
-        verify_receipt_proof(proof_obj, trusted)
-        result = {"ok": True, "height": proof_obj.header.height, "index": proof_obj.index}
+        (verify_tx_proof if kind is TxProof else verify_receipt_proof)(proof_obj, trusted)
+        result = {"ok": True, "kind": kind.__name__, "height": proof_obj.header.height,
+                  "index": proof_obj.index}
     except ValidationError as exc:
         result = {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
-    _report(as_json, result, lambda: f"ok: receipt is leaf {proof_obj.index} of the log at "
-                                     f"height {proof_obj.header.height}")
+    what = (f"{type(proof_obj.tx).__name__} is transaction {proof_obj.index} of the block"
+            if kind is TxProof else f"receipt is leaf {proof_obj.index} of the log")
+    _report(as_json, result, lambda: f"ok: {what} at height {proof_obj.header.height}")
 
 
 verify.add_command(verify_cert)  # node/cli/pol.py: re-executing a window file

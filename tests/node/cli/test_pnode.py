@@ -124,7 +124,8 @@ def test_proof_round_trip_through_files(chain_with_receipts, pnode, tmp_path):
     proof_file = tmp_path / "receipt.proof"
     proof_file.write_text(r.out)
     ok = pnode("verify", "proof", str(proof_file), "--data-dir", str(dd.path), "--json")
-    assert ok.code == 0 and ok.json() == {"ok": True, "height": 3, "index": 2}
+    assert ok.code == 0 and ok.json() == {"ok": True, "kind": "ReceiptProof", "height": 3,
+                                          "index": 2}
     doc = json.loads(r.out)
     doc["receipt"]["output_hash"] = "11" * 32
     proof_file.write_text(json.dumps(doc))
@@ -135,7 +136,26 @@ def test_proof_round_trip_through_files(chain_with_receipts, pnode, tmp_path):
 def test_proof_of_unknown_receipt_is_a_clear_error(chain_with_receipts, pnode):
     dd, _ = chain_with_receipts
     r = pnode("proof", "ab" * 32, "--data-dir", str(dd.path))
-    assert r.code == 2 and "not in this chain's log" in r.err
+    assert r.code == 2 and "neither in this chain's log nor in a main-chain block" in r.err
+
+
+def test_a_transactions_proof_round_trips_through_files(tmp_path, pnode, pwallet):
+    d = str(tmp_path / "t")
+    assert pnode("init", "--data-dir", d, "--chain-id", "t-txproof").code == 0
+    bob = pwallet("create", "--data-dir", d, "--name", "bob", "--json").json()["address"]
+    txid = pwallet("send", bob, "2.5", "--data-dir", d, "--json").json()["txid"]
+    assert pnode("produce", "--data-dir", d, "--blocks", "2").code == 0
+    r = pnode("proof", txid, "--data-dir", d)
+    assert r.code == 0, r.err
+    proof_file = tmp_path / "tx.proof"
+    proof_file.write_text(r.out)
+    ok = pnode("verify", "proof", str(proof_file), "--data-dir", d, "--json")
+    assert ok.code == 0 and ok.json() == {"ok": True, "kind": "TxProof", "height": 1, "index": 0}
+    doc = json.loads(r.out)
+    doc["tx"]["amount"] = 25_000_000  # ten times what was sent
+    proof_file.write_text(json.dumps(doc))
+    bad = pnode("verify", "proof", str(proof_file))
+    assert bad.code == 1 and "FAIL" in bad.out
 
 
 @pytest.mark.parametrize("args, message", [
