@@ -200,7 +200,7 @@ def test_status_text_lists_peers_and_the_swarm_a_line_each():
     assert "peers            2 connected" in lines and "  12D3KooWA" in lines
     assert "swarm            1 servers announced" in lines
     assert lines[-1].split() == ["layers", "10:20", "98.5", "tok/s", "load", "1", "price",
-                                 "0.001", "12D3KooWB"]
+                                 "1000/position/layer", "12D3KooWB"]
 
 
 def test_bad_job_file_and_a_used_devnet_dir_are_clear_errors(pnode, tmp_path):
