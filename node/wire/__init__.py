@@ -10,7 +10,9 @@ registered with the ledger codec, so ``decode(data, T)`` refuses any other
 tag, a field out of range, or trailing bytes. Limits live next to the
 shapes they bound, so both ends agree on them.
 
-Codec tags (the ledger's own objects use 1-40; a tag is never reused):
+Tag 84 is `node.serve.cashier.KeptTab`, a record a server keeps on disk, not
+a message. Codec tags (the ledger's own objects use 1-41; a tag is never
+reused):
 
     50-53  sync: TipRequest, TipResponse, BlocksRequest, BlocksResponse
     57-65  serve: Announce, SwarmRequest, SwarmResponse, OpenSession,
@@ -21,7 +23,6 @@ Codec tags (the ledger's own objects use 1-40; a tag is never reused):
     75-77  serve (spot checks): StepClaim, SignedAnswer, SpotEvidence
     78-81  pol: PolRequest, PolReply, PolWindow, NamedSet
     82-83  serve (paid sessions): Settle, Settled
-    84     node.serve.cashier's KeptTab (a lane kept on disk)
     85-91  wallet desk: AccountQuery, AccountInfo, SubmitTx, TxResult, RegistryQuery,
            RegisteredEntry, RegistryInfo
 """

@@ -97,6 +97,8 @@ async def paid_swarm(stack: AsyncExitStack, tmp_path, reader, prices=(5, 6, 7), 
         swarm.servers.append(SimpleNamespace(host=host, db=db, service=service, txs=txs,
                                              cashier=cashier, server=server, node=node,
                                              wallet=net.wallets[i], price=price, span=span,
-                                             nursery=nursery))
-    await trio.sleep(1.0)  # the mesh forms and the announcements spread
+                                             nursery=nursery, announcer=announcer))
+    # The entry server knows every announcement (a client asks it for its view).
+    await eventually(lambda: len(swarm.servers[0].announcer.fresh()) == len(spans),
+                     "the announcements to spread", limit=20)
     return swarm

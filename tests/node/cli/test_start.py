@@ -194,7 +194,7 @@ def test_three_nodes_sync_a_chain_produced_while_one_was_down(tmp_path, pnode, s
     (("--layers", "0:10", "--auto"), "--layers fixes the span"),
     (("--no-serve", "--layers", "0:10"), "--no-serve cannot go with"),
     (("--gpu", "0"), "cuda"),
-    (("--price", "-1"), "positive"),
+    (("--price", "-1"), "-1 is not in the range"),
     (("--trusted-peers", "/nonexistent/file"), "cannot read trusted-peers file"),
 ])
 def test_bad_serving_flags_are_one_line_and_exit_2(pnode, node_a, args, expect):
