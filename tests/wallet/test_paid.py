@@ -47,7 +47,7 @@ async def held_route(client, nursery, parts, steps: int, extra: int = 8) -> Rout
     return route
 
 
-def test_each_server_gains_what_it_ran_and_the_client_gets_the_rest_back(
+def test_a_broke_client_stops_and_a_funded_one_pays_each_server_what_it_ran(
         tmp_path, gguf_reader, parts, local_tokens):  # noqa: F811
     async def main():
         async with AsyncExitStack() as stack:
@@ -56,6 +56,18 @@ def test_each_server_gains_what_it_ran_and_the_client_gets_the_rest_back(
             before = {s.wallet.public: balance(swarm.db, s.wallet.public)
                       for s in swarm.servers}
             user_before = balance(swarm.db, user.public)
+            # First a client that believes it holds 0.001 coin: refused before any step.
+            broke = swarm.payer(user, max_price=10)
+            broke.balance = 1000
+            async with open_remote(swarm.entry(), parts, registered=swarm.registry(),
+                                   config=NO_CHECKS, payer=broke) as client:
+                with pytest.raises(InsufficientFunds, match=r"insufficient funds: need "
+                                   r"\d+(\.\d+)? coins \(\d+ positions x 30 layers x bid "
+                                   r"5/6/7 base units, x2 margin for failover\), balance "
+                                   r"0\.001"):
+                    await client.generate(InferRequest(PROMPT, max_tokens=8))
+            assert all(s.server.inference.served_tokens == 0 for s in swarm.servers)
+            assert broke.tabs == []
             payer = swarm.payer(user, max_price=10)
             async with open_remote(swarm.entry(), parts, registered=swarm.registry(),
                                    config=NO_CHECKS, payer=payer) as client:
@@ -80,24 +92,6 @@ def test_each_server_gains_what_it_ran_and_the_client_gets_the_rest_back(
                 s.cashier.stats.settled == 1 and not s.cashier.lanes for s in swarm.servers))
             assert not any(any(s.cashier.folder.glob("*.tab")) for s in swarm.servers)
     run(main, deadline=120)
-
-
-def test_a_broke_client_is_refused_before_any_step(tmp_path, gguf_reader, parts):  # noqa: F811
-    async def main():
-        async with AsyncExitStack() as stack:
-            swarm = await paid_swarm(stack, tmp_path, gguf_reader)
-            payer = swarm.payer(swarm.net.users[0], max_price=10)
-            payer.balance = 1000  # what it believes it holds: far below the need
-            async with open_remote(swarm.entry(), parts, registered=swarm.registry(),
-                                   config=NO_CHECKS, payer=payer) as client:
-                with pytest.raises(InsufficientFunds, match=r"insufficient funds: need "
-                                   r"\d+(\.\d+)? coins \(\d+ positions x 30 layers x bid "
-                                   r"5/6/7 base units, x2 margin for failover\), balance "
-                                   r"0\.001"):
-                    await client.generate(InferRequest(PROMPT, max_tokens=8))
-            assert all(s.server.inference.served_tokens == 0 for s in swarm.servers)
-            assert payer.tabs == []
-    run(main, deadline=90)
 
 
 def positions_of(parts, steps: int) -> int:
