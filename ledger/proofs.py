@@ -51,12 +51,7 @@ def verify_receipt_proof(proof: ReceiptProof, trusted_block_hash: bytes | None =
         BadProof: naming the first check that fails.
     """
     header, receipt = proof.header, proof.receipt
-    if trusted_block_hash is not None and block_hash(header) != trusted_block_hash:
-        raise BadProof(f"header of height {header.height} is not the trusted block")
-    if receipt.chain_id != header.chain_id:
-        raise BadProof(f"receipt is for chain {receipt.chain_id!r}, header for {header.chain_id!r}")
-    if not signature_ok(header):
-        raise BadProof(f"header of height {header.height} is not signed by its producer")
+    _check_header(header, "receipt", receipt.chain_id, trusted_block_hash)
     if not signature_ok(receipt):
         raise BadProof("receipt is not signed by its node key")
     if not proof.index < header.log_size:
@@ -88,16 +83,21 @@ def verify_tx_proof(proof: TxProof, trusted_block_hash: bytes | None = None) -> 
         BadProof: naming the first check that fails.
     """
     header = proof.header
-    if trusted_block_hash is not None and block_hash(header) != trusted_block_hash:
-        raise BadProof(f"header of height {header.height} is not the trusted block")
-    if proof.tx.chain_id != header.chain_id:
-        raise BadProof(f"transaction is for chain {proof.tx.chain_id!r}, header for "
-                       f"{header.chain_id!r}")
-    if not signature_ok(header):
-        raise BadProof(f"header of height {header.height} is not signed by its producer")
+    _check_header(header, "transaction", proof.tx.chain_id, trusted_block_hash)
     if not proof.index < proof.count:
         raise BadProof(f"index {proof.index} is outside a block of {proof.count} transactions")
     if not merkle.verify_inclusion(encode(proof.tx), proof.index, proof.count,
                                    list(proof.path), header.txs_root):
         raise BadProof(f"transaction is not leaf {proof.index} of the block at height "
                        f"{header.height}")
+
+
+def _check_header(header: Header, what: str, chain_id: str, trusted: bytes | None) -> None:
+    """The checks every proof makes of its header: the trusted block (if given), the
+    proven object's chain, the producer's signature. Raises BadProof."""
+    if trusted is not None and block_hash(header) != trusted:
+        raise BadProof(f"header of height {header.height} is not the trusted block")
+    if chain_id != header.chain_id:
+        raise BadProof(f"{what} is for chain {chain_id!r}, header for {header.chain_id!r}")
+    if not signature_ok(header):
+        raise BadProof(f"header of height {header.height} is not signed by its producer")

@@ -178,11 +178,3 @@ class Payer:
         if tab is not None and not tab.accepted and self.tabs and self.tabs[-1] is tab:
             self.tabs.pop()
             self.nonce -= 1
-
-    def locked(self) -> int:
-        """What the tabs opened lock in all."""
-        return sum(lane.cap for t in self.tabs for lane in t.tab.lanes)
-
-    def spent(self) -> int:
-        """What the vouchers signed so far pay in all."""
-        return sum(sum(t.amounts) for t in self.tabs)
