@@ -309,19 +309,39 @@ class Host:
             raise DialError(f"peer {info.peer_id} is banned for misbehaviour")
         if not self.is_trusted(info.peer_id):
             raise DialError(f"peer {info.peer_id} is not a trusted peer")
-        if info.peer_id not in self._host.get_connected_peers():
-            # The swarm dials one TCP address per peer (the first known) and
-            # blocks the peer for 60 s if it fails: drop stale addresses.
-            self._host.get_peerstore().clear_addrs(info.peer_id)
-            self._host.get_network().unblock_peer(info.peer_id)
         try:
             with trio.fail_after(self.config.dial_timeout):
-                await self._host.connect(info)
+                await self._dial(info)
         except trio.TooSlowError:
             raise DialError(f"no connection to {addr} in {self.config.dial_timeout} s") from None
         except Exception as exc:
             raise DialError(f"cannot connect to {addr}: {exc}") from None
         return info.peer_id
+
+    async def _dial(self, info) -> None:
+        """A connection to ``info``'s one address, ready for streams, unless one is open.
+
+        Not `BasicHost.connect`: its swarm (py-libp2p 0.8.1) gives each
+        address a 250 ms happy-eyeballs head start and ends that wait early
+        only on a failure or at ``max_connections_per_peer`` (3), so a dial
+        that succeeds at once still took 250 ms, on the path of every new
+        route's first token. One address needs no head start: it is dialled
+        directly (`dial_addr`, which registers the connection as a dial does).
+        """
+        network = self._host.get_network()
+        if network.connections.get(info.peer_id):
+            await self._host.connect(info)  # waits until the open one is ready
+            return
+        # The swarm blocks a peer for 60 s after a failed dial, and dials the
+        # first addresses it knows: drop stale ones, keep this one.
+        store = self._host.get_peerstore()
+        store.clear_addrs(info.peer_id)
+        network.unblock_peer(info.peer_id)
+        store.add_addrs(info.peer_id, info.addrs, 120)
+        conn = await network.dial_addr(info.addrs[0], info.peer_id)
+        started = getattr(conn, "event_started", None)
+        if started is not None:
+            await started.wait()
 
     async def open_stream(self, peer_id: ID | str, protocol_id: str) -> INetStream:
         """Open a stream to a connected (or known) peer on ``protocol_id``.
