@@ -88,7 +88,8 @@ def start_servers(dirs: list[Path]) -> tuple[list[subprocess.Popen], list[str]]:
         peers = ["--peers", addrs[0]] if addrs else []
         log = open(d / "node.log", "w")
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "node.cli", "start", "--data-dir", str(d), "--layers",
+            [sys.executable, "-m", "node.cli", "start", "--data-dir", str(d),
+             "--listen", "/ip4/127.0.0.1/tcp/0", "--layers",
              f"{span[0]}:{span[1]}", "--threads", "2", "--block-interval-ms", "300", *peers],
             cwd=_ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 120

@@ -92,6 +92,7 @@ class Swarm:
         log = open(self.root / f"{d.name}.log", "w")
         proc = subprocess.Popen(
             [sys.executable, "-m", "node.cli", "start", "--data-dir", str(d), "--no-produce",
+             "--listen", "/ip4/127.0.0.1/tcp/0",
              "--layers", f"{span[0]}:{span[1]}", "--threads", str(self.threads), *peers,
              *(["--gpu", str(self.gpu)] if self.gpu is not None else [])],
             cwd=_ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
@@ -269,14 +270,15 @@ def bench_sync(args, root: Path) -> dict:
     procs = []
     try:
         pa = subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--data-dir", str(a),
-                               "--no-produce", "--no-serve"], cwd=_ROOT, env=ENV,
+                               "--listen", "/ip4/127.0.0.1/tcp/0", "--no-produce", "--no-serve"], cwd=_ROOT, env=ENV,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(pa)
         while not (a / "node.addr").exists() or not (a / "node.addr").read_text().strip():
             time.sleep(0.05)
         began = time.monotonic()
         pb = subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--data-dir", str(b),
-                               "--no-produce", "--no-serve", "--peers",
+                               "--listen", "/ip4/127.0.0.1/tcp/0", "--no-produce", "--no-serve",
+                               "--peers",
                                (a / "node.addr").read_text().strip()],
                               cwd=_ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               text=True)

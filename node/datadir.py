@@ -23,10 +23,10 @@ from pathlib import Path
 from ledger.chaindb import ChainDB
 from ledger.codec import from_json, to_json
 from ledger.crypto import SigningKey
-from ledger.errors import DecodeError, LedgerError, StoreCorruptError
+from ledger.errors import DecodeError, LedgerError, StoreCorruptError, StoreLockedError
 from ledger.store import LevelDBStore
 from ledger.types import Genesis
-from node.errors import ChainCorruptError, DataDirError
+from node.errors import ChainCorruptError, ChainLockedError, DataDirError
 from node.keys import read_seed_file, write_key_file, write_private, write_seed_file
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,8 @@ class DataDir:
             store = LevelDBStore(self.chain_dir, create=False, strict=strict)
         except StoreCorruptError as exc:
             raise ChainCorruptError(f"the chain in {self.chain_dir} is damaged: {exc}") from None
+        except StoreLockedError as exc:
+            raise ChainLockedError(f"cannot open the chain in {self.chain_dir}: {exc}") from None
         except LedgerError as exc:
             raise DataDirError(f"cannot open the chain in {self.chain_dir}: {exc}") from None
         try:

@@ -11,6 +11,10 @@ class DataDirError(NodeError):
     """A data directory that is missing, uninitialised, locked or damaged."""
 
 
+class ChainLockedError(DataDirError):
+    """The data dir's chain store is open in another process (a running node)."""
+
+
 class ChainCorruptError(DataDirError):
     """A chain store that opens but contradicts itself (damaged or tampered)."""
 

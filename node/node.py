@@ -64,7 +64,7 @@ from node.serve import Announcer, Cashier, LayerServer, ServeConfig, announce_pe
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LISTEN = "/ip4/127.0.0.1/tcp/0"
+DEFAULT_LISTEN = "/ip4/127.0.0.1/tcp/0"  # an embedded node's: any free port
 ADDR_FILE = "node.addr"
 #: Most seconds production waits for ``wait_peers`` peers.
 WAIT_PEERS_S = 60.0
@@ -300,7 +300,7 @@ class Node:
         host = service.host
         info = await service.call(self._chain_status)
         info.update(
-            peer_id=str(host.peer_id), listen=self.addr,
+            pid=os.getpid(), peer_id=str(host.peer_id), listen=self.addr,
             peers=sorted(str(p) for p in host.connected_peers()),
             misbehaving={str(p): n for p, n in host.misbehaving.items()},
             producing=bool(self.producer and self.producer.eligible),

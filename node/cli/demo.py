@@ -66,10 +66,13 @@ def start_swarm(root: Path, miners: list[str]) -> list[subprocess.Popen]:
     procs: list[subprocess.Popen] = []
     spans = ["0:10", "10:20", "20:30"]
     for i, (data, span, price) in enumerate(zip(miners, spans, PRICES)):
-        peers = ["--peers", (Path(miners[0]) / "node.addr").read_text().strip()] if i else []
+        # Miner 0 listens on the default port (4411); the others, on one machine, on any.
+        peers = ["--listen", "/ip4/127.0.0.1/tcp/0", "--peers",
+                 (Path(miners[0]) / "node.addr").read_text().strip()] if i else []
         argv = [str(BIN / "pnode"), "start", "--data-dir", data, "--layers", span,
                 "--price", str(price), "--no-mine", *peers]
-        dial = f' --peers "$(cat {miners[0]}/node.addr)"' if i else ""
+        dial = (f' --listen /ip4/127.0.0.1/tcp/0 --peers "$(cat {miners[0]}/node.addr)"'
+                if i else "")
         console.print(f"[cyan]$ pnode start --data-dir {data} --layers {span} --price {price} "
                       f"--no-mine{dial} &", highlight=False)
         log = open(root / f"server{i}.log", "w")

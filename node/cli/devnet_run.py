@@ -96,7 +96,8 @@ class Devnet:
         peers = [arg for a in self.addrs if a for arg in ("--peers", a)]
         out = open(d / "node.log", "a")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "node.cli", "start", "--data-dir", str(d), "--no-serve",
+            [sys.executable, "-m", "node.cli", "start", "--data-dir", str(d),
+             "--listen", "/ip4/127.0.0.1/tcp/0", "--no-serve",
              "--job", str(self.job_file), "--block-interval-ms", str(self.block_interval_ms),
              "--average-every", "5", "--wait-peers", str(wait_peers), *peers,
              *(["--gpu", str(self.gpu)] if self.gpu is not None else []),

@@ -16,13 +16,16 @@ from node.cli.common import (
 )
 from node.clock import now_ms
 from node.datadir import DataDir
+from node.errors import ChainLockedError, DataDirError
 from node.keys import read_key_file
+from node.net.listen import DEFAULT_PORT
 
 
 @click.command()
 @data_dir_option
-@click.option("--listen", default="/ip4/127.0.0.1/tcp/0", show_default=True,
-              help="Multiaddr to listen on (tcp/0: any free port).")
+@click.option("--listen", default=f"/ip4/127.0.0.1/tcp/{DEFAULT_PORT}", show_default=True,
+              help="Multiaddr to listen on (tcp/0: any free port; a second node on one "
+                   "machine needs another port).")
 @click.option("--peers", "peers", multiple=True, metavar="MULTIADDR",
               help="Peer to connect to, with /p2p/<peer id> (repeatable).")
 @click.option("--produce/--no-produce", default=True, show_default=True,
@@ -89,13 +92,14 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
 
     \b
     Examples:
-      pnode start --data-dir /tmp/n1 --layers 0:10
-      pnode start --data-dir /tmp/n2 --peers "$(cat /tmp/n1/node.addr)" --auto --num-layers 10
+      pnode start --data-dir /tmp/n1 --layers 0:10          # listens on port 4411
+      pnode start --data-dir /tmp/n2 --listen /ip4/127.0.0.1/tcp/0 \
+          --peers "$(cat /tmp/n1/node.addr)" --auto --num-layers 10
       pnode start --data-dir D --gpu 0 --layers 0:30 --price 10
       pnode start --data-dir D --listen /ip4/0.0.0.0/tcp/4001 --peers A1 --peers A2
       pnode start --data-dir D --no-serve --no-produce       # follow the chain only
       pnode start --data-dir D --trusted-peers friends.txt   # a private swarm
-      pnode start --data-dir D/node1 --no-serve --job D/job.json   # mine a devnet's job
+      pnode start --data-dir D/node1 --listen /ip4/127.0.0.1/tcp/0 --no-serve --job D/job.json
       pnode start --data-dir D --strict      # refuse a store that lost records on recovery
     """
     import logging
@@ -111,6 +115,7 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
     parse_multiaddr(listen, peer=False)
     for p in peers:
         parse_peer_addr(p)
+    _refuse_if_running(data_dir)
     if no_serve and not mine and gpu is not None:
         raise click.UsageError("--gpu with --no-serve and --no-mine: nothing would use the GPU")
     device = "cpu"
@@ -158,7 +163,37 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
         else:
             trio.run(run)
     except BaseExceptionGroup as group:
-        raise common.single_leaf(group) from None
+        raise _said_running(common.single_leaf(group), data_dir) from None
+    except ChainLockedError as exc:
+        raise _said_running(exc, data_dir) from None
+
+
+def _refuse_if_running(data_dir: str) -> None:
+    """Stop with "a node is already running on D (pid P, ADDR)" when one answers there.
+
+    Before torch loads, so a second start fails in a second. The store's
+    lock still decides: a node that is starting (no control socket yet) is
+    caught when the store will not open (`_said_running`).
+
+    Raises:
+        DataDirError: a node answers on the data dir's control socket.
+    """
+    from node.control import ControlError, control_call
+
+    try:
+        info = control_call(data_dir, "status")
+    except ControlError:  # none answers (or it is stopping): the lock decides
+        return
+    raise DataDirError(f"a node is already running on {data_dir} (pid {info.get('pid', '?')}, "
+                       f"{info.get('listen') or 'starting'})")
+
+
+def _said_running(exc: BaseException, data_dir: str) -> BaseException:
+    """A locked store as "a node is already running on D"; any other error as it is."""
+    if isinstance(exc, ChainLockedError):
+        return DataDirError(f"a node is already running on {data_dir} (its chain store is "
+                            "locked; `pnode status` shows it)")
+    return exc
 
 
 class _StatusLine:

@@ -1,9 +1,9 @@
 """The transport: a libp2p host on trio with Noise, pnode's yamux, gossipsub and length framing.
 
 Sub-modules: `host` (`Host`, `open_host`: dial, listen, request/response,
-gossip), `identity` (`PeerIdentity`), `framing` (length-prefixed frames on a
-stream), `yamux` (the muxer). Nothing here knows the chain, the model or the
-node's other parts.
+gossip), `identity` (`PeerIdentity`), `listen` (a taken port is an error),
+`framing` (length-prefixed frames on a stream), `yamux` (the muxer).
+Nothing here knows the chain, the model or the node's other parts.
 """
 
 from node.lazy import lazy_exports
@@ -18,4 +18,5 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "open_host",
     ),
     "node.net.identity": ("HostError", "PeerIdentity"),
+    "node.net.listen": ("AddressInUse", "check_port_free"),
 })

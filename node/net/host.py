@@ -40,6 +40,7 @@ from node.net.framing import (
     write_frame,
 )
 from node.net.identity import HostError, PeerIdentity
+from node.net.listen import check_port_free
 
 __all__ = ["DialError", "GossipError", "Host", "HostConfig", "HostError", "LocalFault",
            "PeerIdentity", "RequestError", "RequestTimeout", "ResponseTooLarge", "open_host"]
@@ -610,8 +611,13 @@ async def open_host(identity: PeerIdentity, listen: str = "/ip4/127.0.0.1/tcp/0"
 
     Yields:
         The host, listening, with pubsub running and ``gossip_topics`` joined.
+
+    Raises:
+        AddressInUse: the listen port is taken (checked before anything starts:
+            py-libp2p's listener would share it).
     """
     host = Host(identity, listen, gossip_topics=gossip_topics, config=config, trusted=trusted)
+    check_port_free(host._listen)
     failure: Exception | None = None
     async with trio.open_nursery() as nursery:
         await nursery.start(host.run)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+ANY_PORT = "/ip4/127.0.0.1/tcp/0"  # `pnode start` defaults to a fixed port
 
 
 def wait_for(predicate, what: str, limit: float = 15.0, step: float = 0.05):
@@ -39,6 +40,8 @@ def spawn(tmp_path):
     def start(name: str, *args: str, env_remove: tuple[str, ...] = ()):
         out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
         env_here = {k: v for k, v in env.items() if k not in env_remove}
+        if "--listen" not in args:  # many nodes on one machine: any free port each
+            args = ("--listen", ANY_PORT, *args)
         with open(out, "w") as fo, open(err, "w") as fe:
             proc = subprocess.Popen([sys.executable, "-m", "node.cli", "start", *args],
                                     cwd=ROOT, env=env_here, stdout=fo, stderr=fe)

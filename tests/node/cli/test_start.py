@@ -71,10 +71,45 @@ def test_start_on_a_data_dir_held_by_a_running_node_fails(spawn, node_a):
         cwd=ROOT, capture_output=True, text=True, timeout=20)
     assert second.returncode == 2
     lines = second.stderr.strip().splitlines()
-    assert len(lines) == 1 and "locked" in lines[0], second.stderr
+    addr = (node_a / "node.addr").read_text().strip()
+    assert len(lines) == 1, second.stderr
+    assert f"a node is already running on {node_a} (pid {proc_a.pid}, {addr})" in lines[0]
     assert proc_a.poll() is None  # the running node is unharmed
     assert stop(proc_a) == 0, read(err_a)
     assert not (node_a / "node.addr").exists()
+    # A holder with no control socket (a node still starting, a reader): the lock says it.
+    with DataDir(node_a).open_chain():
+        third = subprocess.run(
+            [sys.executable, "-m", "node.cli", "start", "--data-dir", str(node_a), "--no-serve"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert third.returncode == 2
+    assert third.stderr.strip().splitlines() == [
+        f"error: a node is already running on {node_a} (its chain store is locked; "
+        "`pnode status` shows it)"], third.stderr
+
+
+def test_a_taken_port_is_one_line_and_the_default_port_is_4411(tmp_path, pnode, spawn, node_a):
+    import socket
+    with socket.socket() as probe:  # a port that is free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    listen = f"/ip4/127.0.0.1/tcp/{port}"
+    proc_a, _, err_a = spawn("a", "--no-serve", "--no-produce", "--data-dir", str(node_a),
+                             "--listen", listen)
+    assert node_addr(node_a, proc_a).startswith(listen + "/p2p/")
+    b = tmp_path / "B"
+    assert pnode("init", "--data-dir", str(b), "--genesis", str(node_a / "genesis.json")).code == 0
+    second = subprocess.run(
+        [sys.executable, "-m", "node.cli", "start", "--data-dir", str(b), "--no-serve",
+         "--listen", listen], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 2
+    assert second.stderr.strip().splitlines() == [
+        f"error: cannot listen on {listen}: port {port} is in use (another node?); choose "
+        "another port, or tcp/0 for any free one"], second.stderr
+    assert not (b / "node.addr").exists() and proc_a.poll() is None
+    assert stop(proc_a) == 0, read(err_a)
+    r = pnode("start", "--help")
+    assert "[default: /ip4/127.0.0.1/tcp/4411]" in " ".join(r.out.split())
 
 
 @pytest.mark.parametrize("args, expect", [
