@@ -24,7 +24,7 @@ from ledger import crypto
 from ledger.codec import U64, ChainId, Hash32, Key32, MaxLen, Sig64, encode_unsigned, wire
 
 __all__ = ["MAX_LANES", "MAX_TAB", "MIN_TAB", "Claim", "Lane", "OpenTab", "TabRecord", "Voucher",
-           "locked", "sign_voucher", "voucher_ok"]
+           "locked", "new_tab_record", "sign_voucher", "voucher_ok"]
 
 #: Most lanes (servers) of one tab: a route over every layer of a 64-layer model, one each.
 MAX_LANES = 64
@@ -103,6 +103,13 @@ class TabRecord:
     payees: Annotated[tuple[Key32, ...], MaxLen(MAX_LANES)]
     paid: Annotated[tuple[U64, ...], MaxLen(MAX_LANES)]
     closed: Annotated[tuple[bool, ...], MaxLen(MAX_LANES)]
+
+
+def new_tab_record(tx: OpenTab, payees: tuple[bytes, ...]) -> TabRecord:
+    """The state's record of the tab ``tx`` opens: nothing paid, no lane closed."""
+    n = len(tx.lanes)
+    return TabRecord(tx.client, tx.session_id, tx.expiry_height, tx.lanes, payees, (0,) * n,
+                     (False,) * n)
 
 
 def locked(record: TabRecord) -> int:

@@ -16,10 +16,12 @@ from ledger.errors import (
     StaleVoucher, UnknownTab, WrongChainId,
 )
 from ledger.state import NODE, TAB, Overlay
-from ledger.tab import MAX_TAB, MIN_TAB, Claim, OpenTab, TabRecord, locked, voucher_ok
+from ledger.tab import (
+    MAX_TAB, MIN_TAB, Claim, OpenTab, TabRecord, locked, new_tab_record, voucher_ok,
+)
 from ledger.types import tx_hash
 
-__all__ = ["apply_claim", "apply_open_tab", "refund_expired"]
+__all__ = ["apply_claim", "apply_open_tab", "claim_outcome", "lane_of", "refund_expired"]
 
 
 def apply_open_tab(st: Overlay, ctx: Any, tx: OpenTab, raw: bytes) -> None:
@@ -54,9 +56,7 @@ def apply_open_tab(st: Overlay, ctx: Any, tx: OpenTab, raw: bytes) -> None:
     tab_id = tx_hash(tx, raw)  # unique: the nonce is the client's next, used once
     st.put_account(tx.client, replace(client, balance=client.balance - total,
                                       nonce=client.nonce + 1))
-    n = len(tx.lanes)
-    st.put(TAB + tab_id, TabRecord(tx.client, tx.session_id, tx.expiry_height, tx.lanes,
-                                   tuple(payees), (0,) * n, (False,) * n))
+    st.put(TAB + tab_id, new_tab_record(tx, tuple(payees)))
 
 
 def apply_claim(st: Overlay, ctx: Any, tx: Claim, raw: bytes) -> None:
@@ -84,30 +84,48 @@ def apply_claim(st: Overlay, ctx: Any, tx: Claim, raw: bytes) -> None:
         raise BadVoucher(f"a voucher of {len(v.amounts)} amounts for {len(record.lanes)} lanes")
     if not voucher_ok(v, record.client):
         raise BadSignature("the voucher is not signed by its tab's client")
-    me = next((i for i, lane in enumerate(record.lanes) if lane.node_key == tx.node_key), None)
+    me = lane_of(record, tx.node_key)
     if me is None:
         raise NotALane(f"{tx.node_key.hex()[:16]}.. is not a lane of this tab")
     if record.closed[me]:
         raise LaneClosed("this lane was closed already")
-    pay = [0 if shut else max(0, min(amount, lane.cap) - paid) for amount, lane, paid, shut
-           in zip(v.amounts, record.lanes, record.paid, record.closed)]
+    pay, refund, after = claim_outcome(record, tx)
     if not any(pay) and not tx.close:
         raise StaleVoucher("the voucher pays no lane more than it was paid")
     credits: dict[bytes, int] = {}
     for payee, amount in zip(record.payees, pay):
         credits[payee] = credits.get(payee, 0) + amount
-    paid = tuple(p + a for p, a in zip(record.paid, pay))
-    refund = record.lanes[me].cap - paid[me] if tx.close else 0
     credits[record.client] = credits.get(record.client, 0) + refund
     check_credits(st, credits)
     for account_id, amount in credits.items():
         if amount:
             credit(st, account_id, amount)
-    closed = tuple(shut or (tx.close and i == me) for i, shut in enumerate(record.closed))
-    if all(closed):
+    if all(after.closed):
         st.delete(TAB + v.tab_id)
     else:
-        st.put(TAB + v.tab_id, replace(record, paid=paid, closed=closed))
+        st.put(TAB + v.tab_id, after)
+
+
+def lane_of(record: TabRecord, node_key: bytes) -> int | None:
+    """The index of ``node_key``'s lane in the tab, or None."""
+    return next((i for i, lane in enumerate(record.lanes) if lane.node_key == node_key), None)
+
+
+def claim_outcome(record: TabRecord, tx: Claim) -> tuple[tuple[int, ...], int, TabRecord]:
+    """What a claim `apply_claim` accepts does to its tab (pure; no check here).
+
+    Returns:
+        Each lane's payment (what the voucher owes it beyond what it was paid,
+        at most its cap; 0 for a closed lane), the client's refund (with
+        ``close``: the claimant lane's rest) and the tab's record after.
+    """
+    me = lane_of(record, tx.node_key)
+    pay = tuple(0 if shut else max(0, min(amount, lane.cap) - paid) for amount, lane, paid, shut
+                in zip(tx.voucher.amounts, record.lanes, record.paid, record.closed))
+    paid = tuple(p + a for p, a in zip(record.paid, pay))
+    refund = record.lanes[me].cap - paid[me] if tx.close else 0
+    closed = tuple(shut or (tx.close and i == me) for i, shut in enumerate(record.closed))
+    return pay, refund, replace(record, paid=paid, closed=closed)
 
 
 def refund_expired(st: Overlay, ctx: Any) -> None:

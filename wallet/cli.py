@@ -19,11 +19,9 @@ import click
 from click.core import ParameterSource
 
 from compute.codecs import CODECS
-from ledger.codec import encode, to_json
+from ledger.codec import encode
 from ledger.crypto import SigningKey
-from ledger.state import NODE
-from ledger.tab import Claim, OpenTab
-from ledger.types import ZERO_SIG, Register, Transfer, sign, tx_hash
+from ledger.types import ZERO_SIG, Transfer, sign
 from node import torch_thread
 from node.cli import common
 from node.cli.common import (
@@ -34,6 +32,7 @@ from node.control import control_call
 from node.datadir import DataDir
 from node.keys import read_key_file, read_public_key, write_key_file
 from wallet.errors import WalletError
+from wallet.history import history_rows
 
 wallet_option = click.option("--wallet", "wallet_name", metavar="NAME",
                              help="Use wallets/NAME.json instead of the default wallet.")
@@ -143,6 +142,10 @@ def send(recipient, amount, data_dir, wallet_name, passphrase_file, peer, as_jso
 def history(address, data_dir, wallet_name, as_json) -> None:
     """Transactions that moved coins of an address, oldest first, then queued ones.
 
+    A tab's row shows the caps it locked; each claim's, what it paid this
+    address's lanes or refunded it as the tab's client; a TabExpired row, the
+    rest an expired tab gave back.
+
     \b
     Example:
       pwallet history --json
@@ -150,14 +153,7 @@ def history(address, data_dir, wallet_name, as_json) -> None:
     dd = DataDir(data_dir)
     account_id = _account(dd, address, wallet_name)
     with dd.open_chain() as db:
-        nodes = {k for k in db.state.ids(NODE) if db.state.get(NODE + k).account == account_id}
-        tabs: set[bytes] = set()
-        rows = _genesis_rows(db.genesis, account_id)
-        rows += [dict(height=b.header.height, **_row(tx, account_id, nodes))
-                 for b in db.iter_blocks() for tx in b.txs
-                 if _involves(tx, account_id, nodes, tabs)]
-        rows += [dict(height=None, **_row(tx, account_id, nodes))
-                 for tx in db.mempool() if _involves(tx, account_id, nodes, tabs)]
+        rows = history_rows(db, account_id)
     emit(as_json, {"address": account_id.hex(), "history": rows}, lambda: "\n".join(
         f"{'queued' if r['height'] is None else r['height']:>7}  {r['type']:17} "
         f"{_signed_coins(r['delta']):>14}  {r['txid'][:16]}" for r in rows) or "no transactions")
@@ -404,48 +400,10 @@ def _account(dd: DataDir, address: str | None, wallet_name: str | None) -> bytes
     return parse_address(address) if address else read_public_key(dd.wallet_path(wallet_name))
 
 
-def _genesis_rows(genesis, account: bytes) -> list[dict]:
-    rows = [{"height": 0, "type": "Allocation", "txid": "genesis", "delta": a.amount,
-             "tx": to_json(a)} for a in genesis.allocations if a.account == account]
-    rows += [dict(height=0, **_row(r, account, set())) for r in genesis.registrations
-             if r.account == account]
-    return rows
-
-
 def _signed_coins(units: int | None) -> str:
     if units is None:
-        return "(see tab)"
+        return "(pending)"
     return ("-" if units < 0 else "+") + format_coins(abs(units))
-
-
-def _involves(tx, account: bytes, nodes: set[bytes], tabs: set[bytes]) -> bool:
-    """Whether ``tx`` moved coins of ``account`` (whose nodes are ``nodes``); the ids of its
-    tabs are added to ``tabs`` as they come, so the claims on them show too."""
-    if isinstance(tx, Transfer):
-        return account in (tx.sender, tx.recipient)
-    if isinstance(tx, Register):
-        return tx.account == account
-    if isinstance(tx, OpenTab):
-        if tx.client == account:
-            tabs.add(tx_hash(tx))
-        return tx.client == account
-    if isinstance(tx, Claim):
-        return tx.node_key in nodes or tx.voucher.tab_id in tabs
-    return False
-
-
-def _row(tx, account: bytes, nodes: set[bytes]) -> dict:
-    """Type, txid, and the change to the balance (base units) of ``account``."""
-    if isinstance(tx, Transfer):
-        delta = (tx.amount if tx.recipient == account else 0) - (tx.amount if tx.sender == account else 0)
-    elif isinstance(tx, Register):
-        delta = -tx.bond
-    elif isinstance(tx, OpenTab):
-        delta = -sum(lane.cap for lane in tx.lanes)  # locked; what is not claimed comes back
-    else:
-        delta = None  # a claim pays what its voucher owes beyond what was paid: in the state
-    return {"type": type(tx).__name__, "txid": tx_hash(tx).hex(), "delta": delta,
-            "tx": to_json(tx)}
 
 
 def main() -> None:

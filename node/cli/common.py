@@ -25,6 +25,8 @@ from node.datadir import DEFAULT_DATA_DIR, DataDir
 from node.errors import NodeError
 
 EXIT_USAGE = 2
+#: `pnode start`'s port when no --listen is given (specs/network.md 5).
+DEFAULT_PORT = 4411
 EXIT_CHECK_FAILED = 1
 
 data_dir_option = click.option(

@@ -11,14 +11,13 @@ import click
 from ledger import crypto
 from node.cli import common
 from node.cli.common import (
-    data_dir_option, format_coins, parse_coins, parse_layers, parse_multiaddr, parse_peer_addr,
-    read_peer_list,
+    DEFAULT_PORT, data_dir_option, format_coins, parse_coins, parse_layers, parse_multiaddr,
+    parse_peer_addr, read_peer_list,
 )
 from node.clock import now_ms
 from node.datadir import DataDir
 from node.errors import ChainLockedError, DataDirError
 from node.keys import read_key_file
-from node.net.listen import DEFAULT_PORT
 
 
 @click.command()

@@ -16,9 +16,6 @@ import multiaddr
 
 from node.net.identity import HostError
 
-#: `pnode start`'s port when no --listen is given (specs/network.md 5).
-DEFAULT_PORT = 4411
-
 
 class AddressInUse(HostError):
     """The listen address's TCP port is held by another socket (another node?)."""

@@ -111,3 +111,5 @@ def test_paid_inference_from_the_cli(pwallet, pnode, tmp_path, spawn):  # noqa: 
     assert "OpenTab" in kinds and "Claim" in kinds  # the tab, and the server's claim on it
     tab_row = next(r for r in rows if r["type"] == "OpenTab")
     assert tab_row["delta"] < 0 and tab_row["txid"] == doc["tabs"][0]["tab"]
+    # The closing claim's row is the refund: Bob's rows add up to his balance.
+    assert sum(r["delta"] for r in rows) == 3_000_000 - hop["amount"], rows
