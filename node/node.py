@@ -23,15 +23,12 @@ and the control socket, under one nursery.
    ``produce.enabled`` (it seals blocks at this node's slots) and, with
    ``mine``, the `Miner` (the units the chain assigns this node).
 
-Cancelling `run` (SIGINT/SIGTERM in `pnode start`) stops the host, removes
-``node.addr`` and ``node.sock`` and closes the store. ChainDB writes are
-atomic, durable batches, and a block is reported, gossiped or answered for
-only once its batch returned, so a block the node announced is never lost,
-whenever the stop comes. A store fault (a write that failed, say on a full
-disk, or damaged files) stops the node at once with `StoreFault`, one line
-saying what failed: after a failed write no other may land (the store's
-handle is closed), and a damaged store is served to no peer (after
-Bitcoin Core's AbortNode).
+Cancelling `run` (SIGINT/SIGTERM) stops the host, removes ``node.addr`` and
+``node.sock`` and closes the store. A block is reported, gossiped or served
+only once its atomic, durable batch returned, so an announced block is never
+lost. A store fault (a failed write, damaged files) stops the node at once
+with `StoreFault`, one line: no write may land after a failed one, and a
+damaged store is served to no peer (after Bitcoin Core's AbortNode).
 """
 
 from __future__ import annotations
@@ -52,7 +49,7 @@ from ledger.errors import StoreError, StoreFailedError
 from ledger.types import TX_TYPES
 from node.chain import (
     ChainService, ChainTabs, Producer, Registrar, SyncError, SyncResult, TxGossip, WalletDesk,
-    account_view, node_status_view, registry_view,
+    account_view, node_status_view, receipts_view, registry_view,
 )
 from node.clock import Clock
 from node.control import BadRequest, ControlOp, ControlServer, socket_path
@@ -278,7 +275,8 @@ class Node:
         """The control socket's ops (a subclass or a later component may add some)."""
         return {"status": self.status, "account": self.account, "submit_tx": self.submit_tx,
                 "hold_production": self.hold_production, "registry": self.registry,
-                "pol_export": self.pol_export, "pol_audit": self.pol_audit}
+                "pol_export": self.pol_export, "pol_audit": self.pol_audit,
+                "receipts": self.receipts}
 
     def extra_status(self) -> dict[str, Any]:  # serving: span, sessions, the swarm seen
         info: dict[str, Any] = self.server.status() if self.server else {
@@ -332,12 +330,14 @@ class Node:
         return await self._running().call(self._account, account_id)
 
     async def registry(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The ``registry`` op: the registered, bonded nodes (`node.chain.registry_view`).
-
-        What `pwallet infer` routes through by default (specs/network.md 9.4).
-        """
+        """The ``registry`` op: whom `pwallet infer` routes through (`registry_view`)."""
         service = self._running()
         return await service.call(registry_view, service.chain)
+
+    async def receipts(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The ``receipts`` op: ``node`` / ``job`` hex prefixes -> `receipts_view`."""
+        service = self._running()
+        return await service.call(receipts_view, service.chain, args.get("node"), args.get("job"))
 
     async def submit_tx(self, args: dict[str, Any]) -> dict[str, Any]:
         """The ``submit_tx`` op: ``tx`` (hex of ``encode(tx)``) -> admitted and gossiped.

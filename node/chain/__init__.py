@@ -17,5 +17,5 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.chain.tabs": ("ChainTabs",),
     "node.chain.desk": ("WalletDesk",),
     "node.chain.txgossip": ("TxGossip",),
-    "node.chain.views": ("account_view", "node_status_view", "registry_view"),
+    "node.chain.views": ("account_view", "node_status_view", "receipts_view", "registry_view"),
 })

@@ -1,11 +1,11 @@
 """What the CLIs and the control socket show of the chain: accounts, status, registry.
 
-Owns `account_view`, `node_status_view` and `registry_view` (the registered,
-bonded nodes), built in one place from a `ChainDB`, whether a running node
-answers over its control socket (`node.node`) or a command reads a stopped
-node's store (`node.cli`), so both answers have the same fields and meanings. Plain functions of the
-store's state: call them where the store may be read (the chain service's
-thread while a node runs).
+Owns `account_view`, `node_status_view`, `registry_view` (the registered,
+bonded nodes) and `receipts_view`, built in one place from a `ChainDB`,
+whether a running node answers over its control socket (`node.node`) or a
+command reads a stopped node's store (`node.cli`), so both answers have the
+same fields and meanings. Plain functions of the store's state: call them
+where the store may be read (the chain service's thread while a node runs).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from ledger.chaindb import ChainDB
 from ledger.rules import bonded_nodes
 from ledger.state import ACCOUNT, JAIL, NODE, Overlay
-from ledger.types import nonce_owner
+from ledger.types import Receipt, nonce_owner, tx_hash
 
 
 def account_view(chain: ChainDB, account_id: bytes) -> dict[str, Any]:
@@ -80,3 +80,28 @@ def registry_view(chain: ChainDB) -> dict[str, Any]:
              for node_key, record, account in bonded_nodes(Overlay(chain.state))]
     return {"chain_id": chain.chain_id, "height": chain.height,
             "min_bond": Overlay(chain.state).params().min_bond, "nodes": nodes}
+
+
+def receipts_view(chain: ChainDB, node: str | None = None, job: str | None = None
+                  ) -> dict[str, Any]:
+    """The receipts in main-chain blocks, oldest first: what `pnode proof` takes.
+
+    Args:
+        node, job: keep only receipts whose node key / job id (hex) starts so.
+
+    Returns:
+        height and ``receipts``: per receipt its id (the hash `pnode proof`
+        proves), block height, log index (its leaf in the receipt log), node
+        key, job id and unit id, all hex.
+    """
+    out = []
+    for block in chain.iter_blocks():
+        for tx in block.txs:
+            if not isinstance(tx, Receipt) or not tx.node_key.hex().startswith(node or "") \
+                    or not tx.job_id.hex().startswith(job or ""):
+                continue
+            rid = tx_hash(tx)
+            out.append({"id": rid.hex(), "height": block.header.height,
+                        "log_index": chain.receipt_index(rid), "node_key": tx.node_key.hex(),
+                        "job_id": tx.job_id.hex(), "unit_id": tx.unit_id.hex()})
+    return {"height": chain.height, "receipts": out}

@@ -161,6 +161,37 @@ def produce(data_dir, blocks, as_json) -> None:
 # -- ledger show / status / proof ------------------------------------------------------------
 
 
+@main_group.command()
+@data_dir_option
+@click.option("--node", "node_prefix", metavar="KEY", help="Only this node key's receipts "
+              "(hex; a prefix will do).")
+@click.option("--job", "job_prefix", metavar="ID", help="Only this job's (hex; a prefix will do).")
+@json_option
+def receipts(data_dir, node_prefix, job_prefix, as_json) -> None:
+    """The receipts in the chain's blocks, oldest first: ids that `pnode proof` takes.
+
+    Asks the running node if there is one, else reads the data dir.
+
+    \b
+    Examples:
+      pnode receipts --data-dir D
+      pnode receipts --data-dir D --node 5a45 --json | jq -r '.receipts[-1].id'
+      pnode proof "$(pnode receipts --data-dir D --json | jq -r '.receipts[0].id')" > r.proof
+    """
+    from node.chain import receipts_view
+
+    for name, value in (("--node", node_prefix), ("--job", job_prefix)):
+        if value is not None and (not value or any(c not in "0123456789abcdef"
+                                                   for c in value.lower())):
+            raise click.BadParameter(f'"{value}" is not hex', param_hint=name)
+    node, job = (v.lower() if v else None for v in (node_prefix, job_prefix))
+    info = ask_node_or_store(DataDir(data_dir), "receipts",
+                             lambda db: receipts_view(db, node, job), node=node, job=job)
+    emit(as_json, info, lambda: "\n".join(
+        f"{r['height']:>7}  log {r['log_index']:>6}  {r['id']}  node {r['node_key'][:16]}..  "
+        f"job {r['job_id'][:16]}.." for r in info["receipts"]) or "no receipts")
+
+
 @main_group.group()
 def ledger() -> None:
     """Inspect the local ledger."""

@@ -52,6 +52,21 @@ def test_devnet_of_three_nodes_mines_the_job_and_pays_each_unit(tmp_path):
     for i in range(3):  # each node's own store re-validates (assignments, supply)
         v = pnode("verify", "chain", "--data-dir", str(tmp_path / "dn" / f"node{i}"))
         assert v.returncode == 0, v.stdout + v.stderr
+    # The receipt ids `pnode proof` takes: every accepted unit's, one node's alone with --node.
+    node0 = tmp_path / "dn" / "node0"
+    listed = json.loads(pnode("receipts", "--data-dir", str(node0), "--json").stdout)
+    assert listed["running"] is False and len(listed["receipts"]) == sum(units)
+    assert sorted(r["log_index"] for r in listed["receipts"]) == list(range(sum(units)))
+    key = DataDir(node0).node_key().public.hex()
+    mine = json.loads(pnode("receipts", "--data-dir", str(node0), "--node", key[:8],
+                            "--json").stdout)["receipts"]
+    assert len(mine) == units[0] and all(r["node_key"] == key for r in mine)
+    proof = tmp_path / "r.proof"
+    proof.write_text(pnode("proof", listed["receipts"][-1]["id"], "--data-dir",
+                           str(node0)).stdout)
+    assert pnode("verify", "proof", str(proof), "--data-dir", str(node0)).returncode == 0
+    bad = pnode("receipts", "--data-dir", str(node0), "--job", "xyz")
+    assert bad.returncode == 2 and '"xyz" is not hex' in bad.stderr
 
 
 def test_a_cheating_node_is_caught_slashed_and_jailed_and_honest_ones_are_not(tmp_path):
@@ -77,6 +92,8 @@ def test_a_cheating_node_is_caught_slashed_and_jailed_and_honest_ones_are_not(tm
         assert e.returncode == 0, e.stdout + e.stderr
         exported = json.loads(e.stdout)
         assert exported["units"] >= 1 and window.stat().st_size == exported["bytes"]
+        live = json.loads(pnode("receipts", "--data-dir", str(dirs[1]), "--json").stdout)
+        assert live["running"] is True and len(live["receipts"]) >= 4 * steps  # the node's answer
         audit = pnode("verify", "pol", "--data-dir", str(dirs[1]), "--all", "--blocks", "1000",
                       "--json")  # the join-time audit, through the honest node1
         judged = json.loads(audit.stdout)
