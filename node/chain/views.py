@@ -16,6 +16,11 @@ from ledger.chaindb import ChainDB
 from ledger.rules import bonded_nodes
 from ledger.state import ACCOUNT, JAIL, NODE, Overlay
 from ledger.types import Receipt, nonce_owner, tx_hash
+from node.errors import NodeError
+
+
+class BadQuery(NodeError):
+    """A view's argument it cannot use (answered as a refusal over the control socket)."""
 
 
 def account_view(chain: ChainDB, account_id: bytes) -> dict[str, Any]:
@@ -93,7 +98,16 @@ def receipts_view(chain: ChainDB, node: str | None = None, job: str | None = Non
         height and ``receipts``: per receipt its id (the hash `pnode proof`
         proves), block height, log index (its leaf in the receipt log), node
         key, job id and unit id, all hex.
+
+    Raises:
+        BadQuery: a prefix that is not hex digits (from a CLI or a control
+            client alike).
     """
+    for value in (node, job):
+        if value is not None and (not isinstance(value, str) or not value
+                                  or any(c not in "0123456789abcdef" for c in value.lower())):
+            raise BadQuery(f'"{value}" is not hex (a node key or job id prefix)')
+    node, job = (v.lower() if v else None for v in (node, job))
     out = []
     for block in chain.iter_blocks():
         for tx in block.txs:

@@ -180,13 +180,9 @@ def receipts(data_dir, node_prefix, job_prefix, as_json) -> None:
     """
     from node.chain import receipts_view
 
-    for name, value in (("--node", node_prefix), ("--job", job_prefix)):
-        if value is not None and (not value or any(c not in "0123456789abcdef"
-                                                   for c in value.lower())):
-            raise click.BadParameter(f'"{value}" is not hex', param_hint=name)
-    node, job = (v.lower() if v else None for v in (node_prefix, job_prefix))
-    info = ask_node_or_store(DataDir(data_dir), "receipts",
-                             lambda db: receipts_view(db, node, job), node=node, job=job)
+    info = ask_node_or_store(DataDir(data_dir), "receipts",  # the view checks the prefixes
+                             lambda db: receipts_view(db, node_prefix, job_prefix),
+                             node=node_prefix, job=job_prefix)
     emit(as_json, info, lambda: "\n".join(
         f"{r['height']:>7}  log {r['log_index']:>6}  {r['id']}  node {r['node_key'][:16]}..  "
         f"job {r['job_id'][:16]}.." for r in info["receipts"]) or "no receipts")

@@ -94,6 +94,8 @@ def test_a_cheating_node_is_caught_slashed_and_jailed_and_honest_ones_are_not(tm
         assert exported["units"] >= 1 and window.stat().st_size == exported["bytes"]
         live = json.loads(pnode("receipts", "--data-dir", str(dirs[1]), "--json").stdout)
         assert live["running"] is True and len(live["receipts"]) >= 4 * steps  # the node's answer
+        refused = pnode("receipts", "--data-dir", str(dirs[1]), "--node", "5g")
+        assert refused.returncode == 2 and '"5g" is not hex' in refused.stderr, refused.stderr
         audit = pnode("verify", "pol", "--data-dir", str(dirs[1]), "--all", "--blocks", "1000",
                       "--json")  # the join-time audit, through the honest node1
         judged = json.loads(audit.stdout)
