@@ -1,4 +1,4 @@
-"""Account bookkeeping every transaction rule shares: nonces and credits.
+"""Account bookkeeping every transaction rule shares: nonces, credits and minting.
 
 Pure, over an `Overlay`. `rules` and `tabrules` both debit and credit
 through here, so an account's record changes in one way.
@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ledger.errors import BadAmount, BadNonce
-from ledger.state import Overlay
+from ledger.state import KEY_SUPPLY, Overlay
 
-__all__ = ["U64_MAX", "check_credits", "check_nonce", "credit"]
+__all__ = ["U64_MAX", "check_credits", "check_nonce", "credit", "mint"]
 
 U64_MAX = 2**64 - 1
 
@@ -43,3 +43,14 @@ def credit(st: Overlay, account_id: bytes, amount: int) -> None:
     """Add ``amount`` to an account's balance (the caller checked it fits)."""
     account = st.account(account_id)
     st.put_account(account_id, replace(account, balance=account.balance + amount))
+
+
+def mint(st: Overlay, account_id: bytes, amount: int) -> None:
+    """Mint ``amount`` to an account, unless it would take the supply past U64_MAX (then nothing).
+
+    So no balance can overflow: a reward that would is forfeited.
+    """
+    supply = st.get(KEY_SUPPLY)
+    if amount and supply.premine + supply.minted - supply.burned + amount <= U64_MAX:
+        credit(st, account_id, amount)
+        st.put(KEY_SUPPLY, replace(supply, minted=supply.minted + amount))

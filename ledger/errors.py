@@ -186,4 +186,4 @@ class ForkTooDeep(ValidationError):
 
 
 class SupplyMismatch(ValidationError):
-    """Balances, bonds and the tabs' locked coins do not add up to the coins minted by rule."""
+    """Balances, bonds and the coins tabs and jobs lock do not add up to the coins minted by rule."""

@@ -15,9 +15,10 @@ from typing import Any
 
 from ledger import audit, crypto, merkle, schedule
 from ledger.accounts import U64_MAX, check_nonce, credit
+from ledger.jobrules import apply_job, give_up_stalled, job_queue, pay_work
 from ledger.codec import encode
 from ledger.errors import (
-    BadAmount, BadJob, BadRegistration, BadSignature, BadVerdict, InsufficientFunds,
+    BadAmount, BadRegistration, BadSignature, BadVerdict, InsufficientFunds,
     NotRegistered, PeerIdError, UnassignedReceipt, UnchainedReceipt, WrongChainId,
 )
 from ledger.tab import Claim, OpenTab
@@ -25,7 +26,7 @@ from ledger.tabrules import apply_claim, apply_open_tab
 from ledger.state import JAIL, JOB, NODE, PENDING, UNIT, KEY_LOG, KEY_SUPPLY, Overlay
 from ledger.crypto import ZERO32
 from ledger.types import (
-    BACKWARD, FAILING_REASONS, FORWARD, PASS, UNAVAILABLE, UNIT_KINDS, VERDICT_REASONS, Account,
+    BACKWARD, FAILING_REASONS, FORWARD, PASS, UNAVAILABLE, VERDICT_REASONS, Account,
     Assignment, Jail, Job, JobRecord, NodeRecord, Pending, Receipt, Register, Transfer,
     UnitTemplate, Verdict, binding_ok, peer_binding_ok, signature_ok, tx_hash, unit_id,
 )
@@ -182,9 +183,9 @@ def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt, raw: bytes) -> None:
     if jail is not None and jail.until <= ctx.height:  # served its term and works again
         st.delete(JAIL + node.account)
     # Its audit is drawn at height + 2, from a block hash nobody knew when it was signed.
-    st.put(PENDING + receipt_hash, Pending(node.account, tx.node_key, unit.layer_start,
-                                           unit.layer_end, ctx.height, ctx.height + window,
-                                           ZERO32, ZERO32, audit.DRAW_DUE))
+    st.put(PENDING + receipt_hash, Pending(tx.job_id, node.account, tx.node_key,
+                                           unit.layer_start, unit.layer_end, ctx.height,
+                                           ctx.height + window, ZERO32, ZERO32, audit.DRAW_DUE))
     log = st.log()
     frontier = merkle.Frontier(log.size, log.peaks).append(merkle.leaf_hash(raw))
     st.put(KEY_LOG, replace(log, size=frontier.size, peaks=frontier.peaks))
@@ -268,7 +269,8 @@ def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict, raw: bytes) -> None:
         else:  # no proof, no pay; no fee, and nobody is at fault for sure
             st.delete(PENDING + tx.receipt_hash)
         return
-    _mint(st, verifier.account, st.params().verify_fee)  # a flat fee: pass or fail alike
+    # A flat fee, pass or fail alike, paid as the job pays its work.
+    pay_work(st, pending.job_id, verifier.account, st.params().verify_fee)
     if tx.reason == PASS:
         # A first pass is re-checked with probability recheck_bps (drawn next prelude).
         again = not recheck and st.params().recheck_bps > 0
@@ -339,29 +341,9 @@ def draw_audits(st: Overlay, ctx: Any) -> None:
                 final_height=ctx.height + params.verdict_window))
 
 
-def _apply_job(st: Overlay, ctx: Any, tx: Job, raw: bytes) -> None:
-    check_nonce(st, tx.creator, tx.nonce)
-    # Attack note: rewards are minted for work on jobs, so whoever may post a
-    # job may also post busywork for their own nodes. Until jobs are paid for
-    # by their owners, only the chain's job authority may post them.
-    if tx.creator != st.params().job_authority:
-        raise BadJob("only the chain's job authority may post jobs")
-    if tx.steps == 0 or not tx.units:
-        raise BadJob("a job needs at least one step and one unit")
-    for t in tx.units:
-        heads_ok = t.head_start < t.head_end or t.head_start == t.head_end == 0
-        if t.kind not in UNIT_KINDS or not t.layer_start < t.layer_end or not heads_ok:
-            raise BadJob(f"malformed unit {t}")
-    if len(set(tx.units)) != len(tx.units):
-        raise BadJob("a job lists the same unit twice")
-    creator = st.account(tx.creator)
-    st.put_account(tx.creator, replace(creator, nonce=creator.nonce + 1))
-    st.put(JOB + tx_hash(tx, raw), JobRecord(job=tx, step=0))
-
-
 _HANDLERS = {
     Transfer: _apply_transfer, Register: _apply_register, Receipt: _apply_receipt,
-    Verdict: _apply_verdict, Job: _apply_job, OpenTab: apply_open_tab, Claim: apply_claim,
+    Verdict: _apply_verdict, Job: apply_job, OpenTab: apply_open_tab, Claim: apply_claim,
 }
 
 
@@ -369,27 +351,15 @@ _HANDLERS = {
 
 
 def finalize_rewards(st: Overlay, ctx: Any) -> None:
-    """Mint the reward of every receipt whose challenge window has closed.
-
-    Minting never takes the supply past U64_MAX (so no balance can
-    overflow); a reward that would is forfeited.
-    """
+    """Pay the reward of every receipt whose challenge window has closed (`pay_work`)."""
     reward = st.params().reward
     for receipt_hash in st.ids(PENDING):
         pending = st.get(PENDING + receipt_hash)
         if pending.final_height <= ctx.height:
-            _mint(st, pending.account, reward)
+            pay_work(st, pending.job_id, pending.account, reward)
             if pending.status in (audit.SAMPLED, audit.RECHECKING):  # its verifier was silent
                 _jail(st, ctx, pending.verifier)
             st.delete(PENDING + receipt_hash)
-
-
-def _mint(st: Overlay, account_id: bytes, amount: int) -> None:
-    """Mint ``amount`` to an account, unless it would take the supply past U64_MAX (then nothing)."""
-    supply = st.get(KEY_SUPPLY)
-    if amount and supply.premine + supply.minted - supply.burned + amount <= U64_MAX:
-        credit(st, account_id, amount)
-        st.put(KEY_SUPPLY, replace(supply, minted=supply.minted + amount))
 
 
 def reassign_timeouts(st: Overlay, ctx: Any) -> None:
@@ -415,33 +385,46 @@ def reassign_timeouts(st: Overlay, ctx: Any) -> None:
 
 
 def open_steps(st: Overlay, ctx: Any) -> None:
-    """Close every job step whose units all have receipts; assign the next."""
-    for job_id in st.ids(JOB):
+    """Move the training job on: close its step once every unit has a receipt, assign the next.
+
+    One job trains at a time (`ledger.jobrules`): the started one, or, once
+    it is finished (or given up: `give_up_stalled`), the first queued job
+    whose first step can be assigned.
+    """
+    give_up_stalled(st, ctx)
+    for job_id in job_queue(st):
         record = st.get(JOB + job_id)
-        while record.step < record.job.steps:
-            uids = [unit_id(job_id, record.step, t) for t in record.job.units]
-            assignments = [st.get(UNIT + uid) for uid in uids]
-            if all(a is None for a in assignments):
-                _assign_step(st, ctx, job_id, record, uids)
-                break
+        uids = [unit_id(job_id, record.step, t) for t in record.job.units]
+        assignments = [st.get(UNIT + uid) for uid in uids]
+        if any(a is not None for a in assignments):  # its step is open
             if not all(a is not None and a.done for a in assignments):
-                break
+                return
             for uid in uids:
                 st.delete(UNIT + uid)
             record = replace(record, step=record.step + 1)
             st.put(JOB + job_id, record)
+            if record.step >= record.job.steps:
+                continue  # finished: the next job may start in this block
+            uids = [unit_id(job_id, record.step, t) for t in record.job.units]
+        if _assign_step(st, ctx, job_id, record, uids):
+            st.put(JOB + job_id, replace(record, started=True, moved=ctx.height))
+            return
+        if record.started:
+            return  # it waits for nodes that serve its layers; no other job overtakes it
 
 
-def _assign_step(st: Overlay, ctx: Any, job_id: bytes, record: JobRecord, uids: list) -> None:
+def _assign_step(st: Overlay, ctx: Any, job_id: bytes, record: JobRecord, uids: list) -> bool:
+    """Assign the units of ``record``'s open step; False when some unit has no node to take it."""
     units = [(t.layer_start, t.layer_end) for t in record.job.units]
     chosen = schedule.assign_units(units, candidates(st), ctx.prev_hash, ctx.height)
     if any(node_key is None for node_key in chosen):
-        return  # some unit has no node serving its layers: try again next block
+        return False  # some unit has no node serving its layers: try again next block
     deadline = ctx.height + st.params().unit_timeout
     for index, (uid, node_key) in enumerate(zip(uids, chosen)):
         st.put(UNIT + uid, Assignment(job_id, record.step, index, node_key, deadline, False,
                                       ZERO32, ZERO32))
         _mark_served(st, node_key, ctx.height)
+    return True
 
 
 def _jail(st: Overlay, ctx: Any, node_key: bytes) -> None:

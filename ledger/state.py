@@ -167,7 +167,7 @@ def state_root(reader: StateReader) -> bytes:
 
 
 def check_supply(reader: StateReader) -> None:
-    """Check that balances + bonds + the tabs' locked coins == premine + minted - burned.
+    """Check that balances + bonds + the coins tabs and jobs lock == premine + minted - burned.
 
     Raises:
         SupplyMismatch: with both sides, if they differ.
@@ -179,6 +179,8 @@ def check_supply(reader: StateReader) -> None:
         held += account.balance + account.bond
     for tab_id in reader.ids(TAB):
         held += locked(reader.get(TAB + tab_id))
+    for job_id in reader.ids(JOB):
+        held += reader.get(JOB + job_id).escrow
     expected = supply.premine + supply.minted - supply.burned
     if held != expected:
         raise SupplyMismatch(f"accounts hold {held}, rules minted {expected}")

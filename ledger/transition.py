@@ -7,12 +7,15 @@ this order, so producer and validators always agree:
 
 1. header: chain id, height, parent hash, producer rank and time, signature;
 2. the producer and every higher-ranked producer it skipped count as served;
-3. pending rewards whose challenge window has closed are minted; tabs
-   that expired give their locked rest back to their clients;
+3. pending rewards whose challenge window has closed are paid (minted, or
+   out of a paid job's deposit); tabs that expired give their locked rest
+   back to their clients; finished jobs with no receipt pending give the
+   rest of their deposit back to their creators;
 4. assignments past their deadline pass to the next-longest waiter;
 5. transactions, in block order (each checks everything before it writes,
    so a rejected transaction leaves no trace);
-6. jobs whose open step is complete move to the next step and assign it;
+6. the training job's open step, once complete, closes and the next is
+   assigned (the next job's, once it is finished: one job at a time);
 7. the supply invariant, then the log, state and txs roots.
 
 Pure: no clock (the caller passes ``now_ms``), no I/O, no randomness.
@@ -33,6 +36,7 @@ from ledger.errors import (
 from ledger.rules import (
     U64_MAX, apply_tx, candidates, draw_audits, finalize_rewards, open_steps, reassign_timeouts,
 )
+from ledger.jobrules import refund_finished
 from ledger.tabrules import refund_expired
 from ledger.state import (
     KEY_LOG, KEY_PARAMS, KEY_SUPPLY, NODE, MemoryState, Overlay, StateReader, check_supply,
@@ -248,6 +252,7 @@ def _begin(parent: StateReader, parent_header: Header, producer: bytes,
     draw_audits(st, ctx)  # before finalizing: a receipt drawn now gets its verdict window
     finalize_rewards(st, ctx)
     refund_expired(st, ctx)
+    refund_finished(st, ctx)
     reassign_timeouts(st, ctx)
     return st, ctx, rank
 

@@ -159,18 +159,31 @@ class UnitTemplate:
     replica: U32 = 0
 
 
-@wire(8)
+#: Most bytes of a job's spec (its canonical config JSON).
+MAX_JOB_SPEC = 16 * 1024
+
+
+@wire(8, 2)
 @dataclass(frozen=True, slots=True)
 class Job:
-    """A training job: what to train, on what, how, and its per-step units."""
+    """A training job: what to train, on what, how, its per-step units, and who pays.
+
+    ``spec`` is the job's description (the node's canonical config JSON;
+    ``hyper_hash`` is its SHA-256), so any node can mine the job from the
+    chain alone (version 2). ``deposit`` is what the creator locks to pay
+    the job's miners and verifiers (specs/consensus.md 5.2): 0 only for the
+    chain's job authority, whose jobs are paid by minting.
+    """
 
     chain_id: ChainId
     creator: Key32
     model_hash: Hash32
     data_hash: Hash32
     hyper_hash: Hash32
+    spec: Annotated[bytes, MaxLen(MAX_JOB_SPEC)]
     steps: U64
     units: Annotated[tuple[UnitTemplate, ...], MaxLen(4096)]
+    deposit: U64
     nonce: U64
     signature: Sig64
 
@@ -298,11 +311,24 @@ class NodeRecord:
     registered_height: U64  # height at which this node key was first registered
 
 
-@wire(22)
+@wire(22, 2)
 @dataclass(frozen=True, slots=True)
 class JobRecord:
+    """A posted job: its open step, its place in the queue, and its deposit's unspent rest.
+
+    Jobs train one at a time (`ledger.jobrules.next_job`): ``started`` once
+    its first step was assigned; ``posted`` is the height it was posted at;
+    ``escrow`` is the part of the deposit not yet paid out (refunded once
+    the job is finished and its last receipt settled); ``moved`` the height
+    at which it last opened a step.
+    """
+
     job: Job
-    step: U64  # the open step; == job.steps once the job is finished
+    step: U64  # the open step; == job.steps once the job is finished (or given up)
+    posted: U64
+    started: bool
+    escrow: U64
+    moved: U64  # the height it last started a step (`ledger.jobrules.give_up_stalled`)
 
 
 @wire(23, 2)
@@ -324,7 +350,7 @@ class Assignment:
     output_hash: Hash32
 
 
-@wire(24, 3)
+@wire(24, 4)
 @dataclass(frozen=True, slots=True)
 class Pending:
     """An accepted receipt whose reward waits for its window (and its audit, if drawn).
@@ -334,9 +360,11 @@ class Pending:
     verifier: the drawn verifier, zeros until then; first_verifier: while a
     pass is re-checked, the verifier that passed it (version 3), else zeros;
     status: `ledger.audit` DRAW_DUE, UNSAMPLED, SAMPLED, PASSED, FORCED,
-    RECHECK_DUE or RECHECKING.
+    RECHECK_DUE or RECHECKING; job_id (version 4): whose deposit pays it (or
+    nothing, for a minted job's).
     """
 
+    job_id: Hash32
     account: Key32
     node_key: Key32
     layer_start: U32

@@ -11,7 +11,8 @@ section 2), so the node maps one onto the other (specs/consensus.md section 5):
 - ``data_hash``: SHA-256 of the corpus's token bytes;
 - ``hyper_hash``: SHA-256 of the config's canonical JSON (`config_json`),
   which pins everything else: optimizer, batches, seed, steps, partition k
-  and the MLP slice count.
+  and the MLP slice count. The JSON itself is the job's ``spec``, so a node
+  mines a job from the chain alone (`config_of`).
 """
 
 from __future__ import annotations
@@ -100,12 +101,35 @@ def commitments(config: JobConfig) -> tuple[bytes, bytes, bytes]:
     return model_hash, data_hash, hashlib.sha256(config_json(config).encode()).digest()
 
 
-def job_tx(config: JobConfig, chain_id: str, authority: SigningKey, nonce: int,
-           plan: Partition) -> Job:
-    """The signed `Job` transaction of ``config`` trained with ``plan``."""
+def job_tx(config: JobConfig, chain_id: str, creator: SigningKey, nonce: int,
+           plan: Partition, deposit: int = 0) -> Job:
+    """The signed `Job` transaction of ``config`` trained with ``plan``.
+
+    Args:
+        deposit: base units locked to pay the job's work (0: the chain's job
+            authority's job, paid by minting; `ledger.jobrules`).
+    """
     model_hash, data_hash, hyper_hash = commitments(config)
-    return sign(Job(chain_id, authority.public, model_hash, data_hash, hyper_hash,
-                    config.steps, job_units(plan, config.replicas), nonce, ZERO_SIG), authority)
+    return sign(Job(chain_id, creator.public, model_hash, data_hash, hyper_hash,
+                    config_json(config).encode(), config.steps,
+                    job_units(plan, config.replicas), deposit, nonce, ZERO_SIG), creator)
+
+
+def config_of(job: Job) -> JobConfig:
+    """The job config an on-chain job describes (its ``spec``).
+
+    Raises:
+        ValueError, ComputeError: the spec is not a job config this node
+            understands (`config_from_json`).
+    """
+    try:
+        text = job.spec.decode()
+    except UnicodeDecodeError:
+        raise ValueError("the job's spec is not UTF-8 text") from None
+    config = config_from_json(text)
+    if config_json(config) != text:  # the canonical form is the one committed to
+        raise ValueError("the job's spec is not a config in its canonical form")
+    return config
 
 
 def matches(job: Job, config: JobConfig) -> bool:

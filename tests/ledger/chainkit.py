@@ -5,6 +5,8 @@ Real keys, real signatures, real rules: nothing here bypasses validation.
 
 from __future__ import annotations
 
+import hashlib
+
 from dataclasses import dataclass, field
 
 from ledger.chaindb import ChainDB
@@ -68,10 +70,14 @@ def registration(wallet: SigningKey, node: SigningKey, layers=(0, 30), bond=10 *
     return node_registration(chain_id, wallet, node, peer or peer_key(node), layers, bond, nonce)
 
 
-def job(authority: SigningKey, steps=3, layers=((0, 30),), nonce=0) -> Job:
+def job(authority: SigningKey, steps=3, layers=((0, 30),), nonce=0, deposit=0,
+        spec=b"{}") -> Job:
+    """A job of whole-layer sections ``layers`` (forward units, then backward), by ``authority``
+    (any key: with a ``deposit`` it is a paid job)."""
     units = tuple(UnitTemplate(FORWARD, a, b, 0, 0) for a, b in layers) + tuple(
         UnitTemplate(BACKWARD, a, b, 0, 0) for a, b in reversed(layers))
-    j = Job(CHAIN, authority.public, bytes(32), bytes(32), bytes(32), steps, units, nonce, ZERO_SIG)
+    j = Job(CHAIN, authority.public, bytes(32), bytes(32), hashlib.sha256(spec).digest(), spec,
+            steps, units, deposit, nonce, ZERO_SIG)
     return sign(j, authority)
 
 

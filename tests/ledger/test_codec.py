@@ -20,8 +20,8 @@ chain = st.text(max_size=64).filter(lambda s: len(s.encode("utf-8")) <= 64)
 
 transfers = st.builds(Transfer, chain, b32, b32, u64, u64, b64)
 templates = st.builds(UnitTemplate, st.integers(0, 255), u32, u32, u32, u32)
-jobs = st.builds(Job, chain, b32, b32, b32, b32, u64, st.lists(templates, max_size=5).map(tuple),
-                 u64, b64)
+jobs = st.builds(Job, chain, b32, b32, b32, b32, st.binary(max_size=300), u64,
+                 st.lists(templates, max_size=5).map(tuple), u64, u64, b64)
 lanes = st.lists(st.builds(Lane, b32, u64), max_size=4).map(tuple)
 tabs = st.builds(OpenTab, chain, b32, b32, lanes, u64, u64, b64)
 vouchers = st.builds(Voucher, chain, b32, st.lists(u64, max_size=4).map(tuple), b64)

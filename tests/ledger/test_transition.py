@@ -588,11 +588,6 @@ def test_unavailable_forfeits_the_reward_and_slashes_nobody(audited):
     check_supply(db.state)
 
 
-def test_jobs_only_from_the_job_authority(chain):
-    net, db = chain
-    rogue_job = job(net.users[0])
-    with pytest.raises(E.BadJob, match="authority"):
-        check(db, with_txs(next_block(db, net).block, net, [rogue_job]))
 
 
 # -- registration and payments -------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from compute.partition import KINDS, model_units, partition
@@ -26,7 +28,8 @@ def test_partition_units_are_a_valid_job_with_distinct_ids(k, replicas):
     assert len({unit_id(b"\x01" * 32, 5, u) for u in units}) == n
     net = make_net()
     db = new_db(net)
-    job = T.sign(T.Job("pnode-test", net.authority.public, bytes(32), bytes(32), bytes(32),
-                       1, units, 0, T.ZERO_SIG), net.authority)
+    job = T.sign(T.Job("pnode-test", net.authority.public, bytes(32), bytes(32),
+                       hashlib.sha256(b"{}").digest(), b"{}", 1, units, 0, 0, T.ZERO_SIG),
+                 net.authority)
     applied = next_block(db, net, [job])
     assert applied.block.txs == (job,)  # the ledger's job rules accept it
