@@ -82,7 +82,7 @@ class Swarm:
         self.procs: list[subprocess.Popen] = []
         self.addrs: list[str] = []
         self.count = 0
-        pnode("init", "--data-dir", str(root / "g"), "--chain-id", "bench-swarm")
+        pnode("init", "--no-job", "--data-dir", str(root / "g"), "--chain-id", "bench-swarm")
 
     def start(self, span: tuple[int, int]) -> str:
         d = self.root / f"s{self.count}"
@@ -263,7 +263,7 @@ def bench_recovery(args, root: Path, parts: ClientParts, local: Local) -> dict:
 
 def bench_sync(args, root: Path) -> dict:
     a, b = root / "sync-a", root / "sync-b"
-    pnode("init", "--data-dir", str(a), "--chain-id", "bench-sync", "--slot-ms", "1")
+    pnode("init", "--no-job", "--data-dir", str(a), "--chain-id", "bench-sync", "--slot-ms", "1")
     pnode("produce", "--data-dir", str(a), "--blocks", str(args.blocks))
     pnode("init", "--data-dir", str(b), "--genesis", str(a / "genesis.json"))
     swarm = Swarm(root / "sync-swarm", args.server_threads)

@@ -147,6 +147,19 @@ class ChainDB:
             raise KeyError(f"no block at height {height} (tip is {self.height})")
         return self.block(block_hash)
 
+    def undo_at(self, height: int) -> dict[bytes, Any]:
+        """What main-chain block ``height`` (>= 1) wrote over: each key's record before it
+        (None: the block created it).
+
+        Raises:
+            KeyError: no block at that height.
+            StoreCorruptError: its undo record is missing.
+        """
+        block_hash = self.hash_at(height)
+        if block_hash is None or height < 1:
+            raise KeyError(f"no block with an undo record at height {height} (tip is {self.height})")
+        return self._undo(block_hash)
+
     def log_leaves(self, size: int | None = None) -> list[bytes]:
         """The first ``size`` leaves of the receipt log (all by default)."""
         size = self.tip.log_size if size is None else size

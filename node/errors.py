@@ -39,5 +39,9 @@ class MinerError(NodeError):
     """A job this node cannot mine (its commitments or partition do not match)."""
 
 
+class NothingToMine(MinerError):
+    """The chain has no job this node can mine now (the reason says why)."""
+
+
 class BadPush(MinerError):
     """A pushed `StepTensors` that does not fit the job (the pusher is scored)."""

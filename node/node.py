@@ -33,6 +33,7 @@ damaged store is served to no peer (after Bitcoin Core's AbortNode).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -49,7 +50,7 @@ from ledger.errors import StoreError, StoreFailedError
 from ledger.types import TX_TYPES
 from node.chain import (
     ChainService, ChainTabs, Producer, Registrar, SyncError, SyncResult, TxGossip, WalletDesk,
-    account_view, node_status_view, receipts_view, registry_view,
+    LOCAL_ONLY, account_view, node_status_view, read_views,
 )
 from node.clock import Clock
 from node.control import BadRequest, ControlOp, ControlServer, socket_path
@@ -110,15 +111,16 @@ class ProduceConfig:
 
 @dataclass(frozen=True)
 class MineConfig:
-    """The job a node mines when the chain carries it.
+    """How a node mines the chain's jobs.
 
-    job: the job config (`compute.data.JobConfig`).
+    job: the job config to mine (`compute.data.JobConfig`; None: whichever
+        job the chain trains, from its on-chain spec).
     average_every: updates between the replicas' averaging rounds.
     device: where the miner trains ("cpu" or "cuda:N").
     attack: how this node cheats, for the attack battery only (None: it does not).
     """
 
-    job: Any
+    job: Any = None
     average_every: int = 10
     device: str = "cpu"
     attack: str | None = None  # test-only: `node.pol.attacks.ATTACKS` (the attack battery)
@@ -171,8 +173,7 @@ class Node:
         self.server: LayerServer | None = None
         self.wallet_key, self.bond = wallet_key, bond
         self.registrar: Registrar | None = None
-        self.miner = None
-        self.verifier = None
+        self.jobs = None  # the mining node's `node.mining.JobRunner`
         self.archive = None  # what the miner keeps for its verifiers (node.pol.PolArchive)
         self.addr: str | None = None
         self.service: ChainService | None = None
@@ -182,6 +183,16 @@ class Node:
         self.production_held = False  # the ``hold_production`` op was called
         self.address: bytes | None = None  # the default wallet's account
         self.node_key: bytes | None = None
+
+    @property
+    def miner(self):
+        """The miner of the job this node mines now (None: none)."""
+        return self.jobs.miner if self.jobs else None
+
+    @property
+    def verifier(self):
+        """The verifier of the job this node mines now (None: none)."""
+        return self.jobs.verifier if self.jobs else None
 
     @property
     def addr_file(self) -> Path:
@@ -274,9 +285,8 @@ class Node:
     def control_ops(self) -> dict[str, ControlOp]:
         """The control socket's ops (a subclass or a later component may add some)."""
         return {"status": self.status, "account": self.account, "submit_tx": self.submit_tx,
-                "hold_production": self.hold_production, "registry": self.registry,
-                "pol_export": self.pol_export, "pol_audit": self.pol_audit,
-                "receipts": self.receipts}
+                "hold_production": self.hold_production, "pol_export": self.pol_export,
+                "pol_audit": self.pol_audit, "view": self.view}
 
     def extra_status(self) -> dict[str, Any]:  # serving: span, sessions, the swarm seen
         info: dict[str, Any] = self.server.status() if self.server else {
@@ -329,15 +339,18 @@ class Node:
             raise BadRequest('"address" must be an account id: 64 hex digits')
         return await self._running().call(self._account, account_id)
 
-    async def registry(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The ``registry`` op: whom `pwallet infer` routes through (`registry_view`)."""
+    async def view(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The ``view`` op: ``name`` of a `read_views` view, ``args`` -> ``view``: its answer."""
+        views = read_views()
+        fn, kwargs = views.get(args.get("name")), args.get("args", {})
+        if fn is None:
+            raise BadRequest(f'"name" must be one of {", ".join(sorted(views))}')
+        allowed = [p for p in list(inspect.signature(fn).parameters)[1:] if p not in LOCAL_ONLY]
+        if not isinstance(kwargs, dict) or not set(kwargs) <= set(allowed):
+            raise BadRequest(f'"args" of view {args["name"]} are among '
+                             f'{", ".join(allowed) or "none"}')
         service = self._running()
-        return await service.call(registry_view, service.chain)
-
-    async def receipts(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The ``receipts`` op: ``node`` / ``job`` hex prefixes -> `receipts_view`."""
-        service = self._running()
-        return await service.call(receipts_view, service.chain, args.get("node"), args.get("job"))
+        return {"view": await service.call(lambda: fn(service.chain, **kwargs))}
 
     async def submit_tx(self, args: dict[str, Any]) -> dict[str, Any]:
         """The ``submit_tx`` op: ``tx`` (hex of ``encode(tx)``) -> admitted and gossiped.
@@ -362,7 +375,7 @@ class Node:
         from node.mine import config_json
         from node.pol import export_op
         return await self._pol_op(export_op, self.archive,
-                                  config_json(self.mine.job) if self.mine else "",
+                                  config_json(self.miner.config) if self.miner else "",
                                   self.miner.job_id if self.miner else None, args)
 
     async def pol_audit(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -414,8 +427,8 @@ class Node:
             # A mining node produces once it can run units: blocks sealed
             # before would let its first deadlines pass while it builds the
             # job's model (a miss, and a jail term, for no fault of the work).
-            while self.mine is not None and (self.miner is None or not self.miner.ready.is_set()):
-                await (self.miner.ready.wait() if self.miner else trio.sleep(0.05))
+            while self.mine is not None and (self.jobs is None or not self.jobs.ready.is_set()):
+                await (self.jobs.ready.wait() if self.jobs else trio.sleep(0.05))
         with trio.move_on_after(WAIT_PEERS_S):
             while len(host.connected_peers()) < self.production.wait_peers:
                 await trio.sleep(0.1)
@@ -436,10 +449,9 @@ class Node:
         await self.registrar.run()
 
     async def _mine_after(self, joined: trio.Event, key) -> None:
-        """Mine and verify (`node.mine.Miner`, `node.pol`) once the first syncs are over."""
-        from node.errors import MinerError
-        from node.mine import Miner  # torch loads with it
-        from node.pol import PolArchive, PolFetcher, StateCheck, Verifier, attack_hooks, serve_pol
+        """Mine and verify the chain's jobs (`node.mining`) once the first syncs are over."""
+        from node.mining import JobRunner  # torch loads with it
+        from node.pol import PolArchive, PolFetcher, serve_pol
         from node.wire import MAX_POL_REQUEST, POL_PROTOCOL
 
         with trio.move_on_after(self.network.catch_up_s):
@@ -447,22 +459,10 @@ class Node:
         archive = self.archive = PolArchive()
         self.service.host.set_request_handler(POL_PROTOCOL, serve_pol(archive),
                                               max_request_size=MAX_POL_REQUEST)
-        worker_tamper, verifier_tamper = attack_hooks(self.mine.attack)
-        fetcher = PolFetcher(self.service.host)
-        self.verifier = Verifier(self.service, self.txs, key, self.mine.job, archive, fetcher,
-                                 report=self.report, tamper=verifier_tamper)
-        self.miner = Miner(self.service, self.txs, key, self.mine.job,
-                           log_file=self.datadir.path / TRAIN_LOG,
-                           average_every=self.mine.average_every, report=self.report,
-                           device=self.mine.device, archive=archive, tamper=worker_tamper,
-                           state_check=StateCheck(fetcher, self.verifier.receipts_of))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.verifier.run)
-            try:
-                await self.miner.run()
-            except MinerError as exc:  # a job this node cannot mine: the node goes on without
-                self.report(f"not mining: {exc}")
-            nursery.cancel_scope.cancel()
+        self.jobs = JobRunner(self.service, self.txs, key, self.mine,
+                              log_file=self.datadir.path / TRAIN_LOG, report=self.report,
+                              archive=archive, fetcher=PolFetcher(self.service.host))
+        await self.jobs.run()
 
     async def _join(self, addr: str) -> None:  # dial (with backoff), sync once
         delay = self.network.first_backoff_s

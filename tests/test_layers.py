@@ -25,7 +25,7 @@ PURE_CORE = {
     "ledger/state.py", "ledger/schedule.py", "ledger/rules.py", "ledger/transition.py",
     "ledger/errors.py", "ledger/proofs.py", "compute/partition.py", "proof_of_learning/certificate.py",
     "wallet/route.py", "node/serve/placement.py", "ledger/genesis.py", "ledger/tab.py",
-    "ledger/tabrules.py", "ledger/accounts.py",
+    "ledger/tabrules.py", "ledger/accounts.py", "ledger/jobrules.py",
 }
 PURE_FORBIDDEN = {
     "time", "datetime", "random", "secrets", "socket", "os", "pathlib", "io", "shutil",
@@ -64,6 +64,7 @@ NODE_ALLOWED = {
     "node.serve": {"node.net", "node.wire", "node.torch_thread", "node.keys"},
     "node.mine": {"node.net", "node.wire", "node.chain", "node.torch_thread"},
     "node.pol": {"node.net", "node.wire", "node.chain", "node.torch_thread", "node.mine"},
+    "node.mining": {"node.mine", "node.pol", "node.chain"},
     "node.node": ALL_OF_NODE,
     "node.control": ALL_OF_NODE,
     "node.cli": ALL_OF_NODE,

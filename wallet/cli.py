@@ -19,20 +19,17 @@ import click
 from click.core import ParameterSource
 
 from compute.codecs import CODECS
-from ledger.codec import encode
 from ledger.crypto import SigningKey
 from ledger.types import ZERO_SIG, Transfer, sign
 from node import torch_thread
 from node.cli import common
 from node.cli.common import (
     account_info, data_dir_option, emit, format_coins, json_option, parse_address, parse_coins,
-    parse_peer_addr, passphrase_option, read_peer_list,
+    parse_peer_addr, passphrase_option, read_peer_list, read_view,
 )
-from node.control import control_call
 from node.datadir import DataDir
 from node.keys import read_key_file, read_public_key, write_key_file
 from wallet.errors import WalletError
-from wallet.history import history_rows
 
 wallet_option = click.option("--wallet", "wallet_name", metavar="NAME",
                              help="Use wallets/NAME.json instead of the default wallet.")
@@ -124,11 +121,8 @@ def send(recipient, amount, data_dir, wallet_name, passphrase_file, peer, as_jso
     tx = sign(Transfer(view["chain_id"], key.public, to, units, nonce, ZERO_SIG), key)
     if peer:  # the peer admits and gossips it
         txid = _light(peer, lambda p: p.submit(tx))
-    elif view["running"]:  # the node admits and gossips the transfer
-        txid = bytes.fromhex(control_call(dd.path, "submit_tx", tx=encode(tx).hex())["txid"])
     else:
-        with dd.open_chain() as db:
-            txid = db.admit(tx)
+        txid = common.submit_tx(dd, tx, view["running"])
     emit(as_json, {"txid": txid.hex(), "nonce": nonce, "amount": units,
                    "running": view["running"]},
          f"queued {format_coins(units)} coins to {recipient[:16]}..  txid {txid.hex()}")
@@ -152,11 +146,13 @@ def history(address, data_dir, wallet_name, as_json) -> None:
     """
     dd = DataDir(data_dir)
     account_id = _account(dd, address, wallet_name)
-    with dd.open_chain() as db:
-        rows = history_rows(db, account_id)
-    emit(as_json, {"address": account_id.hex(), "history": rows}, lambda: "\n".join(
-        f"{'queued' if r['height'] is None else r['height']:>7}  {r['type']:17} "
-        f"{_signed_coins(r['delta']):>14}  {r['txid'][:16]}" for r in rows) or "no transactions")
+    info = read_view(dd, "history", address=account_id.hex())
+    rows = info["history"]
+    emit(as_json, info, lambda: "\n".join(
+        f"{'queued' if r['height'] is None else r['height']:>7}  {r['type']:10} "
+        f"{_signed_coins(r['delta']):>14}  "
+        f"{(r['counterparty'] or '')[:16]:16}  {r['txid'][:16]}" for r in rows)
+        or "no transactions")
 
 
 @main_group.command()

@@ -5,7 +5,8 @@ peers), `txgossip`, `producer` (blocks in this node's slots), `registrar`
 (registers a serving node once it is funded), `tabs` (a serving node's
 tab admission and lookups, for its cashier), `desk` (the wallet desk: light
 clients' accounts, registry and submissions), `views` (an account and a
-node's status and the registered nodes as the CLIs show them). No torch here.
+node's status and the registered nodes as the CLIs show them), `jobviews`
+(the chain's jobs). No torch here.
 """
 
 from node.lazy import lazy_exports
@@ -17,5 +18,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.chain.tabs": ("ChainTabs",),
     "node.chain.desk": ("WalletDesk",),
     "node.chain.txgossip": ("TxGossip",),
-    "node.chain.views": ("account_view", "node_status_view", "receipts_view", "registry_view"),
+    "node.chain.views": ("LOCAL_ONLY", "BadQuery", "account_view", "node_status_view",
+                         "read_views", "receipts_view", "registry_view"),
+    "node.chain.history": ("history_rows", "history_view"),
+    "node.chain.jobviews": ("find_job", "job_view", "jobs_view"),
 })

@@ -119,3 +119,116 @@ def receipts_view(chain: ChainDB, node: str | None = None, job: str | None = Non
                         "log_index": chain.receipt_index(rid), "node_key": tx.node_key.hex(),
                         "job_id": tx.job_id.hex(), "unit_id": tx.unit_id.hex()})
     return {"height": chain.height, "receipts": out}
+
+
+#: View arguments only a local caller may give (not JSON: the control op refuses them).
+LOCAL_ONLY = frozenset({"progress"})
+
+
+def read_views() -> dict[str, Any]:
+    """The views a command may ask a running node for by name (the control op ``view``).
+
+    A command that reads the chain asks the running node for one of these,
+    or, with no node running, calls the same function on the store
+    (`node.cli.common.read_view`): one code path, the same answer.
+    """
+    from node.chain.history import history_view
+    from node.chain.jobviews import job_view, jobs_view
+
+    return {"receipts": receipts_view, "registry": registry_view, "jobs": jobs_view,
+            "job": job_view, "params": params_view, "block": block_view, "proof": proof_view,
+            "verify": verify_view, "history": history_view, "hash": hash_view}
+
+
+def hash_view(chain: ChainDB, height: int) -> dict[str, Any]:
+    """The hash (hex) of the main-chain block at ``height``; None above the tip."""
+    if not isinstance(height, int) or isinstance(height, bool) or height < 0:
+        raise BadQuery(f"a height is a whole number >= 0, got {height!r}")
+    found = chain.hash_at(height)
+    return {"height": chain.height, "hash": found.hex() if found else None}
+
+
+def _height(chain: ChainDB, height: Any) -> int:
+    """``height`` checked against the chain (None: the tip)."""
+    if height is None:
+        return chain.height
+    if not isinstance(height, int) or isinstance(height, bool) or height < 0:
+        raise BadQuery(f"a height is a whole number >= 0, got {height!r}")
+    if height > chain.height:
+        raise BadQuery(f"no block at height {height}: the tip is {chain.height}")
+    return height
+
+
+def block_view(chain: ChainDB, height: int | None = None) -> dict[str, Any]:
+    """A main-chain block (default: the tip) as JSON: ``hash``, ``header``, ``txs`` (each
+    with its ``id``).
+
+    Raises:
+        BadQuery: no block at that height.
+    """
+    from ledger.codec import to_json
+    from ledger.types import block_hash
+
+    block = chain.block_at(_height(chain, height))
+    doc = {"hash": block_hash(block.header).hex(), **to_json(block)}
+    for tx, entry in zip(block.txs, doc["txs"]):
+        entry["id"] = tx_hash(tx).hex()
+    return doc
+
+
+def proof_view(chain: ChainDB, txid: str) -> dict[str, Any]:
+    """The inclusion proof of a receipt (against the tip's log root) or any other
+    transaction (against its block's transactions root), as `pnode proof` writes it.
+
+    Raises:
+        BadQuery: ``txid`` is not 64 hex digits.
+        ProofError: no receipt or main-chain transaction has that id.
+    """
+    from ledger.codec import to_json
+    from node.errors import ProofError
+
+    try:
+        wanted = bytes.fromhex(txid) if isinstance(txid, str) else b""
+    except ValueError:
+        wanted = b""
+    if len(wanted) != 32:
+        raise BadQuery(f'"{txid}" is not a transaction id (64 hex digits)')
+    try:
+        found = chain.receipt_proof(wanted) if chain.receipt_index(wanted) is not None else \
+            chain.tx_proof(wanted)
+    except KeyError:
+        raise ProofError(f"{txid} is neither in this chain's log nor in a main-chain block "
+                         "(not yet included?)") from None
+    return {"kind": type(found).__name__, **to_json(found)}
+
+
+def verify_view(chain: ChainDB, upto: int | None = None,
+                progress: Any = None) -> dict[str, Any]:
+    """Re-validate the main chain from genesis (up to block ``upto``), its supply and state.
+
+    A running node does it in its chain thread: it follows no new block
+    meanwhile (seconds for thousands of blocks).
+
+    Returns:
+        ``ok`` and ``height`` and ``tip`` (hex) when it holds; else ``ok``
+        false with ``error`` (the error's type) and ``reason``.
+
+    Raises:
+        BadQuery: ``upto`` is above the tip.
+    """
+    from ledger.errors import StoreError, ValidationError
+
+    height = _height(chain, upto)
+    try:
+        chain.verify_chain(progress=progress, upto=upto)
+    except (ValidationError, StoreError) as exc:
+        return {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
+    return {"ok": True, "height": height, "tip": chain.hash_at(height).hex()}
+
+
+def params_view(chain: ChainDB) -> dict[str, Any]:
+    """The chain's parameters (`ledger.types.Params`; amounts in base units, keys in hex)."""
+    params = Overlay(chain.state).params()
+    out = {name: getattr(params, name) for name in params.__dataclass_fields__}
+    out["job_authority"] = params.job_authority.hex()
+    return {"chain_id": chain.chain_id, "height": chain.height, "params": out}

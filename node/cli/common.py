@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -28,6 +29,8 @@ EXIT_USAGE = 2
 #: `pnode start`'s port when no --listen is given (specs/network.md 5).
 DEFAULT_PORT = 4411
 EXIT_CHECK_FAILED = 1
+#: How long a command waits for a starting node (store held, no control socket yet).
+STARTING_NODE_WAIT_S = 30.0
 
 data_dir_option = click.option(
     "--data-dir", "data_dir", type=click.Path(file_okay=False), default=str(DEFAULT_DATA_DIR),
@@ -298,21 +301,59 @@ def ask_node_or_store(dd: DataDir, op: str, offline: Callable[[ChainDB], dict[st
         offline: builds the same answer from the store (`node.chain.views`).
         args: the op's arguments.
 
+    A node that is starting holds the store before its control socket
+    answers: the command waits for it (``STARTING_NODE_WAIT_S`` at most).
+
+    Raises:
+        DataDirError: no node runs and the store cannot be opened (a
+            `ChainLockedError` when a process holds it that never answers).
+    """
+    import time
+
+    from node.control import NodeNotRunning, control_call
+    from node.errors import ChainLockedError
+
+    deadline = time.monotonic() + STARTING_NODE_WAIT_S
+    while True:
+        try:
+            info = control_call(dd.path, op, **args)
+            info.pop("ok", None)
+            info["running"] = True
+            return info
+        except NodeNotRunning:
+            pass
+        try:
+            with dd.open_chain() as db:
+                info = offline(db)
+            info["running"] = False
+            return info
+        except ChainLockedError:  # a node that is starting (or stopping) holds the store
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def read_view(dd: DataDir, name: str, local: dict[str, Any] | None = None,
+              **args: Any) -> dict[str, Any]:
+    """A chain view (`node.chain.read_views`) from the running node, else from the store.
+
+    Args:
+        dd: the data dir.
+        name: the view.
+        local: arguments only for the store's own call (e.g. a progress
+            callback; `node.chain.LOCAL_ONLY`).
+        args: the view's arguments (JSON values).
+
     Raises:
         DataDirError: no node runs and the store cannot be opened.
+        NodeError: the view's own refusal (a bad argument).
     """
-    from node.control import NodeNotRunning, control_call
+    from node.chain import read_views
 
-    try:
-        info = control_call(dd.path, op, **args)
-        info.pop("ok", None)
-        running = True
-    except NodeNotRunning:
-        with dd.open_chain() as db:
-            info = offline(db)
-        running = False
-    info["running"] = running
-    return info
+    answer = ask_node_or_store(
+        dd, "view", lambda db: {"view": read_views()[name](db, **args, **(local or {}))},
+        name=name, args=args)
+    return {**answer["view"], "running": answer["running"]}
 
 
 def account_info(dd: DataDir, account_id: bytes) -> dict[str, Any]:
@@ -327,6 +368,22 @@ def account_info(dd: DataDir, account_id: bytes) -> dict[str, Any]:
                              address=account_id.hex())
 
 
+def submit_tx(dd: DataDir, tx: Any, running: bool) -> bytes:
+    """Queue a signed transaction: through the running node (admitted and gossiped), else
+    into the stopped node's mempool, sent when it next runs. Returns its id.
+
+    Raises:
+        ControlError, ValidationError: the node or the store refused it.
+    """
+    from ledger.codec import encode
+    from node.control import control_call
+
+    if running:
+        return bytes.fromhex(control_call(dd.path, "submit_tx", tx=encode(tx).hex())["txid"])
+    with dd.open_chain() as db:
+        return db.admit(tx)
+
+
 def registry_info(dd: DataDir) -> dict[str, Any]:
     """The registered, bonded nodes as the running node sees them, else as the store holds them.
 
@@ -337,6 +394,25 @@ def registry_info(dd: DataDir) -> dict[str, Any]:
         DataDirError: no node runs and the store cannot be opened (e.g. the
             data dir is not initialised).
     """
-    from node.chain import registry_view
+    return read_view(dd, "registry")
 
-    return ask_node_or_store(dd, "registry", registry_view)
+
+def read_job_file(path: str | None, option: str):
+    """The job config of a job file (JSON), or the built-in default job when ``path`` is None.
+
+    Raises:
+        click.BadParameter: the file is missing, not JSON, or not a job config
+            (one line naming the option and what was wrong).
+    """
+    from compute.data import JobConfig  # torch loads with it
+    from compute.errors import ComputeError
+    from node.mine import config_from_json
+
+    if path is None:
+        return JobConfig()
+    try:
+        return config_from_json(Path(path).read_text())
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint=option) from None
+    except (ValueError, ComputeError) as exc:
+        raise click.BadParameter(f"{path}: {exc}", param_hint=option) from None

@@ -15,16 +15,16 @@ from pathlib import Path
 import click
 
 from ledger import crypto
-from ledger.codec import to_json
 from ledger.crypto import libp2p_peer_id
 from ledger.genesis import DEFAULT_PARAMS, chain_params, new_genesis, node_registration
-from ledger.types import block_hash
+from ledger.types import tx_hash
 from node.chain import node_status_view
 from node.cli import common
 from node.cli.common import (
-    ask_node_or_store, data_dir_option, emit, format_coins, json_option, parse_layers,
+    ask_node_or_store, data_dir_option, emit, format_coins, json_option, parse_layers, read_view,
     passphrase_option,
 )
+from node.cli.job import job
 from node.cli.pol import pol
 from node.cli.start import start
 from node.cli.train import devnet, train
@@ -45,6 +45,8 @@ def main_group() -> None:
       pnode init --data-dir D --genesis G.json  # join an existing chain
       pnode produce --blocks 3                  # seal mempool txs into blocks (offline)
       pnode start --peers "$(cat A/node.addr)"  # run: sync, gossip, produce
+      pnode job submit my-job.json              # post a training job, paid by deposit
+      pnode job list                            # the training job and the queue
       pnode train --steps 200                   # train the default job locally
       pnode ledger show 1 --json
       pnode verify chain                        # exit 1 on the first bad block
@@ -52,7 +54,7 @@ def main_group() -> None:
     """
 
 
-for command in (start, train, devnet, proof, verify, pol):  # the commands of node/cli's other modules
+for command in (start, train, devnet, proof, verify, pol, job):  # the commands of node/cli's other modules
     main_group.add_command(command)
 
 
@@ -72,37 +74,55 @@ for command in (start, train, devnet, proof, verify, pol):  # the commands of no
 @click.option("--layers", default="0:30", show_default=True, help="Layers served, START:END.")
 @click.option("--slot-ms", type=click.IntRange(1, 600_000), default=DEFAULT_PARAMS["slot_ms"],
               show_default=True, help="Producer slot (timeout ladder step) of a new chain.")
+@click.option("--job", "job_file", type=click.Path(dir_okay=False),
+              help="The new chain's own training job (a job config, JSON; `pnode job template` "
+                   "prints one) [default: the built-in default job].")
+@click.option("--no-job", is_flag=True, help="Start the new chain without a job (nothing to "
+              "mine until one is posted with `pnode job submit`).")
 @passphrase_option
 @json_option
-def init(data_dir, genesis_file, chain_id, premine, alloc, bond, layers, slot_ms,
-         passphrase_file, as_json) -> None:
+def init(data_dir, genesis_file, chain_id, premine, alloc, bond, layers, slot_ms, job_file,
+         no_job, passphrase_file, as_json) -> None:
     """Create a data dir: node, peer and wallet keys, genesis, chain store.
+
+    A new chain carries its own training job from genesis (minted: one coin
+    per accepted unit), so `pnode start` mines from the first blocks.
 
     \b
     Examples:
       PNODE_PASSPHRASE=secret pnode init --data-dir /tmp/n1 --chain-id mynet
       pnode init --data-dir /tmp/n2 --genesis /tmp/n1/genesis.json
+      pnode init --data-dir /tmp/n3 --job my-job.json     # a chain that trains my-job.json
+      pnode init --data-dir /tmp/n4 --no-job              # a chain that only serves
     """
     dd = DataDir(data_dir)
     if dd.genesis_file.exists() or dd.chain_dir.exists():
         raise DataDirError(f"{dd.path} is already initialised")  # before asking a passphrase
-    if genesis_file and (chain_id or alloc):
-        raise click.UsageError("--chain-id and --alloc make a new chain; not with --genesis")
+    if genesis_file and (chain_id or alloc or job_file or no_job):
+        raise click.UsageError("--chain-id, --alloc, --job and --no-job make a new chain; "
+                               "not with --genesis")
+    if job_file and no_job:
+        raise click.UsageError("--job and --no-job contradict each other")
     layer_range = parse_layers(layers)
+    job_config = None if no_job or genesis_file else common.read_job_file(job_file, "--job")
     joined = read_genesis_file(Path(genesis_file)) if genesis_file else None
     secret = common.passphrase(passphrase_file, confirm=True)
     node_key, peer_key, wallet = (crypto.SigningKey(os.urandom(32)) for _ in range(3))
     genesis = joined or _new_genesis(chain_id, premine, alloc, bond, layer_range, slot_ms,
-                                     node_key, peer_key, wallet)
+                                     node_key, peer_key, wallet, job_config)
     genesis_hash = dd.initialise(genesis, node_key, peer_key, wallet.seed(), secret)
     info = {"data_dir": str(dd.path), "chain_id": genesis.chain_id,
             "genesis_hash": genesis_hash.hex(), "address": wallet.public.hex(),
             "node_key": node_key.public.hex(), "peer_id": libp2p_peer_id(peer_key.public).hex(),
-            "joined": joined is not None}
-    emit(as_json, info, lambda: "\n".join(f"{k:13} {v}" for k, v in info.items()))
+            "joined": joined is not None,
+            "jobs": [tx_hash(j).hex() for j in genesis.jobs]}
+    emit(as_json, info, lambda: "\n".join(
+        f"{k:13} {', '.join(v) or 'none' if isinstance(v, list) else v}"
+        for k, v in info.items()))
 
 
-def _new_genesis(chain_id, premine, alloc, bond, layers, slot_ms, node_key, peer_key, wallet):
+def _new_genesis(chain_id, premine, alloc, bond, layers, slot_ms, node_key, peer_key, wallet,
+                 job_config):
     allocations = {wallet.public: common.parse_coins(premine)}
     for item in alloc:
         address, _, coins = item.partition("=")
@@ -116,7 +136,12 @@ def _new_genesis(chain_id, premine, alloc, bond, layers, slot_ms, node_key, peer
     params = chain_params(DEFAULT_PARAMS, wallet.public, slot_ms=slot_ms)
     reg = node_registration(chain_id, wallet, node_key, peer_key, layers,
                             common.parse_coins(bond))
-    return new_genesis(chain_id, now_ms(), params, allocations.items(), (reg,))
+    jobs = ()
+    if job_config is not None:
+        from node.mine import job_tx  # torch loads with it
+
+        jobs = (job_tx(job_config, chain_id, wallet, 1),)  # nonce 0 is the registration's
+    return new_genesis(chain_id, now_ms(), params, allocations.items(), (reg,), jobs)
 
 
 # -- produce ------------------------------------------------------------------------------
@@ -178,11 +203,7 @@ def receipts(data_dir, node_prefix, job_prefix, as_json) -> None:
       pnode receipts --data-dir D --node 5a45 --json | jq -r '.receipts[-1].id'
       pnode proof "$(pnode receipts --data-dir D --json | jq -r '.receipts[0].id')" > r.proof
     """
-    from node.chain import receipts_view
-
-    info = ask_node_or_store(DataDir(data_dir), "receipts",  # the view checks the prefixes
-                             lambda db: receipts_view(db, node_prefix, job_prefix),
-                             node=node_prefix, job=job_prefix)
+    info = read_view(DataDir(data_dir), "receipts", node=node_prefix, job=job_prefix)
     emit(as_json, info, lambda: "\n".join(
         f"{r['height']:>7}  log {r['log_index']:>6}  {r['id']}  node {r['node_key'][:16]}..  "
         f"job {r['job_id'][:16]}.." for r in info["receipts"]) or "no receipts")
@@ -198,19 +219,17 @@ def ledger() -> None:
 @data_dir_option
 @json_option
 def ledger_show(height, data_dir, as_json) -> None:
-    """Show a block (default: the tip) with its header and transactions.
+    """Show a block (default: the tip) with its header and transactions (each with its id).
+
+    Asks the running node if there is one, else reads the data dir.
 
     \b
     Examples:
       pnode ledger show            # the tip
       pnode ledger show 0 --json   # genesis block as JSON
+      pnode ledger show 12 --json | jq -r '.txs[].id'
     """
-    with DataDir(data_dir).open_chain() as db:
-        height = db.height if height is None else height
-        if height > db.height:
-            raise click.BadParameter(f"no block at height {height}: the tip is {db.height}")
-        block = db.block_at(height)
-        doc = {"hash": block_hash(block.header).hex(), **to_json(block)}
+    doc = read_view(DataDir(data_dir), "block", height=height)
     emit(as_json, doc, lambda: _describe_block(doc))
 
 
@@ -221,7 +240,9 @@ def _describe_block(doc: dict) -> str:
              f"  producer  {h['producer']}", f"  txs_root  {h['txs_root']}",
              f"  log       {h['log_size']} receipts, root {h['log_root']}",
              f"  state     {h['state_root']}", f"  txs       {len(doc['txs'])}"]
-    lines += [f"    {tx['type']}" for tx in doc["txs"][:20]]
+    lines += [f"    {tx['type']:10} {tx['id']}" for tx in doc["txs"][:20]]
+    if len(doc["txs"]) > 20:
+        lines.append(f"    ... {len(doc['txs']) - 20} more (--json lists them all)")
     return "\n".join(lines)
 
 

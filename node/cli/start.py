@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import click
 
@@ -66,10 +65,10 @@ from node.keys import read_key_file
               help="Unlocks the wallet so a serving node can register itself (else "
                    "$PNODE_PASSPHRASE; without either it says it cannot register).")
 @click.option("--mine/--no-mine", default=True, show_default=True,
-              help="Run the units of the training job the chain assigns to this node.")
+              help="Run the units of the training jobs the chain assigns to this node.")
 @click.option("--job", "job_file", type=click.Path(dir_okay=False, exists=True),
-              help="The job config to mine (JSON, as `pnode devnet` writes it) [default: the "
-                   "default job].")
+              help="Mine only the chain's job of this config (JSON, as `pnode devnet` writes it) "
+                   "[default: whichever job the chain trains, from its on-chain spec].")
 @click.option("--average-every", type=click.IntRange(1, 1_000_000), default=10,
               show_default=True, help="Training steps between the replicas' averaging rounds.")
 @click.option("--attack", default=None, hidden=True,
@@ -84,9 +83,10 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
 
     Prints its address (also written to DATA_DIR/node.addr once it listens
     and serves), what it serves, a line for each sync that brings in blocks
-    and for each block it makes. When the chain carries the job it mines
-    (the default job, or --job), it runs the units assigned to it and prints
-    each loss it computes (also appended to DATA_DIR/train.jsonl). While it runs, `pnode status` and `pwallet
+    and for each block it makes. It mines the job the chain trains (one at a
+    time; `pnode job list`): it runs the units assigned to it and prints each
+    loss it computes (also appended to DATA_DIR/train.jsonl), and says why
+    when it mines nothing. While it runs, `pnode status` and `pwallet
     send/balance` go through its control socket (DATA_DIR/node.sock).
 
     \b
@@ -124,10 +124,10 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
     serve = _serve_config(layers, auto, num_layers, no_serve, device, threads, max_sessions,
                           price, model_file)
     trusted = read_peer_list(trusted_file) if trusted_file else None
-    job = _job_config(job_file) if mine else None
+    job = common.read_job_file(job_file, "--job") if mine and job_file else None
     if attack is not None:
         from node.pol import ATTACKS
-        if attack not in ATTACKS or job is None:
+        if attack not in ATTACKS or not mine:
             raise click.UsageError(f"--attack takes one of {', '.join(ATTACKS)}, and mining")
     wallet_key = _unlocked_wallet(data_dir, passphrase_file) if serve else None
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -136,8 +136,7 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
                 network=NetworkConfig(listen=listen, peers=tuple(peers),
                                       trusted=None if trusted is None else frozenset(trusted)),
                 produce=ProduceConfig(produce, block_interval_ms, wait_peers),
-                serve=serve, mine=None if job is None else MineConfig(job, average_every, device,
-                                                                attack),
+                serve=serve, mine=MineConfig(job, average_every, device, attack) if mine else None,
                 wallet_key=wallet_key, bond=parse_coins(bond) if bond else None,
                 report=status.print if status else click.echo, strict=strict)
 
@@ -233,20 +232,6 @@ class _StatusLine:
                 f"{mining.get('units_done', 0)}  balance {format_coins(info['balance'])}  "
                 f"loss {'-' if loss is None else loss}  step {mining.get('step', '-')}")
             await trio.sleep(0.5)
-
-
-def _job_config(job_file: str | None):
-    """The job config to mine: the file's, or the default job."""
-    from compute.data import JobConfig
-    from compute.errors import ComputeError
-    from node.mine import config_from_json
-
-    if job_file is None:
-        return JobConfig()
-    try:
-        return config_from_json(Path(job_file).read_text())
-    except (ValueError, ComputeError) as exc:
-        raise click.BadParameter(f"{job_file}: {exc}", param_hint="--job") from None
 
 
 def _unlocked_wallet(data_dir: str, passphrase_file: str | None):

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
-from ledger.chaindb import ChainDB
-from ledger.codec import from_json, to_json
-from ledger.errors import DecodeError, StoreError, ValidationError
+from ledger.codec import from_json
+from ledger.errors import DecodeError, ValidationError
 from ledger.proofs import ReceiptProof, TxProof, verify_receipt_proof, verify_tx_proof
 from node.cli import common
-from node.cli.common import EXIT_CHECK_FAILED, data_dir_option, emit, json_option
+from node.cli.common import EXIT_CHECK_FAILED, data_dir_option, emit, json_option, read_view
 from node.cli.pol import verify_cert, verify_pol
 from node.datadir import DataDir
 from node.errors import ChainCorruptError, ProofError
@@ -35,17 +36,10 @@ def proof(receipt_id, data_dir) -> None:
       pnode proof "$(pwallet infer Hi --max-price 10 --json | jq -r '.claims[0]')" > claim.proof
       pnode verify proof claim.proof --data-dir D
     """
-    txid = common.parse_address(receipt_id)
-    with DataDir(data_dir).open_chain() as db:
-        try:
-            found = db.receipt_proof(txid) if db.receipt_index(txid) is not None else \
-                db.tx_proof(txid)
-        except KeyError:
-            raise ProofError(f"{receipt_id} is neither in this chain's log nor in a "
-                             "main-chain block (not yet included?)") from None
-    click.echo(json.dumps({"kind": type(found).__name__, **to_json(found)}, indent=2))
-
-
+    common.parse_address(receipt_id)  # 64 hex digits, or exit 2 saying so
+    found = read_view(DataDir(data_dir), "proof", txid=receipt_id.lower())
+    found.pop("running")
+    click.echo(json.dumps(found, indent=2))
 
 
 @click.group()
@@ -67,20 +61,16 @@ def verify_chain(data_dir, as_json) -> None:
 
 
 def _verify(data_dir: str, as_json: bool, upto: int | None) -> None:
+    from node.chain import BadQuery
+
     try:
-        db = DataDir(data_dir).open_chain()
+        with _progress(as_json, upto) as progress:
+            result = read_view(DataDir(data_dir), "verify", local={"progress": progress},
+                               upto=upto)
     except ChainCorruptError as exc:
-        db, result = None, {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
-    if db is not None:
-        with db:
-            try:
-                if upto is not None and upto > db.height:
-                    raise click.BadParameter(f"no block at height {upto}: the tip is {db.height}")
-                _verify_with_progress(db, as_json, upto)
-                height = db.height if upto is None else upto
-                result = {"ok": True, "height": height, "tip": db.hash_at(height).hex()}
-            except (ValidationError, StoreError) as exc:
-                result = {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
+        result = {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
+    except BadQuery as exc:
+        raise click.BadParameter(str(exc)) from None
     _report(as_json, result, lambda: f"ok: {result['height'] + 1} blocks valid, up to "
                                      f"{result['tip'][:16]}")
 
@@ -94,15 +84,16 @@ def _report(as_json: bool, result: dict, ok_text) -> None:
     sys.exit(EXIT_CHECK_FAILED)
 
 
-def _verify_with_progress(db: ChainDB, quiet: bool, upto: int | None) -> None:
+@contextmanager
+def _progress(quiet: bool, upto: int | None) -> Iterator[Callable[[int], None]]:
+    """A progress bar on a terminal's stderr, fed with the height verified so far."""
     from rich.console import Console
     from rich.progress import Progress
 
-    total = db.height if upto is None else upto
     with Progress(console=Console(stderr=True), transient=True,
                   disable=quiet or not sys.stderr.isatty()) as bar:
-        task = bar.add_task("verifying blocks", total=max(total, 1))
-        db.verify_chain(progress=lambda h: bar.update(task, completed=h), upto=upto)
+        task = bar.add_task("verifying blocks", total=None)
+        yield lambda h: bar.update(task, completed=h, total=max(upto or 0, h, 1))
 
 
 @verify.command("block")
@@ -142,10 +133,9 @@ def verify_proof(proof_file, block_hash, data_dir, as_json) -> None:
         raise ProofError(f"cannot read proof file {proof_file}: {exc}") from None
     trusted = common.parse_address(block_hash) if block_hash else None
     if data_dir:
-        with DataDir(data_dir).open_chain() as db:
-            trusted = db.hash_at(proof_obj.header.height)
-        if trusted is None:
-            trusted = b"\x00" * 32  # above our tip: cannot be on our chain
+        found = read_view(DataDir(data_dir), "hash", height=proof_obj.header.height)["hash"]
+        # Above our tip, a header cannot be on our chain: nothing matches 32 zero bytes.
+        trusted = bytes.fromhex(found) if found else b"\x00" * 32
     try:
         (verify_tx_proof if kind is TxProof else verify_receipt_proof)(proof_obj, trusted)
         result = {"ok": True, "kind": kind.__name__, "height": proof_obj.header.height,

@@ -14,7 +14,8 @@ from node.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.mine.miner": ("Miner",),
-    "node.mine.jobs": ("config_from_json", "config_json", "config_of", "job_tx", "job_units", "matches", "named_digest",
+    "node.mine.jobs": ("config_from_json", "config_json", "config_of", "job_plan", "job_to_mine", "job_tx",
+                       "job_units", "matches", "named_digest",
                        "tensor_digest", "tensors_digest"),
     "node.mine.step_plan": ("StepPlan",),
     "node.mine.phases": ("HALF_OF", "Key", "Phase", "PhaseResult", "Push", "Tensors",

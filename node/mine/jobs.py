@@ -19,15 +19,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import asdict, fields, replace
+from typing import Any
 
 import torch
 
-from compute.config import ModelConfig
-from compute.data import DataSpec, JobConfig, load_corpus, make_model
+from compute.data import JobConfig, load_corpus, make_model
+from compute.errors import ComputeError
+from compute.blocks import model_partition
 from compute.partition import KIND_CODES, BlockSpec, Partition
 from ledger.crypto import SigningKey
+from ledger.jobrules import job_queue
+from ledger.state import JOB, Overlay
 from ledger.types import ZERO_SIG, Job, UnitTemplate, sign
+from node.errors import NothingToMine
 
 TENSOR_DOMAIN = b"pnode:tensor:"
 
@@ -74,23 +79,40 @@ def config_json(config: JobConfig) -> str:
 
 
 def config_from_json(text: str) -> JobConfig:
-    """A `JobConfig` from `config_json`'s form (a job file).
+    """A `JobConfig` from a job file: `config_json`'s form, or any part of it.
+
+    A field left out takes the default job's value (``model`` and ``data``
+    field by field too), so ``{"steps": 50}`` is the default job, 50 steps.
 
     Raises:
-        ValueError: not JSON, or fields that a `JobConfig` does not have.
+        ValueError: not JSON, not an object, a field a job config does not
+            have, or a value of the wrong type.
         ConfigError, DataError: values out of range (compute's checks).
     """
     raw = json.loads(text)
     if not isinstance(raw, dict):
         raise ValueError("a job file holds one JSON object")
+    default = JobConfig()
+    model = _fields(raw.pop("model", {}), default.model, "model")
+    data = _fields(raw.pop("data", {}), default.data, "data")
+    if isinstance(raw.get("betas"), list):
+        raw["betas"] = tuple(raw["betas"])
     try:
-        model = ModelConfig(**raw.pop("model"))
-        data = DataSpec(**raw.pop("data"))
-        if "betas" in raw:
-            raw["betas"] = tuple(raw["betas"])
-        return JobConfig(model=model, data=data, **raw)
-    except (KeyError, TypeError) as exc:
+        return replace(default, model=replace(default.model, **model),
+                       data=replace(default.data, **data), **_fields(raw, default, ""))
+    except TypeError as exc:
         raise ValueError(f"not a job config: {exc}") from None
+
+
+def _fields(raw: Any, default: Any, where: str) -> dict[str, Any]:
+    """``raw``, checked to be an object of ``default``'s fields only."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where or 'a job file'} must be a JSON object, got {raw!r}")
+    unknown = sorted(set(raw) - {f.name for f in fields(default)})
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ValueError(f"unknown job field {', '.join(prefix + u for u in unknown)}")
+    return raw
 
 
 def commitments(config: JobConfig) -> tuple[bytes, bytes, bytes]:
@@ -102,17 +124,24 @@ def commitments(config: JobConfig) -> tuple[bytes, bytes, bytes]:
 
 
 def job_tx(config: JobConfig, chain_id: str, creator: SigningKey, nonce: int,
-           plan: Partition, deposit: int = 0) -> Job:
+           plan: Partition | None = None, deposit: int = 0) -> Job:
     """The signed `Job` transaction of ``config`` trained with ``plan``.
 
     Args:
+        plan: the job's partition (default: ``config``'s, `job_plan`).
         deposit: base units locked to pay the job's work (0: the chain's job
             authority's job, paid by minting; `ledger.jobrules`).
     """
+    plan = plan or job_plan(config)
     model_hash, data_hash, hyper_hash = commitments(config)
     return sign(Job(chain_id, creator.public, model_hash, data_hash, hyper_hash,
                     config_json(config).encode(), config.steps,
                     job_units(plan, config.replicas), deposit, nonce, ZERO_SIG), creator)
+
+
+def job_plan(config: JobConfig) -> Partition:
+    """The partition a job's config asks for: k sections of its model, MLPs cut as it says."""
+    return model_partition(make_model(config), config.k, config.mlp_slices)
 
 
 def config_of(job: Job) -> JobConfig:
@@ -135,3 +164,34 @@ def config_of(job: Job) -> JobConfig:
 def matches(job: Job, config: JobConfig) -> bool:
     """Whether an on-chain job is ``config`` (its hyperparameters' hash; cheap)."""
     return job.hyper_hash == hashlib.sha256(config_json(config).encode()).digest()
+
+
+def job_to_mine(state, wanted: JobConfig | None) -> tuple[bytes, JobConfig]:
+    """The job a miner should set up for: the one the chain trains now, or ``wanted``'s.
+
+    Args:
+        state: the chain's state (a reader; read in the chain thread).
+        wanted: ``pnode start --job``'s config (None: whichever job the chain
+            trains now or next, `ledger.jobrules.job_queue`).
+
+    Returns:
+        (job id, its config).
+
+    Raises:
+        NothingToMine: with the reason, for `pnode start` to say.
+    """
+    st = Overlay(state)
+    queue = job_queue(st)
+    if wanted is not None:
+        queue = [j for j in queue if matches(st.get(JOB + j).job, wanted)]
+        if not queue:
+            raise NothingToMine("no unfinished job on the chain is --job's config")
+        return queue[0], wanted
+    if not queue:
+        raise NothingToMine("the chain has no job left to train (`pnode job submit` posts one)")
+    job_id = queue[0]
+    try:
+        return job_id, config_of(st.get(JOB + job_id).job)
+    except (ValueError, ComputeError) as exc:
+        raise NothingToMine(f"job {job_id.hex()[:16]}.. is not one this node can run: "
+                            f"{exc}") from None

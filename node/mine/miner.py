@@ -76,6 +76,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BadPush", "Miner", "MinerError"]
 
+#: Most seconds a miner waits, once its job is finished, for the updates it has not applied
+#: (a given-up job's never come).
+FINAL_UPDATE_WAIT_S = 120.0
+
 
 @dataclass(frozen=True, slots=True)
 class _View:
@@ -113,13 +117,17 @@ class Miner:
             runner, update rule, certificates and pushes.
         state_check: whether to take a holder's state when catching up
             (`node.pol.catchup.StateCheck`; None: the first that fits).
+        job_id: the on-chain job to mine (None: the first whose spec is
+            ``config``).
     """
 
     def __init__(self, service: ChainService, txs: TxGossip, node_key: SigningKey,
                  config: JobConfig, *, log_file: Path | None = None, average_every: int = 10,
                  wait_s: float = 20.0, report: Callable[[str], None] = lambda line: None,
-                 device: str = "cpu", archive=None, tamper=None, state_check=None):
+                 device: str = "cpu", archive=None, tamper=None, state_check=None,
+                 job_id: bytes | None = None):
         self.service, self.txs, self.key, self.config = service, txs, node_key, config
+        self.wanted = job_id
         self.host = service.host
         self.log_file, self.average_every, self.wait_s = log_file, average_every, wait_s
         self.report, self.device = report, torch.device(device)
@@ -159,10 +167,11 @@ class Miner:
 
     async def run(self, *, task_status: trio.TaskStatus[Miner] = trio.TASK_STATUS_IGNORED
                   ) -> None:
-        """Mine until cancelled (module docstring)."""
+        """Mine until the job is finished (module docstring); return then."""
         async with trio.open_nursery() as self._background:  # pushes still being retried
             task_status.started(self)
             await self._mine()
+            self._background.cancel_scope.cancel()
 
     async def _mine(self) -> None:
         while True:
@@ -172,6 +181,16 @@ class Miner:
                                                         self.archive.receipts(), view.step)
                 self.archive.mark_audited(audited)
                 self.archive.forget(done, view.step)
+            if self.job_id is not None and view.step >= view.steps:  # finished, or given up
+                with trio.move_on_after(FINAL_UPDATE_WAIT_S):  # the last updates, if they come
+                    while self.version < view.steps and not (
+                            self.version == view.steps - 1
+                            and await self._apply_update(self.version)):
+                        if not await self._fetch_state(view):
+                            await trio.sleep(1.0)
+                self.report(f"mining: job {view.job_id.hex()[:16]}.. finished at step "
+                            f"{self.version} of {view.steps}")
+                return
             if not await self._ready(view):
                 await self.service.wait_tip_change(view.tip)
                 continue
@@ -230,7 +249,10 @@ class Miner:
     def _look(self) -> _View:
         chain = self.service.chain
         st = chain.state
-        job_id = next((j for j in st.ids(JOB) if matches(st.get(JOB + j).job, self.config)), None)
+        job_id = self.wanted or next(
+            (j for j in st.ids(JOB) if matches(st.get(JOB + j).job, self.config)), None)
+        if job_id is not None and st.get(JOB + job_id) is None:
+            job_id = None  # not on this chain (yet)
         # Holders are the nodes the longest-wait rule may pick: registered and bonded.
         bonded = [c.node_key for c in candidates(Overlay(st))]
         nodes = [st.get(NODE + k) for k in bonded]

@@ -62,12 +62,15 @@ class Verifier:
         report: gets a line per verdict.
         tamper: test-only (`node.pol.attacks`): changes the evidence before
             it is signed (a lazy or malicious verifier).
+        job_id: the job judged (None: the first on chain whose spec is ``config``).
     """
 
     def __init__(self, service: ChainService, txs: TxGossip, key: SigningKey,
                  config: JobConfig, archive: PolArchive, fetcher: PolFetcher, *,
-                 report: Callable[[str], None] = lambda line: None, tamper=None):
+                 report: Callable[[str], None] = lambda line: None, tamper=None,
+                 job_id: bytes | None = None):
         self.service, self.txs, self.key, self.config = service, txs, key, config
+        self.wanted = job_id
         self.archive, self.fetcher, self.report, self.tamper = archive, fetcher, report, tamper
         self.reexecutor: Reexecutor | None = None
         self.replayer: Replayer | None = None  # for the join-time audit's window replays
@@ -152,7 +155,8 @@ class Verifier:
     def _job_and_peers(self) -> tuple[bytes | None, list[str]]:
         """The job this node can judge, and every bonded node's peer id (chain thread)."""
         st = self.service.chain.state
-        job_id = next((j for j in st.ids(JOB) if matches(st.get(JOB + j).job, self.config)), None)
+        job_id = self.wanted or next(
+            (j for j in st.ids(JOB) if matches(st.get(JOB + j).job, self.config)), None)
         peers = [str(ID(st.get(NODE + c.node_key).peer_id)) for c in candidates(Overlay(st))]
         return job_id, peers
 

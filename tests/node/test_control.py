@@ -35,7 +35,7 @@ from tests.node.prockit import ROOT
 @pytest.fixture
 def data_dir(tmp_path, pnode):
     d = tmp_path / "n"
-    r = pnode("init", "--data-dir", str(d), "--chain-id", "t-control", "--slot-ms", "50")
+    r = pnode("init", "--no-job", "--data-dir", str(d), "--chain-id", "t-control", "--slot-ms", "50")
     assert r.code == 0, r.err
     return d
 

@@ -10,7 +10,7 @@ from ledger.types import COIN
 @pytest.fixture
 def node(tmp_path, pnode):
     d = str(tmp_path / "n")
-    info = pnode("init", "--data-dir", d, "--chain-id", "w", "--slot-ms", "50", "--json").json()
+    info = pnode("init", "--no-job", "--data-dir", d, "--chain-id", "w", "--slot-ms", "50", "--json").json()
     return d, info
 
 

@@ -38,7 +38,7 @@ def test_allow_unregistered_needs_no_chain(pwallet, tmp_path):
 
 def test_a_stopped_nodes_store_gives_the_registry(pwallet, pnode, tmp_path):
     d = tmp_path / "n"
-    assert pnode("init", "--data-dir", str(d), "--chain-id", "t-infer-reg").code == 0
+    assert pnode("init", "--no-job", "--data-dir", str(d), "--chain-id", "t-infer-reg").code == 0
     r = pwallet("infer", PROMPT, "--peers", DEAD_PEER, "--data-dir", str(d))
     one_line_error(r, "no peer reachable")  # the registry was read; then the dial failed
 
@@ -51,8 +51,8 @@ def test_a_registered_server_serves_and_another_chains_client_refuses_it(
     gets the clear error, and gets through with --allow-unregistered.
     """
     d, other = tmp_path / "n", tmp_path / "other"
-    assert pnode("init", "--data-dir", str(d), "--chain-id", "t-infer-reg").code == 0
-    assert pnode("init", "--data-dir", str(other), "--chain-id", "t-elsewhere").code == 0
+    assert pnode("init", "--no-job", "--data-dir", str(d), "--chain-id", "t-infer-reg").code == 0
+    assert pnode("init", "--no-job", "--data-dir", str(other), "--chain-id", "t-elsewhere").code == 0
     proc, _, _ = spawn("n", "--data-dir", str(d), "--layers", "0:30", "--no-produce")
     addr = node_addr(d, proc, 90)
     wait_for(lambda: live_status(pnode, d).get("serving"), "the server to serve", limit=60)
@@ -72,7 +72,7 @@ def test_paid_inference_from_the_cli(pwallet, pnode, tmp_path, spawn):  # noqa: 
     the cheapest ask, a broke wallet stops before any session (exit 2), a funded one
     pays and the server's claim lands."""
     d = tmp_path / "n"
-    assert pnode("init", "--data-dir", str(d), "--chain-id", "t-paid", "--slot-ms", "200").code == 0
+    assert pnode("init", "--no-job", "--data-dir", str(d), "--chain-id", "t-paid", "--slot-ms", "200").code == 0
     bob = pwallet("create", "--data-dir", str(d), "--name", "bob", "--json").json()["address"]
     assert pwallet("create", "--data-dir", str(d), "--name", "broke").code == 0
     proc, _, _ = spawn("n", "--data-dir", str(d), "--layers", "0:30", "--price", "5")

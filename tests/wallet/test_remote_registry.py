@@ -53,7 +53,7 @@ async def serve(stack: AsyncExitStack, reader, identity: PeerIdentity, span, ent
 def test_an_unregistered_fast_server_is_refused_and_the_registered_one_serves(
         tmp_path, pnode, gguf_reader, parts, local_tokens):  # noqa: F811
     d = tmp_path / "chain"
-    assert pnode("init", "--data-dir", str(d), "--chain-id", "t-registry").code == 0
+    assert pnode("init", "--no-job", "--data-dir", str(d), "--chain-id", "t-registry").code == 0
     registered = registry_from_view(registry_info(DataDir(d)))  # from the store: no node runs
     honest = PeerIdentity.from_seed(DataDir(d).peer_key().seed())  # registered at genesis
     stranger = ident(2)

@@ -10,7 +10,7 @@ from tests.node.prockit import live_status, node_addr, read, stop, wait_for
 
 def test_a_serving_node_registers_itself_once_funded(tmp_path, pnode, pwallet, spawn):
     a, b = tmp_path / "A", tmp_path / "B"
-    assert pnode("init", "--data-dir", str(a), "--chain-id", "t-reg", "--slot-ms", "50").code == 0
+    assert pnode("init", "--no-job", "--data-dir", str(a), "--chain-id", "t-reg", "--slot-ms", "50").code == 0
     assert pnode("init", "--data-dir", str(b), "--genesis", str(a / "genesis.json")).code == 0
     proc_a, _, err_a = spawn("a", "--no-serve", "--data-dir", str(a), "--block-interval-ms",
                              "100")
@@ -52,7 +52,7 @@ def test_a_serving_node_registers_itself_once_funded(tmp_path, pnode, pwallet, s
 
 def test_a_locked_wallet_is_said_clearly_and_a_registered_node_says_so(tmp_path, pnode, spawn):
     a, b = tmp_path / "A", tmp_path / "B"
-    assert pnode("init", "--data-dir", str(a), "--chain-id", "t-reg2").code == 0
+    assert pnode("init", "--no-job", "--data-dir", str(a), "--chain-id", "t-reg2").code == 0
     assert pnode("init", "--data-dir", str(b), "--genesis", str(a / "genesis.json")).code == 0
     locked = ("PNODE_PASSPHRASE",)
     proc_a, out_a, err_a = spawn("a", "--data-dir", str(a), "--layers", "0:2", "--no-produce",

@@ -18,7 +18,7 @@ from tests.node.prockit import ROOT, live_status, node_addr, read, stop, wait_fo
 @pytest.fixture
 def node_a(tmp_path, pnode):
     a = tmp_path / "A"
-    r = pnode("init", "--data-dir", str(a), "--chain-id", "t-start", "--slot-ms", "50")
+    r = pnode("init", "--no-job", "--data-dir", str(a), "--chain-id", "t-start", "--slot-ms", "50")
     assert r.code == 0, r.err
     r = pnode("produce", "--data-dir", str(a), "--blocks", "5")
     assert r.code == 0, r.err
@@ -186,7 +186,7 @@ def test_pwallet_send_while_the_node_runs_lands_in_its_block(pnode, pwallet, spa
 
 def test_three_nodes_sync_a_chain_produced_while_one_was_down(tmp_path, pnode, spawn):
     a, b, c = (tmp_path / n for n in "ABC")
-    assert pnode("init", "--data-dir", str(a), "--chain-id", "t-three", "--slot-ms", "50").code == 0
+    assert pnode("init", "--no-job", "--data-dir", str(a), "--chain-id", "t-three", "--slot-ms", "50").code == 0
     for d in (b, c):
         assert pnode("init", "--data-dir", str(d), "--genesis", str(a / "genesis.json")).code == 0
     proc_a, _, err_a = spawn("a", "--no-serve", "--data-dir", str(a), "--block-interval-ms", "200")

@@ -28,7 +28,7 @@ def announced(out: str) -> dict[int, str]:
 
 def test_a_full_disk_stops_the_node_and_loses_no_announced_block(small_fs, pnode, spawn):
     a = small_fs / "A"
-    r = pnode("init", "--data-dir", str(a), "--chain-id", "t-full", "--slot-ms", "20")
+    r = pnode("init", "--no-job", "--data-dir", str(a), "--chain-id", "t-full", "--slot-ms", "20")
     assert r.code == 0, r.err
     filler = fill_until_free(small_fs, 160 * 1024)
     proc, out, err = spawn("a", "--no-serve", "--no-mine", "--data-dir", str(a))
@@ -58,7 +58,7 @@ def test_a_full_disk_stops_the_node_and_loses_no_announced_block(small_fs, pnode
 @pytest.fixture
 def chain_a(tmp_path, pnode):
     a = tmp_path / "A"
-    r = pnode("init", "--data-dir", str(a), "--chain-id", "t-faults", "--slot-ms", "50")
+    r = pnode("init", "--no-job", "--data-dir", str(a), "--chain-id", "t-faults", "--slot-ms", "50")
     assert r.code == 0, r.err
     r = pnode("produce", "--data-dir", str(a), "--blocks", "40")
     assert r.code == 0, r.err

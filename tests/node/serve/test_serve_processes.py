@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def servers(tmp_path, pnode, spawn):
     """Start one `pnode start --layers A:B` per span; returns [(proc, addr, span)]."""
     first = tmp_path / "n0"
-    r = pnode("init", "--data-dir", str(first), "--chain-id", "t-serve")
+    r = pnode("init", "--no-job", "--data-dir", str(first), "--chain-id", "t-serve")
     assert r.code == 0, r.err
 
     def start(spans, *extra):

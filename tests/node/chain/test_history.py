@@ -1,4 +1,4 @@
-"""`wallet.history`: an account's rows add up to its balance, tabs included.
+"""`node.chain.history`: an account's rows add up to its balance, tabs included.
 
 Real blocks of a test chain (tests/ledger/chainkit.py): a tab claimed in
 part, closed lane by lane, and one left to expire. The reference is the
@@ -8,12 +8,12 @@ balance (no mining rewards on this chain).
 
 from __future__ import annotations
 
-from ledger.state import TAB
+from ledger.state import JOB, PENDING, TAB
 from ledger.tab import MIN_TAB
 from ledger.types import COIN, tx_hash
-from tests.ledger.chainkit import balance, grow, make_net, new_db
+from tests.ledger.chainkit import balance, grow, job, make_net, new_db, receipts_due
 from tests.ledger.test_tab import claim, open_tab, voucher
-from wallet.history import history_rows
+from node.chain.history import history_rows
 
 
 def settled(db, account: bytes) -> int:
@@ -62,3 +62,27 @@ def test_a_queued_claim_is_pending_and_changes_nothing_settled():
     queued = [r for r in history_rows(db, client.public) if r["height"] is None]
     assert [(r["type"], r["delta"]) for r in queued] == [("Claim", None)]
     assert settled(db, client.public) == before == balance(db, client.public)
+
+
+def test_rewards_deposits_and_refunds_are_rows_and_every_balance_adds_up():
+    net = make_net()
+    db = new_db(net)
+    user = net.users[0]
+    minted = job(net.authority, steps=2)
+    paid = job(user, steps=2, deposit=2 * 2 * 3 * COIN + 5 * COIN)
+    grow(db, net, 1, [minted, paid])
+    for _ in range(30):  # both jobs run, one after the other; their rewards and refund settle
+        grow(db, net, 1, receipts_due(db, net))
+    assert not db.state.ids(PENDING) and db.state.get(JOB + tx_hash(paid)).escrow == 0
+    for account in [*(k.public for k in net.users), *(w.public for w in net.wallets)]:
+        rows = history_rows(db, account)
+        assert settled(db, account) == balance(db, account)
+        assert "Other" not in {r["type"] for r in rows}  # every change explained
+    mine = history_rows(db, user.public)
+    assert [(r["type"], r["delta"]) for r in mine if r["type"] in ("Job", "JobRefund")] == [
+        ("Job", -17 * COIN), ("JobRefund", 13 * COIN)]  # 4 units paid, the rest back
+    rewards = [r for w in net.wallets for r in history_rows(db, w.public) if r["type"] == "Reward"]
+    assert len(rewards) == 8 and all(r["delta"] == COIN for r in rewards)
+    assert sorted(r["counterparty"] for r in rewards).count("minted") == 4
+    assert {r["counterparty"] for r in rewards} == {"minted", user.public.hex()}
+    assert all(r["confirmations"] == db.height - r["height"] + 1 for r in rewards)

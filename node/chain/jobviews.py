@@ -1,0 +1,125 @@
+"""What `pnode job list|show|status` show of the chain's training jobs.
+
+Owns `jobs_view` and `job_view`, built from a `ChainDB` whether a running
+node answers (the control socket's ``view`` op) or a command reads a
+stopped node's store, like `node.chain.views`. Amounts are given twice:
+in coins (a decimal string, as the CLIs print them) and in base units
+(``*_units``, integers).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ledger.chaindb import ChainDB
+from ledger.jobrules import job_cost, job_queue
+from ledger.state import JOB, NODE, PENDING, UNIT, Overlay
+from ledger.types import Job, JobRecord, format_coins, tx_hash, unit_id
+from node.errors import NodeError
+
+__all__ = ["jobs_view", "job_view", "find_job"]
+
+
+class UnknownJob(NodeError):
+    """No job, or more than one, has the id prefix a command gave."""
+
+
+def _state(record: JobRecord, queue: list[bytes], job_id: bytes) -> str:
+    if job_id not in queue and record.posted is None:
+        return "in the mempool"
+    if record.step >= record.job.steps:
+        return "finished"
+    return "training" if record.started else f"queued ({queue.index(job_id)} ahead)"
+
+
+def _summary(job_id: bytes, record: JobRecord, queue: list[bytes]) -> dict[str, Any]:
+    job = record.job
+    return {"id": job_id.hex(), "creator": job.creator.hex(), "state": _state(record, queue, job_id),
+            "step": min(record.step, job.steps), "steps": job.steps, "units": len(job.units),
+            "posted": record.posted, "paid_by": "deposit" if job.deposit else "minting",
+            "deposit": format_coins(job.deposit), "deposit_units": job.deposit,
+            "escrow": format_coins(record.escrow), "escrow_units": record.escrow}
+
+
+def jobs_view(chain: ChainDB) -> dict[str, Any]:
+    """Every job on the chain: the one training, the queue in order, then the finished ones.
+
+    Returns:
+        height and ``jobs``: per job its id, creator, state (training,
+        queued (n ahead), finished, or in the mempool), step and steps, units per step, the
+        height it was posted at, who pays (deposit or minting), its deposit
+        and the escrow left.
+    """
+    st = Overlay(chain.state)
+    queue = job_queue(st)
+    records = {j: st.get(JOB + j) for j in st.ids(JOB)}
+    order = queue + sorted((j for j in records if j not in queue),
+                           key=lambda j: (records[j].posted, j))
+    queued = _mempool_jobs(chain)
+    return {"height": chain.height, "jobs": [_summary(j, records[j], queue) for j in order]
+            + [_summary(j, r, queue) for j, r in queued.items() if j not in records]}
+
+
+def _mempool_jobs(chain: ChainDB) -> dict[bytes, JobRecord]:
+    """The jobs waiting in the mempool, as records not yet posted (``posted`` None)."""
+    return {tx_hash(tx): JobRecord(tx, 0, None, False, tx.deposit, 0)
+            for tx in chain.mempool() if isinstance(tx, Job)}
+
+
+def find_job(chain: ChainDB, prefix: str) -> bytes:
+    """The id of the one job whose hex id starts with ``prefix``.
+
+    Raises:
+        UnknownJob: not hex, no such job, or more than one.
+    """
+    text = prefix.lower() if isinstance(prefix, str) else ""
+    if not text or any(c not in "0123456789abcdef" for c in text):
+        raise UnknownJob(f'"{prefix}" is not a job id (hex; a prefix will do)')
+    found = [j for j in {*chain.state.ids(JOB), *_mempool_jobs(chain)} if j.hex().startswith(text)]
+    if len(found) != 1:
+        what = "no job" if not found else f"{len(found)} jobs"
+        raise UnknownJob(f"{what} on the chain with an id starting {text}")
+    return found[0]
+
+
+def job_view(chain: ChainDB, job: str) -> dict[str, Any]:
+    """One job in full: `jobs_view`'s fields, its spec, its open step's units, its cost.
+
+    Args:
+        job: the job's id in hex, or a prefix of it.
+
+    A job still in the mempool is shown as one (state "in the mempool").
+
+    Returns:
+        the summary fields, and height, spec (the job's config, parsed; the
+        raw text if it is not JSON), the commitments (model, data and
+        hyperparameter hashes), cost (the least deposit such a job needs on
+        this chain), receipts_pending (accepted, reward not yet paid), and
+        ``open_step``: per unit of the step now open its index, kind, layers,
+        assignee's node key, deadline and whether its receipt is in.
+
+    Raises:
+        UnknownJob: see `find_job`.
+    """
+    job_id = find_job(chain, job)
+    st = Overlay(chain.state)
+    record = st.get(JOB + job_id) or _mempool_jobs(chain)[job_id]
+    try:
+        spec: Any = json.loads(record.job.spec)
+    except ValueError:
+        spec = record.job.spec.decode("utf-8", "replace")
+    units = []
+    for index, t in enumerate(record.job.units):
+        a = st.get(UNIT + unit_id(job_id, record.step, t))
+        if a is not None:
+            node = st.get(NODE + a.node_key)
+            units.append({"index": index, "kind": t.kind, "layers": [t.layer_start, t.layer_end],
+                          "node_key": a.node_key.hex(), "account": node.account.hex() if node
+                          else None, "deadline": a.deadline, "done": a.done})
+    pending = sum(1 for h in st.ids(PENDING) if st.get(PENDING + h).job_id == job_id)
+    cost = job_cost(st.params(), record.job.steps, len(record.job.units))
+    return {**_summary(job_id, record, job_queue(st)), "height": chain.height, "spec": spec,
+            "model_hash": record.job.model_hash.hex(), "data_hash": record.job.data_hash.hex(),
+            "hyper_hash": record.job.hyper_hash.hex(), "cost": format_coins(cost),
+            "cost_units": cost, "receipts_pending": pending, "open_step": units}

@@ -1,0 +1,208 @@
+"""`pnode job`: post training jobs and follow them.
+
+Owns the ``job`` command group: ``template`` (a job file to start from),
+``submit`` (sign and queue a `Job`, locking its deposit), ``list``,
+``show`` and ``status``. The reading commands ask the running node, else
+read the store (`node.cli.common.read_view`); what a job is and who pays
+for it are the ledger's rules (`ledger.jobrules`, specs/consensus.md 5.2).
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import click
+
+from ledger.crypto import SigningKey
+from ledger.jobrules import FEES_PER_UNIT, job_cost
+from node.cli import common
+from node.cli.common import (
+    account_info, data_dir_option, emit, format_coins, json_option, passphrase_option, read_view,
+)
+from node.datadir import DataDir
+from node.keys import read_key_file
+
+
+@click.group()
+def job() -> None:
+    """Post training jobs to the chain and follow them.
+
+    \b
+    Examples:
+      pnode job template > my-job.json          # the default job, to edit
+      pnode job submit my-job.json              # locks the job's cost from this wallet
+      pnode job list
+      pnode job status 5e3c                     # a job id, or a prefix of one
+    """
+
+
+@job.command()
+@click.option("--steps", type=click.IntRange(1, 10**9), default=None,
+              help="Steps of the job [default: the default job's].")
+def template(steps) -> None:
+    """Print the default job's config (JSON): a job file to edit and submit.
+
+    The fields are `compute.data.JobConfig`'s: model (the built-in config's
+    sizes), data (synthetic text by seed and length, or a file by path and
+    sha256), optimizer, batch, steps, k sections, replicas.
+
+    \b
+    Example:
+      pnode job template --steps 50 > small.json
+    """
+    from dataclasses import replace
+
+    from node.mine import config_json
+
+    config = common.read_job_file(None, "")
+    config = replace(config, steps=steps) if steps else config
+    click.echo(json.dumps(json.loads(config_json(config)), indent=2, sort_keys=True))
+
+
+@job.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@click.option("--deposit", metavar="COINS",
+              help="Coins to lock for the job's work [default: its cost on this chain; none "
+                   "for the chain's job authority, whose jobs are paid by minting].")
+@click.option("--wallet", "wallet_name", metavar="NAME",
+              help="Pay from wallets/NAME.json instead of the default wallet.")
+@data_dir_option
+@passphrase_option
+@json_option
+def submit(job_file, deposit, wallet_name, data_dir, passphrase_file, as_json) -> None:
+    """Post the job of JOB_FILE, paid from this node's wallet.
+
+    The deposit pays every unit's reward and its verifiers' fees; what the
+    job does not spend comes back once it is finished. Jobs train one at a
+    time: `pnode job list` shows the queue.
+
+    \b
+    Examples:
+      pnode job submit my-job.json
+      pnode job submit my-job.json --deposit 500 --wallet carol --json
+    """
+    from node.mine import job_plan, job_tx
+
+    config = common.read_job_file(job_file, "JOB_FILE")
+    plan = _checked_plan(job_plan, config, job_file)
+    dd = DataDir(data_dir)
+    params = read_view(dd, "params")["params"]
+    n_units = 2 * plan.k * config.replicas
+    cost = job_cost(SimpleNamespace(**params), config.steps, n_units)
+    key = SigningKey(read_key_file(dd.wallet_path(wallet_name),
+                                   common.passphrase(passphrase_file)))
+    authority = key.public.hex() == params["job_authority"]
+    units = _coins(deposit, "--deposit") if deposit is not None else 0 if authority else cost
+    if 0 < units < cost:
+        raise click.BadParameter(
+            f"deposit short: the job needs at least {format_coins(cost)} coins ({config.steps} "
+            f"steps x {n_units} units x (reward {format_coins(params['reward'])} + "
+            f"{FEES_PER_UNIT} x fee {format_coins(params['verify_fee'])})), got "
+            f"{format_coins(units)}", param_hint="--deposit")
+    account = account_info(dd, key.public)
+    if units > account["balance"]:
+        raise click.BadParameter(f"the deposit, {format_coins(units)} coins, is more than the "
+                                 f"wallet's balance, {format_coins(account['balance'])}",
+                                 param_hint="--deposit")
+    tx = _built(job_tx, config, job_file, account["chain_id"], key, account["next_nonce"], plan,
+                units)
+    job_id = common.submit_tx(dd, tx, account["running"])
+    info = {"id": job_id.hex(), "steps": config.steps, "units": n_units,
+            "deposit": format_coins(units), "deposit_units": units,
+            "cost": format_coins(cost), "cost_units": cost, "running": account["running"]}
+    emit(as_json, info, f"job {job_id.hex()} queued: {config.steps} steps x {n_units} units, "
+                        f"deposit {format_coins(units)} coins"
+                        f"{'' if units else ' (minted: the job authority)'}")
+
+
+def _coins(text: str, option: str) -> int:
+    try:
+        return common.parse_coins(text)
+    except click.BadParameter as exc:
+        raise click.BadParameter(exc.message, param_hint=option) from None
+
+
+def _checked_plan(job_plan, config, job_file):
+    """The job's partition, or one line on why the model cannot be cut so."""
+    from compute.errors import ComputeError
+
+    try:
+        return job_plan(config)
+    except (ComputeError, ValueError) as exc:
+        raise click.BadParameter(f"{job_file}: {exc}", param_hint="JOB_FILE") from None
+
+
+def _built(job_tx, config, job_file, *args):
+    """The signed job, or one line on why its data cannot be read."""
+    from compute.errors import ComputeError
+
+    try:
+        return job_tx(config, *args)
+    except (ComputeError, OSError) as exc:
+        raise click.BadParameter(f"{job_file}: {exc}", param_hint="JOB_FILE") from None
+
+
+@job.command("list")
+@data_dir_option
+@json_option
+def list_jobs(data_dir, as_json) -> None:
+    """The chain's jobs: the one training, the queue in order, the finished ones.
+
+    \b
+    Example:
+      pnode job list --json | jq -r '.jobs[0].id'
+    """
+    info = read_view(DataDir(data_dir), "jobs")
+    emit(as_json, info, lambda: "\n".join(
+        f"{j['id'][:16]}..  {j['state']:18} step {j['step']:>6}/{j['steps']:<6} "
+        f"{j['paid_by']:8} deposit {j['deposit']:>10}  escrow {j['escrow']:>10}"
+        for j in info["jobs"]) or "no jobs on the chain")
+
+
+@job.command()
+@click.argument("job_id")
+@data_dir_option
+@json_option
+def show(job_id, data_dir, as_json) -> None:
+    """Everything about one job: spec, commitments, deposit, its open step's units.
+
+    \b
+    Example:
+      pnode job show 5e3c --json | jq .spec
+    """
+    info = read_view(DataDir(data_dir), "job", job=job_id)
+    emit(as_json, info, lambda: _describe(info, full=True))
+
+
+@job.command()
+@click.argument("job_id")
+@data_dir_option
+@json_option
+def status(job_id, data_dir, as_json) -> None:
+    """One job's progress: its state, step, the open step's units and who has them.
+
+    \b
+    Example:
+      pnode job status 5e3c
+    """
+    info = read_view(DataDir(data_dir), "job", job=job_id)
+    emit(as_json, info, lambda: _describe(info, full=False))
+
+
+def _describe(info: dict, *, full: bool) -> str:
+    lines = [f"job {info['id']}", f"  state     {info['state']}, step {info['step']} of "
+             f"{info['steps']} ({info['units']} units a step)",
+             f"  paid by   {info['paid_by']}: deposit {info['deposit']} coins, "
+             f"{info['escrow']} left in escrow, {info['receipts_pending']} receipts pending"]
+    for u in info["open_step"]:
+        lines.append(f"    unit {u['index']:>3} layers {u['layers'][0]}:{u['layers'][1]}  "
+                     f"{'done' if u['done'] else 'due by ' + str(u['deadline'])}  "
+                     f"node {u['node_key'][:16]}..")
+    if full:
+        lines += [f"  creator   {info['creator']}", f"  posted    at height {info['posted']}",
+                  f"  model     {info['model_hash']}", f"  data      {info['data_hash']}",
+                  f"  hyper     {info['hyper_hash']}",
+                  "  spec      " + json.dumps(info["spec"], sort_keys=True)]
+    return "\n".join(lines)
+

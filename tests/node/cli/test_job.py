@@ -1,0 +1,127 @@
+"""Jobs on a chain made with `pnode init`: mined by `pnode start` alone, posted with `pnode job`.
+
+A real node process on 127.0.0.1 mines the chain's own job from genesis,
+then a job another wallet pays for; the job commands read the running
+node, the bad job files and deposits are refused offline.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ledger.types import COIN
+from tests.node.prockit import read, stop, wait_for
+
+
+def _job(pnode, d, job_id):
+    r = pnode("job", "show", job_id, "--data-dir", str(d), "--json")
+    assert r.code == 0, r.err
+    return r.json()
+
+
+def test_init_then_start_mines_the_chains_job_then_a_paid_one(tmp_path, pnode, pwallet, spawn):
+    d = tmp_path / "n"
+    (tmp_path / "first.json").write_text('{"steps": 3}')
+    r = pnode("init", "--data-dir", str(d), "--chain-id", "t-job", "--slot-ms", "100",
+              "--job", str(tmp_path / "first.json"), "--json")
+    assert r.code == 0, r.err
+    (first,) = r.json()["jobs"]
+    carol = pwallet("create", "--data-dir", str(d), "--name", "carol", "--json").json()["address"]
+    assert pwallet("send", carol, "100", "--data-dir", str(d)).code == 0  # sealed once it runs
+
+    proc, out, err = spawn("n", "--no-serve", "--data-dir", str(d))  # no --job: the chain's
+    wait_for(lambda: _job(pnode, d, first)["state"] == "finished", "the chain's job", limit=90)
+    assert f"mining job {first[:16]}" in read(out)
+    listed = pnode("job", "list", "--data-dir", str(d), "--json").json()
+    assert listed["running"] is True and [j["id"] for j in listed["jobs"]] == [first]
+    wait_for(lambda: "the chain has no job left to train" in read(out), "the idle line")
+
+    (tmp_path / "paid.json").write_text('{"steps": 2, "seed": 7}')
+    r = pnode("job", "submit", str(tmp_path / "paid.json"), "--wallet", "carol",
+              "--data-dir", str(d), "--json")
+    assert r.code == 0, r.err
+    paid, deposit = r.json()["id"], r.json()["deposit_units"]
+    assert deposit == r.json()["cost_units"] == 2 * 4 * 3 * COIN  # reward + 2 fees a unit
+    assert pwallet("balance", carol, "--data-dir", str(d), "--json").json()["balance"] \
+        == 100 * COIN  # queued, not yet in a block
+    settled = wait_for(lambda: (j := _job(pnode, d, paid))["state"] == "finished"
+                       and j["escrow_units"] == 0 and j["receipts_pending"] == 0 and j,
+                       "the paid job, settled", limit=90)
+    assert settled["paid_by"] == "deposit" and settled["step"] == 2
+    # Eight units paid one coin each out of the deposit; the rest came back.
+    assert pwallet("balance", carol, "--data-dir", str(d), "--json").json()["balance"] \
+        == 100 * COIN - 2 * 4 * COIN
+    assert f"mining job {paid[:16]}" in read(out)
+    losses = [json.loads(line) for line in read(d / "train.jsonl").splitlines()]
+    assert len(losses) == 3 + 2  # one loss a step, for each job
+    _reads_go_through_the_running_node(pnode, pwallet, d, tmp_path, carol)
+    assert stop(proc) == 0, read(err)
+    offline = pnode("job", "status", paid[:10], "--data-dir", str(d), "--json").json()
+    assert offline["running"] is False and offline["id"] == paid
+
+
+def _reads_go_through_the_running_node(pnode, pwallet, d, tmp_path, carol):
+    """The store is the node's: every read command asks it, and gets the store's answer."""
+    block = pnode("ledger", "show", "--data-dir", str(d), "--json").json()
+    assert block["running"] is True and all(len(tx["id"]) == 64 for tx in block["txs"])
+    rid = pnode("receipts", "--data-dir", str(d), "--json").json()["receipts"][-1]["id"]
+    r = pnode("proof", rid, "--data-dir", str(d))
+    assert r.code == 0, r.err
+    (tmp_path / "r.proof").write_text(r.out)
+    r = pnode("verify", "proof", str(tmp_path / "r.proof"), "--data-dir", str(d), "--json")
+    assert r.code == 0 and r.json()["ok"], r.out + r.err
+    checked = pnode("verify", "chain", "--data-dir", str(d), "--json").json()
+    assert checked["ok"] and checked["running"] is True
+    mine = pwallet("history", "--data-dir", str(d), "--json").json()
+    assert mine["running"] is True
+    assert sum(r["delta"] for r in mine["history"] if r["height"] is not None) == mine["balance"]
+    assert {"Allocation", "Register", "Transfer", "Reward"} <= {r["type"] for r in mine["history"]}
+    hers = pwallet("history", carol, "--data-dir", str(d), "--json").json()["history"]
+    assert [r["type"] for r in hers] == ["Transfer", "Job", "JobRefund"]
+    assert sum(r["delta"] for r in hers) == 100 * COIN - 2 * 4 * COIN
+    bad = pnode("ledger", "show", "99999", "--data-dir", str(d))
+    assert bad.code == 2 and "the tip is" in bad.err
+
+
+@pytest.fixture
+def chain(tmp_path, pnode, pwallet):
+    d = tmp_path / "n"
+    assert pnode("init", "--no-job", "--data-dir", str(d), "--chain-id", "t-jobs").code == 0
+    return d
+
+
+@pytest.mark.parametrize("job_file, args, words", [
+    ('{"steps": 5, "kk": 1}', (), "unknown job field kk"),
+    ('{"k": 99}', (), "k must be in"),
+    ('{"model": 3}', (), "model must be a JSON object"),
+    ('{"data": {"source": "file", "path": "/nonexistent.txt"}}', (), "cannot read training data"),
+    ('[1, 2]', (), "one JSON object"),
+    ('{"steps": 5}', ("--deposit", "1"), "deposit short: the job needs at least 60 coins"),
+    ('{"steps": 5}', ("--deposit", "0", "--wallet", "carol"), "--deposit: '0': amounts are"),
+    ('{"steps": 500}', ("--wallet", "carol"), "more than the wallet's balance"),
+])
+def test_bad_job_files_and_deposits_are_refused(chain, pnode, pwallet, tmp_path, job_file,
+                                                args, words):
+    pwallet("create", "--data-dir", str(chain), "--name", "carol")
+    (tmp_path / "job.json").write_text(job_file)
+    r = pnode("job", "submit", str(tmp_path / "job.json"), *args, "--data-dir", str(chain))
+    assert r.code == 2 and words in r.err, r.err
+    assert "Traceback" not in r.err
+
+
+def test_init_job_options(pnode, tmp_path):
+    r = pnode("init", "--data-dir", str(tmp_path / "a"), "--no-job", "--job", "x.json")
+    assert r.code == 2 and "contradict" in r.err
+    (tmp_path / "bad.json").write_text('{"lr": -1}')
+    r = pnode("init", "--data-dir", str(tmp_path / "b"), "--job", str(tmp_path / "bad.json"))
+    assert r.code == 2 and "--job" in r.err
+    r = pnode("init", "--data-dir", str(tmp_path / "c"), "--chain-id", "t-nojob", "--no-job",
+              "--json")
+    assert r.code == 0 and r.json()["jobs"] == []
+    assert pnode("job", "list", "--data-dir", str(tmp_path / "c"), "--json").json()["jobs"] == []
+    r = pnode("job", "show", "abcd", "--data-dir", str(tmp_path / "c"))
+    assert r.code == 2 and "no job on the chain with an id starting abcd" in r.err
+    r = pnode("job", "show", "xyz", "--data-dir", str(tmp_path / "c"))
+    assert r.code == 2 and "not a job id" in r.err
