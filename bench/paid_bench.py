@@ -90,7 +90,8 @@ def start_servers(dirs: list[Path]) -> tuple[list[subprocess.Popen], list[str]]:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "node.cli", "start", "--data-dir", str(d),
              "--listen", "/ip4/127.0.0.1/tcp/0", "--layers",
-             f"{span[0]}:{span[1]}", "--threads", "2", "--block-interval-ms", "300", *peers],
+             f"{span[0]}:{span[1]}", "--threads", "2", "--block-interval-ms", "300", *peers,
+             "--log-file", ""],  # its output goes to node.log above
             cwd=_ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 120
         while not (d / "node.addr").exists() or not (d / "node.addr").read_text().strip():

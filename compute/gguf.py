@@ -264,7 +264,8 @@ def load_gguf(
     cfg = config_from_gguf(reader, max_seq_len=max_seq_len)
     part = ModelPart(range(cfg.n_layers) if layers is None else layers, ends)
     if part.layers.step != 1 or not 0 <= part.layers.start <= part.layers.stop <= cfg.n_layers:
-        raise ModelFileError(f"the model has layers 0..{cfg.n_layers - 1}, asked for {layers}")
+        raise ModelFileError(f"the model has layers 0:{cfg.n_layers}, asked for layers "
+                             f"{layers.start}:{layers.stop}")
     source = str(getattr(reader.data, "filename", "GGUF file"))
     if not serve_only:
         return model_from_hf_tensors(cfg, hf_tensors_from_gguf(reader, cfg, part), source,

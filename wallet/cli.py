@@ -11,9 +11,11 @@ and queues it in the mempool for `pnode produce`. No rule lives here.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import sys
+import time
 
 import click
 from click.core import ParameterSource
@@ -103,29 +105,70 @@ def balance(address, data_dir, wallet_name, peer, as_json) -> None:
 @wallet_option
 @passphrase_option
 @light_option
+@click.option("--wait", "wait", is_flag=True,
+              help="Wait until the transfer is in a block; print its height and inclusion proof.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 86_400), default=120.0,
+              show_default=True, help="Seconds --wait waits before it gives up (exit 1).")
 @json_option
-def send(recipient, amount, data_dir, wallet_name, passphrase_file, peer, as_json) -> None:
+def send(recipient, amount, data_dir, wallet_name, passphrase_file, peer, wait, timeout_s,
+         as_json) -> None:
     """Send AMOUNT coins to RECIPIENT (queued for the next block).
 
     \b
     Examples:
       pwallet send 5e3c...a1 2.5 --passphrase-file pass.txt
+      pwallet send 5e3c...a1 2.5 --wait --json | jq .proof > transfer.proof
       pwallet send 5e3c...a1 2.5 --peers MULTIADDR      # through that node: no node here
     """
     to, units = parse_address(recipient), parse_coins(amount)
+    if wait and peer:
+        raise click.UsageError("--wait follows the node on --data-dir: not with --peers")
     dd = DataDir(data_dir)
     key = SigningKey(read_key_file(dd.wallet_path(wallet_name),
                                    common.passphrase(passphrase_file)))
     view = _account_view(dd, key.public, peer)
+    if wait and not view["running"]:
+        raise click.UsageError(f"--wait needs a running node on {dd.path}: a stopped one "
+                               "seals nothing (`pnode start`, or `pnode produce`)")
     nonce = view["next_nonce"]
     tx = sign(Transfer(view["chain_id"], key.public, to, units, nonce, ZERO_SIG), key)
     if peer:  # the peer admits and gossips it
         txid = _light(peer, lambda p: p.submit(tx))
     else:
         txid = common.submit_tx(dd, tx, view["running"])
-    emit(as_json, {"txid": txid.hex(), "nonce": nonce, "amount": units,
-                   "running": view["running"]},
-         f"queued {format_coins(units)} coins to {recipient[:16]}..  txid {txid.hex()}")
+    info = {"txid": txid.hex(), "nonce": nonce, "amount": format_coins(units),
+            "amount_units": units, "running": view["running"]}
+    queued = f"queued {format_coins(units)} coins to {recipient[:16]}..  txid {txid.hex()}"
+    if not wait:
+        emit(as_json, info, queued)
+        return
+    if not as_json:
+        click.echo(queued)
+    proof = _wait_included(dd, txid, timeout_s)
+    info.update(height=proof["header"]["height"], index=proof["index"], proof=proof)
+    emit(as_json, info, f"in block {info['height']} as transaction {info['index']}; its "
+                        f"inclusion proof:\n{json.dumps(proof, indent=2)}")
+
+
+def _wait_included(dd: DataDir, txid: bytes, timeout_s: float) -> dict:
+    """The inclusion proof of ``txid`` once a main-chain block holds it.
+
+    Raises:
+        WalletError: not included within ``timeout_s`` seconds.
+    """
+    from node.errors import NodeError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            proof = read_view(dd, "proof", txid=txid.hex())
+            proof.pop("running")
+            return proof
+        except NodeError:  # not in a block yet
+            if time.monotonic() > deadline:
+                raise WalletError(f"transaction {txid.hex()} is not in a block after "
+                                  f"{timeout_s:g} s (still queued: see `pnode status`)") from None
+            time.sleep(0.25)
 
 
 @main_group.command()

@@ -98,6 +98,7 @@ class Devnet:
         proc = subprocess.Popen(
             [sys.executable, "-m", "node.cli", "start", "--data-dir", str(d),
              "--listen", "/ip4/127.0.0.1/tcp/0", "--no-serve",
+             "--log-level", "debug", "--log-file", "",  # all it says, into node.log below
              "--job", str(self.job_file), "--block-interval-ms", str(self.block_interval_ms),
              "--average-every", "5", "--wait-peers", str(wait_peers), *peers,
              *(["--gpu", str(self.gpu)] if self.gpu is not None else []),

@@ -265,15 +265,14 @@ def status(data_dir, as_json) -> None:
     emit(as_json, info, lambda: _status_text(info))
 
 
+#: Status fields in base units that are printed as coins.
+_COIN_FIELDS = {"balance", "bond", "owed", "vouched", "settled"}
+
+
 def _status_text(info: dict) -> str:
     """`pnode status` for people: one field a line, the swarm one server a line."""
-    lines = []
-    for key, value in info.items():
-        if key in ("balance", "bond"):
-            value = format_coins(value)
-        elif key in ("peers", "swarm"):
-            continue
-        lines.append(f"{key:16} {value}")
+    lines = [f"{key:16} {_plain(key, value)}" for key, value in info.items()
+             if key not in ("peers", "swarm")]
     if "peers" in info:
         lines.append(f"{'peers':16} {len(info['peers'])} connected")
         lines += [f"  {p}" for p in info["peers"]]
@@ -283,6 +282,23 @@ def _status_text(info: dict) -> str:
                   f"  load {s['load']}  price {s['price']}/position/layer  {s['peer_id']}"
                   for s in info["swarm"]]
     return "\n".join(lines)
+
+
+def _plain(key: str, value) -> str:
+    """A status value as a person reads it: coins, yes/no, "-" for none, no Python reprs."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key in _COIN_FIELDS and isinstance(value, int):
+        return f"{format_coins(value)} coins"
+    if key in ("layers", "serving") and isinstance(value, list) and len(value) == 2:
+        return f"{value[0]}:{value[1]}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_plain(k, v)}" for k, v in value.items()) or "none"
+    if isinstance(value, list):
+        return ", ".join(_plain(key, v) for v in value) or "none"
+    return str(value)
 
 
 def main() -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import click
 
 from ledger import crypto
 from node.cli import common
+from node.cli.logs import LEVELS, setup_logging
 from node.cli.common import (
     DEFAULT_PORT, data_dir_option, format_coins, parse_coins, parse_layers, parse_multiaddr,
     parse_peer_addr, read_peer_list,
@@ -73,12 +75,18 @@ from node.keys import read_key_file
               show_default=True, help="Training steps between the replicas' averaging rounds.")
 @click.option("--attack", default=None, hidden=True,
               help="Test-only: cheat in this way (node.pol.attacks; the attack battery).")
+@click.option("--log-level", type=click.Choice(LEVELS), default="info", show_default=True,
+              help="What to print and log: debug shows every line, repeats included.")
+@click.option("--log-file", metavar="PATH", default=None,
+              help="Also append the log here, with times [default: DATA_DIR/node.log; '' for "
+                   "none].")
 @click.option("--strict", is_flag=True,
               help="Refuse to start when the chain store's recovery would drop damaged records "
                    "(else it warns and the lost blocks come again from peers).")
 def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layers, auto,
           num_layers, no_serve, gpu, threads, max_sessions, price, model_file, trusted_file, bond,
-          passphrase_file, mine, job_file, average_every, attack, strict) -> None:
+          passphrase_file, mine, job_file, average_every, attack, log_level, log_file,
+          strict) -> None:
     """Run the node: sync and produce the chain, serve model layers, until SIGINT/SIGTERM.
 
     Prints its address (also written to DATA_DIR/node.addr once it listens
@@ -101,8 +109,24 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
       pnode start --data-dir D/node1 --listen /ip4/127.0.0.1/tcp/0 --no-serve --job D/job.json
       pnode start --data-dir D --strict      # refuse a store that lost records on recovery
     """
-    import logging
     import signal
+
+    # What can be checked without torch is checked first: a mistake costs a second, not five.
+    parse_multiaddr(listen, peer=False)
+    for p in peers:
+        parse_peer_addr(p)
+    if no_serve and not mine and gpu is not None:
+        raise click.UsageError("--gpu with --no-serve and --no-mine: nothing would use the GPU")
+    if no_serve and (layers or auto):
+        raise click.UsageError("--no-serve cannot go with --layers or --auto")
+    if layers and (auto or num_layers):
+        raise click.UsageError("--layers fixes the span: drop --auto/--num-layers")
+    span = parse_layers(layers) if layers else None
+    trusted = read_peer_list(trusted_file) if trusted_file else None
+    bond_units = parse_coins(bond) if bond else None
+    DataDir(data_dir).require()
+    _refuse_if_running(data_dir)
+    log_path = _log_path(data_dir, log_file)
 
     from node import torch_thread
 
@@ -111,34 +135,24 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
 
     from node.node import MineConfig, NetworkConfig, Node, ProduceConfig
 
-    parse_multiaddr(listen, peer=False)
-    for p in peers:
-        parse_peer_addr(p)
-    _refuse_if_running(data_dir)
-    if no_serve and not mine and gpu is not None:
-        raise click.UsageError("--gpu with --no-serve and --no-mine: nothing would use the GPU")
-    device = "cpu"
-    if gpu is not None:
-        from compute.device import resolve_device  # a clear error when there is no such GPU
-        device = str(resolve_device(f"cuda:{gpu}"))
-    serve = _serve_config(layers, auto, num_layers, no_serve, device, threads, max_sessions,
-                          price, model_file)
-    trusted = read_peer_list(trusted_file) if trusted_file else None
+    device = "cpu" if gpu is None else _cuda_device(gpu)
+    serve = None if no_serve else _serve_config(span, num_layers, device, threads, max_sessions,
+                                                price, model_file)
     job = common.read_job_file(job_file, "--job") if mine and job_file else None
     if attack is not None:
         from node.pol import ATTACKS
         if attack not in ATTACKS or not mine:
             raise click.UsageError(f"--attack takes one of {', '.join(ATTACKS)}, and mining")
     wallet_key = _unlocked_wallet(data_dir, passphrase_file) if serve else None
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     status = _StatusLine() if sys.stdout.isatty() else None  # a live line on a terminal only
+    report = setup_logging(log_level, log_path, status.print if status else click.echo)
     node = Node(data_dir, now_ms,
                 network=NetworkConfig(listen=listen, peers=tuple(peers),
                                       trusted=None if trusted is None else frozenset(trusted)),
                 produce=ProduceConfig(produce, block_interval_ms, wait_peers),
                 serve=serve, mine=MineConfig(job, average_every, device, attack) if mine else None,
-                wallet_key=wallet_key, bond=parse_coins(bond) if bond else None,
-                report=status.print if status else click.echo, strict=strict)
+                wallet_key=wallet_key, bond=bond_units,
+                report=report, strict=strict)
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -150,7 +164,7 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
                         return
                 nursery.start_soon(stop_on_signal)
                 addr = await nursery.start(node.run)
-                (status.print if status else click.echo)(f"listening on {addr}")
+                report(f"listening on {addr}")
                 if status:
                     nursery.start_soon(status.follow, node)
 
@@ -164,6 +178,31 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
         raise _said_running(common.single_leaf(group), data_dir) from None
     except ChainLockedError as exc:
         raise _said_running(exc, data_dir) from None
+
+
+def _cuda_device(gpu: int) -> str:
+    """"cuda:N" when torch sees that GPU, else one line saying to drop --gpu."""
+    from compute.device import DeviceUnavailableError, resolve_device
+
+    try:
+        return str(resolve_device(f"cuda:{gpu}"))
+    except DeviceUnavailableError as exc:
+        raise click.BadParameter(f"{exc}: drop --gpu to run on the CPU, or pick a GPU that "
+                                 "`nvidia-smi` lists", param_hint="--gpu") from None
+
+
+def _log_path(data_dir: str, log_file: str | None) -> Path | None:
+    """Where the log goes: ``--log-file``, else DATA_DIR/node.log ('' : nowhere)."""
+    if log_file == "" or (log_file is None and not Path(data_dir).is_dir()):
+        return None  # (no data dir: the node says so in a moment)
+    path = Path(log_file) if log_file else Path(data_dir) / "node.log"
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {path}: {exc.strerror}",
+                                 param_hint="--log-file") from None
+    return path
 
 
 def _refuse_if_running(data_dir: str) -> None:
@@ -248,19 +287,10 @@ def _unlocked_wallet(data_dir: str, passphrase_file: str | None):
     return crypto.SigningKey(read_key_file(dd.wallet_file, common.passphrase(passphrase_file)))
 
 
-def _serve_config(layers, auto, num_layers, no_serve, device, threads, max_sessions, price,
-                  model_file):
-    """The `ServeConfig` the start flags ask for (None with --no-serve)."""
-    if no_serve:
-        if layers or auto:
-            raise click.UsageError("--no-serve cannot go with --layers or --auto")
-        return None
-    if layers and (auto or num_layers):
-        raise click.UsageError("--layers fixes the span: drop --auto/--num-layers")
+def _serve_config(span, num_layers, device, threads, max_sessions, price, model_file):
+    """The `ServeConfig` the start flags ask for (``span`` None: the swarm's choice)."""
     from node.serve import ServeConfig, SessionConfig
 
-    return ServeConfig(layers=parse_layers(layers) if layers else None, span_len=num_layers,
-                       model_path=model_file, device=device,
-                       price=price,
-                       threads=threads, sessions=SessionConfig(max_sessions=max_sessions))
-
+    return ServeConfig(layers=span, span_len=num_layers, model_path=model_file, device=device,
+                       price=price, threads=threads,
+                       sessions=SessionConfig(max_sessions=max_sessions))

@@ -42,6 +42,8 @@ def spawn(tmp_path):
         env_here = {k: v for k, v in env.items() if k not in env_remove}
         if "--listen" not in args:  # many nodes on one machine: any free port each
             args = ("--listen", ANY_PORT, *args)
+        if "--log-level" not in args:  # the tests read every line, repeats included
+            args = ("--log-level", "debug", *args)
         with open(out, "w") as fo, open(err, "w") as fe:
             proc = subprocess.Popen([sys.executable, "-m", "node.cli", "start", *args],
                                     cwd=ROOT, env=env_here, stdout=fo, stderr=fe)

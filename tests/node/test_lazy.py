@@ -75,3 +75,22 @@ def test_pwallet_infer_parses_its_arguments_before_torch_loads():
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["BadParameter", "False"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["start", "--data-dir", "/nonexistent/pnode"], "does not exist"),
+    (["start", "--peers", "/ip4/127.0.0.1/tcp/1"], "does not end in /p2p/"),
+    (["start", "--listen", "nonsense"], "bad listen address"),
+    (["start", "--no-serve", "--layers", "0:3"], "--no-serve cannot go with --layers"),
+    (["start", "--layers", "5:2"], "START < END"),
+    (["start", "--bond", "-3"], "amounts are positive"),
+])
+def test_a_bad_start_argument_fails_before_torch_and_libp2p_load(args, words):
+    """The checks that need neither run first: a typo costs a fraction of a second."""
+    code = ("import sys\nfrom node.cli.pnode import main\nsys.argv = ['pnode', *sys.argv[1:]]\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
+            "print(code, 'torch' in sys.modules, 'libp2p' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.split() == ["2", "False", "False"], out.stdout + out.stderr
+    assert words in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -31,7 +31,8 @@ def test_init_then_start_mines_the_chains_job_then_a_paid_one(tmp_path, pnode, p
     carol = pwallet("create", "--data-dir", str(d), "--name", "carol", "--json").json()["address"]
     assert pwallet("send", carol, "100", "--data-dir", str(d)).code == 0  # sealed once it runs
 
-    proc, out, err = spawn("n", "--no-serve", "--data-dir", str(d))  # no --job: the chain's
+    proc, out, err = spawn("n", "--no-serve", "--data-dir", str(d),  # no --job: the chain's
+                           "--log-level", "info")  # the default: repeats go quiet
     wait_for(lambda: _job(pnode, d, first)["state"] == "finished", "the chain's job", limit=90)
     assert f"mining job {first[:16]}" in read(out)
     listed = pnode("job", "list", "--data-dir", str(d), "--json").json()
@@ -57,7 +58,14 @@ def test_init_then_start_mines_the_chains_job_then_a_paid_one(tmp_path, pnode, p
     losses = [json.loads(line) for line in read(d / "train.jsonl").splitlines()]
     assert len(losses) == 3 + 2  # one loss a step, for each job
     _reads_go_through_the_running_node(pnode, pwallet, d, tmp_path, carol)
+    produced = [line for line in read(out).splitlines() if line.startswith("produced block")]
+    assert len(produced) == 3 and "--log-level debug" in produced[-1]
+    assert pnode("status", "--data-dir", str(d), "--json").json()["blocks_produced"] > 10
+    log = read(d / "node.log")  # D/node.log: the same lines, with their times
+    assert "INFO pnode: listening on" in log and log.count("produced block") == 3
     assert stop(proc) == 0, read(err)
+    r = pwallet("send", carol, "1", "--wait", "--data-dir", str(d))
+    assert r.code == 2 and "--wait needs a running node" in r.err
     offline = pnode("job", "status", paid[:10], "--data-dir", str(d), "--json").json()
     assert offline["running"] is False and offline["id"] == paid
 
@@ -83,6 +91,15 @@ def _reads_go_through_the_running_node(pnode, pwallet, d, tmp_path, carol):
     assert sum(r["delta"] for r in hers) == 100 * COIN - 2 * 4 * COIN
     bad = pnode("ledger", "show", "99999", "--data-dir", str(d))
     assert bad.code == 2 and "the tip is" in bad.err
+    sent = pwallet("send", carol, "1.5", "--wait", "--data-dir", str(d), "--json")
+    assert sent.code == 0, sent.err
+    doc = sent.json()
+    assert doc["amount"] == "1.5" and doc["proof"]["tx"]["amount"] == 1_500_000
+    assert doc["height"] == doc["proof"]["header"]["height"] >= 1
+    (tmp_path / "t.proof").write_text(json.dumps({"kind": "TxProof", **{
+        k: v for k, v in doc["proof"].items() if k != "kind"}}))
+    r = pnode("verify", "proof", str(tmp_path / "t.proof"), "--data-dir", str(d), "--json")
+    assert r.code == 0 and r.json()["kind"] == "TxProof", r.out + r.err
 
 
 @pytest.fixture

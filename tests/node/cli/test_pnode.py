@@ -194,9 +194,14 @@ def test_status_text_lists_peers_and_the_swarm_a_line_each():
             "serving": [0, 10],
             "swarm": [{"peer_id": "12D3KooWB", "layers": [10, 20], "throughput": 98.54,
                        "load": 1, "price": 1000}],
-            "running": True}
-    lines = _status_text(info).splitlines()
-    assert lines[0].split() == ["height", "7"] and lines[1].split() == ["balance", "2.5"]
+            "running": True, "jailed_until": None, "misbehaving": {},
+            "mining": {"job": "5e3c", "loss": 1.5}, "payments": {"owed": 1_500_000, "claim_ids": []}}
+    text = _status_text(info)
+    lines = text.splitlines()
+    assert lines[0].split() == ["height", "7"] and lines[1].split() == ["balance", "2.5", "coins"]
+    assert not any(s in text for s in ("None", "{", "[", "True", "range("))  # no Python reprs
+    assert "mining           job 5e3c, loss 1.5" in lines and "serving          0:10" in lines
+    assert "payments         owed 1.5 coins, claim_ids none" in lines
     assert "peers            2 connected" in lines and "  12D3KooWA" in lines
     assert "swarm            1 servers announced" in lines
     assert lines[-1].split() == ["layers", "10:20", "98.5", "tok/s", "load", "1", "price",
