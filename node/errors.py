@@ -35,6 +35,10 @@ class BalanceError(NodeError, ValueError):
     """A layer count, span length or gain factor out of range for layer choice."""
 
 
+class BadQuery(NodeError):
+    """A chain view's argument it cannot use (answered as a refusal over the control socket)."""
+
+
 class MinerError(NodeError):
     """A job this node cannot mine (its commitments or partition do not match)."""
 

@@ -32,6 +32,7 @@ from ledger.tabrules import claim_outcome
 from ledger.types import (
     UNAVAILABLE, Job, Register, Transfer, Verdict, format_coins, tx_hash,
 )
+from node.errors import BadQuery
 
 __all__ = ["history_rows", "history_view"]
 
@@ -42,8 +43,6 @@ def history_view(chain: Any, address: str) -> dict[str, Any]:
     Raises:
         BadQuery: ``address`` is not 64 hex digits.
     """
-    from node.chain.views import BadQuery
-
     try:
         account = bytes.fromhex(address) if isinstance(address, str) else b""
     except ValueError:

@@ -16,11 +16,7 @@ from ledger.chaindb import ChainDB
 from ledger.rules import bonded_nodes
 from ledger.state import ACCOUNT, JAIL, NODE, Overlay
 from ledger.types import Receipt, nonce_owner, tx_hash
-from node.errors import NodeError
-
-
-class BadQuery(NodeError):
-    """A view's argument it cannot use (answered as a refusal over the control socket)."""
+from node.errors import BadQuery
 
 
 def account_view(chain: ChainDB, account_id: bytes) -> dict[str, Any]:

@@ -1,20 +1,24 @@
-"""`make demo`: a guided run of what pnode does today, with the real CLIs.
+"""`make demo`: what pnode is for, with the real CLIs, on a fresh chain on loopback.
 
-Starts a fresh private chain in the demo directory, makes a second wallet,
-sends it coins, seals the transfers into signed blocks, shows balances,
-history and a block, re-verifies the whole chain from genesis and runs
-SmolLM2 locally. Then a short training run of the default job, and the
-same job mined by a three-node devnet (`pnode devnet`), where a tenth of the
-units are re-executed by another node (Proof of Learning): a node's coins
-are its accepted units plus a fee per verdict it signed. Then the main job:
-the three miners, restarted as `pnode start` servers of SmolLM2's layers
-0-9, 10-19 and 20-29 asking 5, 6 and 7 base units per position per layer, a
-local swarm on loopback; miner 0 sends Bob 2 of the coins it mined, and Bob
-pays the three servers for an answer (`pwallet infer --peers --wallet bob
---max-price 10`: one tab, a voucher a step, each server's claim), with the
-balances before and after and, once the swarm stops, a server's claim
-proven in its block (`pnode proof`, `pnode verify proof`). Each step runs
-the installed `pnode` / `pwallet` commands exactly as a user would.
+1. `pnode init` makes a new chain, whose genesis carries its own training
+   job (the built-in default job), and `pnode start` runs its first node:
+   it mines that job from block 1 (one coin per accepted unit) and serves
+   SmolLM2-135M's layers 0-9, asking 5 base units per position per layer.
+2. Two more nodes join the chain (`pnode init --genesis`), are funded by
+   node 0 (`pwallet send --wait`: the transfer's block and inclusion
+   proof), and serve layers 10-19 and 20-29 asking 6 and 7; each registers
+   itself once its coins arrive.
+3. Bob gets 2 coins and pays the three servers for an answer (`pwallet
+   infer --max-price 10`: one tab, a voucher a step, each server's claim),
+   with the cost per hop and the balances before and after.
+4. While the nodes run, every read goes through node 0's control socket:
+   the job's progress, the mining rewards in its history, a receipt's and
+   a claim's inclusion proofs, checked with `pnode verify proof`.
+5. The nodes stop; the last node's copy of the chain re-validates from
+   genesis (`pnode verify chain`).
+
+Each step runs the installed `pnode` / `pwallet` commands exactly as a user
+would, and prints them so they can be pasted.
 
 Usage:  python -m node.cli.demo [--data-dir DIR]
 """
@@ -38,6 +42,8 @@ console = Console(soft_wrap=True)  # commands and hashes stay on one line when p
 BIN = Path(sys.executable).parent
 #: What the three servers ask: base units (1e-6 coin) per position per layer.
 PRICES = (5, 6, 7)
+SPANS = ("0:10", "10:20", "20:30")
+ANY_PORT = "/ip4/127.0.0.1/tcp/0"
 
 
 def step(title: str, *argv: str, capture_json: bool = False, quiet: bool = False) -> dict | None:
@@ -60,34 +66,43 @@ def step(title: str, *argv: str, capture_json: bool = False, quiet: bool = False
     return json.loads(result.stdout) if capture_json else None
 
 
-def start_swarm(root: Path, miners: list[str]) -> list[subprocess.Popen]:
-    """The devnet's three miners, restarted as servers of SmolLM2's layers 0-9, 10-19, 20-29."""
-    console.rule("[bold]The three miners serve SmolLM2 on loopback, each asking a price")
-    procs: list[subprocess.Popen] = []
-    spans = ["0:10", "10:20", "20:30"]
-    for i, (data, span, price) in enumerate(zip(miners, spans, PRICES)):
-        # Miner 0 listens on the default port (4411); the others, on one machine, on any.
-        peers = ["--listen", "/ip4/127.0.0.1/tcp/0", "--peers",
-                 (Path(miners[0]) / "node.addr").read_text().strip()] if i else []
-        argv = [str(BIN / "pnode"), "start", "--data-dir", data, "--layers", span,
-                "--price", str(price), "--no-mine", *peers]
-        dial = (f' --listen /ip4/127.0.0.1/tcp/0 --peers "$(cat {miners[0]}/node.addr)"'
-                if i else "")
-        console.print(f"[cyan]$ pnode start --data-dir {data} --layers {span} --price {price} "
-                      f"--no-mine{dial} &", highlight=False)
-        log = open(root / f"server{i}.log", "w")
-        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
-        wait_for_addr(Path(data), procs[-1], root / f"server{i}.log")
-    time.sleep(2)  # a couple of announcement rounds
-    for i in range(len(spans)):
-        console.print(f"[bold]server {i}:")
-        lines = (root / f"server{i}.log").read_text().splitlines()
-        produced = [line for line in lines if line.startswith("produced block")]
-        for line in lines:
-            if line not in produced:
-                console.print(f"  {line}", highlight=False, markup=False)
-        console.print(f"  ({len(produced)} blocks produced so far)")
-    return procs
+def start_node(root: Path, data: str, i: int, peer: str | None) -> subprocess.Popen:
+    """`pnode start` for node ``i``: serving its span at its price, in the background."""
+    args = ["pnode", "start", "--data-dir", data, "--layers", SPANS[i], "--price",
+            str(PRICES[i])]
+    shown = shlex.join(args)
+    if peer is not None:  # one machine: the first node has the default port, 4411
+        args += ["--listen", ANY_PORT, "--peers", peer]
+        first = shlex.quote(str(Path(data).parent / "node0" / "node.addr"))
+        shown += f' --listen {ANY_PORT} --peers "$(cat {first})"'
+    console.print(f"$ {shown} &", style="cyan", highlight=False, markup=False)
+    log = open(root / f"node{i}.out", "w")
+    proc = subprocess.Popen([str(BIN / "pnode"), *args[1:]], stdout=log, stderr=subprocess.STDOUT)
+    wait_for_addr(Path(data), proc, root / f"node{i}.out")
+    return proc
+
+
+def show_output(root: Path, i: int, lines: int = 8) -> None:
+    """The first lines node ``i`` printed."""
+    for line in (root / f"node{i}.out").read_text().splitlines()[:lines]:
+        console.print(f"  {line}", highlight=False, markup=False)
+
+
+def wait_until(what: str, check, limit: float = 90) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    console.print(f"[red]{what} did not happen within {limit:.0f} s")
+    sys.exit(1)
+
+
+def cli_json(*argv: str) -> dict:
+    """A command's --json answer, or {} when it failed (for the waits)."""
+    result = subprocess.run([str(BIN / argv[0]), *argv[1:], "--json"], capture_output=True,
+                            text=True)
+    return json.loads(result.stdout) if result.returncode == 0 else {}
 
 
 def wait_for_addr(data: Path, proc: subprocess.Popen, log: Path) -> None:
@@ -99,31 +114,18 @@ def wait_for_addr(data: Path, proc: subprocess.Popen, log: Path) -> None:
         time.sleep(0.1)
 
 
-def wait_funded(data: str, wallet: list[str], limit: float = 60) -> None:
-    """Wait until the wallet's balance on the chain is above zero (its transfer sealed)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        result = subprocess.run([str(BIN / "pwallet"), "balance", "--data-dir", data, *wallet,
-                                 "--json"], capture_output=True, text=True)
-        if result.returncode == 0 and json.loads(result.stdout)["balance"] > 0:
-            return
-        time.sleep(0.5)
-    console.print(f"[red]the transfer to {' '.join(wallet)} was not sealed within {limit:.0f} s")
-    sys.exit(1)
-
-
-def paid_question(miners: list[str], addr: str) -> str | None:
-    """Bob pays the three miners, with coins they mined, for an answer; cost per hop.
+def paid_question(nodes: list[str], addr: str) -> str | None:
+    """Bob pays the three servers for an answer; the cost per hop, the balances.
 
     Returns:
-        The id of one server's claim (its inclusion proof comes once the nodes stop).
+        The id of one server's claim.
     """
-    node0 = miners[0]
+    node0 = nodes[0]
     wallets = [step("", "pwallet", "balance", "--data-dir", d, "--json", capture_json=True,
-                    quiet=True)["address"] for d in miners]
+                    quiet=True)["address"] for d in nodes]
     before = balances(node0, ["--wallet", "bob"], wallets)
     # --data-dir node0: the client routes only through the servers registered on the
-    # chain that node follows (the three miners, at genesis); --max-price: it pays up to
+    # chain that node follows (the three nodes); --max-price: it pays up to
     # 10 base units per position per layer, from Bob's wallet, through one tab.
     step("Bob asks the swarm, paying: layers 0-9, 10-19, 20-29 on three servers asking 5, 6 "
          "and 7 base units per position per layer",
@@ -142,26 +144,29 @@ def paid_question(miners: list[str], addr: str) -> str | None:
     time.sleep(3)  # the claims land in the next blocks
     after = balances(node0, ["--wallet", "bob"], wallets)
     console.rule("[bold]Balances before and after the two paid answers (coins)")
-    for name, b, a in zip(("bob", "miner 0 (0-9)", "miner 1 (10-19)", "miner 2 (20-29)"),
+    for name, b, a in zip(("bob", "node 0 (0-9)", "node 1 (10-19)", "node 2 (20-29)"),
                           before, after):
         console.print(f"  {name:18} {b:>14}  ->  {a:>14}")
     return next((c for c in doc["claims"]), None)
 
 
-def prove_claim(data: str, claim: str | None, root: Path) -> None:
-    """`pnode proof` of a server's claim, written to a file, then `pnode verify proof`."""
-    if claim is None:
-        return
-    console.rule("[bold]The claim that paid a server, proven in its block (Merkle path + header)")
-    console.print(f"[cyan]$ pnode proof {claim} --data-dir {data} > claim.proof",
-                  highlight=False)
-    result = subprocess.run([str(BIN / "pnode"), "proof", claim, "--data-dir", data],
-                            capture_output=True, text=True)
+def prove(root: Path, data: str, txid: str, name: str, title: str) -> None:
+    """`pnode proof` of ``txid``, written to a file, then `pnode verify proof` of it."""
+    console.rule(f"[bold]{title}")
+    console.print(f"$ pnode proof {txid} --data-dir {data} > {root / name}.proof", style="cyan",
+                  highlight=False, markup=False)
+    deadline = time.monotonic() + 30  # a claim lands a block or two after the answer
+    while True:
+        result = subprocess.run([str(BIN / "pnode"), "proof", txid, "--data-dir", data],
+                                capture_output=True, text=True)
+        if result.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     if result.returncode != 0:
         console.print(f"[red]{result.stderr.strip()}")
         sys.exit(result.returncode)
-    (root / "claim.proof").write_text(result.stdout)
-    step("", "pnode", "verify", "proof", str(root / "claim.proof"), "--data-dir", data)
+    (root / f"{name}.proof").write_text(result.stdout)
+    step("", "pnode", "verify", "proof", str(root / f"{name}.proof"), "--data-dir", data)
 
 
 def balances(data: str, bob: list[str], wallets: list[str]) -> list[str]:
@@ -190,63 +195,71 @@ def main() -> None:
     root = Path(args.data_dir)
     if root.exists():
         shutil.rmtree(root)  # a fresh chain every run
+    root.mkdir(parents=True)
     os.environ.setdefault("PNODE_PASSPHRASE", "demo passphrase")
-    alice = str(root / "alice")
-
-    info = step("A new private chain: keys, genesis, chain store", "pnode", "init",
-                "--data-dir", alice, "--chain-id", "pnode-demo", "--slot-ms", "200", "--json",
-                capture_json=True)
-    bob = step("A second wallet, encrypted with a passphrase", "pwallet", "create",
-               "--data-dir", alice, "--name", "bob", "--json", capture_json=True)["address"]
-    step("Signed transfers, checked against the chain and queued", "pwallet", "send", bob,
-         "12.5", "--data-dir", alice)
-    step("", "pwallet", "send", bob, "0.75", "--data-dir", alice)
-    step("Node status: tip, balance, bond, queued transactions", "pnode", "status",
-         "--data-dir", alice)
-    console.rule("[bold]An overspend is refused with the rule it breaks")
-    overspend = subprocess.run([str(BIN / "pwallet"), "send", bob, "5000", "--data-dir", alice],
-                               capture_output=True, text=True)
-    console.print(f"[yellow]$ pwallet send {bob[:12]}.. 5000  ->  exit {overspend.returncode}: "
-                  f"{overspend.stderr.strip()}", highlight=False)
-    step("The node seals the mempool into signed blocks", "pnode", "produce",
-         "--data-dir", alice, "--blocks", "2")
-    step("Balances", "pwallet", "balance", bob, "--data-dir", alice)
-    step("", "pwallet", "balance", info["address"], "--data-dir", alice)
-    step("History of the node's wallet", "pwallet", "history", "--data-dir", alice)
-    step("Block 1: header with txs, log and state roots", "pnode", "ledger", "show", "1",
-         "--data-dir", alice)
-    step("Re-validate everything from genesis (signatures, producers, roots, supply)",
-         "pnode", "verify", "chain", "--data-dir", alice)
-    step("SmolLM2-135M-Instruct, run locally from its GGUF (streams tokens)", "pwallet",
-         "infer", "What is the capital of France?", "--local", "--greedy", "--max-tokens", "24")
-    step("The default training job, locally: the loss falls", "pnode", "train",
-         "--steps", "60")
-    devnet = root / "devnet"
-    step("Mining: three nodes train that job, audit a tenth of each other's units, earn coins",
-         "pnode", "devnet", "--nodes", "3", "--steps", "20", "--data-dir", str(devnet))
-    miners = [str(devnet / f"node{i}") for i in range(3)]
-    step("Each miner's chain re-validates: every receipt's assignment, the supply",
-         "pnode", "verify", "chain", "--data-dir", miners[2])
-    bob_mined = step("Spending mined coins: a wallet for Bob on the miners' chain", "pwallet",
-                 "create", "--data-dir", miners[0], "--name", "bob", "--json",
-                 capture_json=True)["address"]
-    nodes = start_swarm(root, miners)
-    claim = None
+    nodes = [str(root / f"node{i}") for i in range(3)]
+    procs: list[subprocess.Popen] = []
     try:
-        step("A running miner's live status: peers, what it serves, the swarm it sees",
-             "pnode", "status", "--data-dir", miners[0])
-        step("Miner 0 sends Bob 2 of the coins it mined, through its running node",
-             "pwallet", "send", bob_mined, "2", "--data-dir", miners[0])
-        wait_funded(miners[0], ["--wallet", "bob"])
-        step("Bob's balance, once the transfer is sealed", "pwallet", "balance",
-             "--data-dir", miners[0], "--wallet", "bob")
-        addr = (Path(miners[0]) / "node.addr").read_text().strip()
-        claim = paid_question(miners, addr)
+        story(root, nodes, procs)
     finally:
-        stop_swarm(nodes)
-    prove_claim(miners[0], claim, root)
+        stop_swarm(procs)
+    step("The last node's copy of the chain re-validates from genesis: every signature, "
+         "assignment, receipt, reward and the supply", "pnode", "verify", "chain",
+         "--data-dir", nodes[2])
     console.rule("[bold green]demo done")
-    console.print(f"The chain is in {root}. Try: pnode --help, pwallet --help")
+    console.print(f"The chain is in {root}. Try: pnode --help, pwallet --help, pnode job --help")
+
+
+def story(root: Path, nodes: list[str], procs: list[subprocess.Popen]) -> str | None:
+    """Parts 1-4 of the module docstring; returns a server's claim id."""
+    info = step("A new chain: keys, genesis with its own training job, chain store", "pnode",
+                "init", "--data-dir", nodes[0], "--chain-id", "pnode-demo", "--slot-ms", "300",
+                "--layers", SPANS[0], "--json", capture_json=True)
+    job = info["jobs"][0]
+    console.rule("[bold]Node 0 starts: it mines the chain's job from block 1 and serves "
+                 "SmolLM2's layers 0-9")
+    procs.append(start_node(root, nodes[0], 0, None))
+    wait_until("the first training steps", lambda: cli_json(
+        "pnode", "job", "show", job, "--data-dir", nodes[0]).get("step", 0) >= 3)
+    show_output(root, 0)
+    peer = (Path(nodes[0]) / "node.addr").read_text().strip()
+    step("The job's progress, asked of the running node", "pnode", "job", "status", job[:16],
+         "--data-dir", nodes[0])
+    for i in (1, 2):
+        joined = step(f"Node {i} joins the chain", "pnode", "init", "--data-dir", nodes[i],
+                      "--genesis", str(Path(nodes[0]) / "genesis.json"), "--json",
+                      capture_json=True)
+        step(f"Node 0 sends node {i} the coins for its bond", "pwallet", "send",
+             joined["address"], "20", "--data-dir", nodes[0])
+    console.rule("[bold]Nodes 1 and 2 serve layers 10-19 and 20-29; each registers itself")
+    for i in (1, 2):
+        procs.append(start_node(root, nodes[i], i, peer))
+    wait_until("three registered servers", lambda: len(cli_json(
+        "pnode", "status", "--data-dir", nodes[0]).get("swarm") or []) == 3)
+    step("Node 0's live status: chain, what it serves and mines, the swarm it sees", "pnode",
+         "status", "--data-dir", nodes[0])
+    bob = step("A wallet for Bob", "pwallet", "create", "--data-dir", nodes[0], "--name", "bob",
+               "--json", capture_json=True)["address"]
+    step("Node 0 sends Bob 2 coins and waits for the block: its height and inclusion proof",
+         "pwallet", "send", bob, "2", "--wait", "--data-dir", nodes[0])
+    claim = paid_question(nodes, peer)
+    step("Bob's history: the transfer, his tab, the servers' claims and his refund",
+         "pwallet", "history", "--data-dir", nodes[0], "--wallet", "bob")
+    step("The chain's jobs (asked of the running node)", "pnode", "job", "list",
+         "--data-dir", nodes[0])
+    rewards = [r for r in cli_json("pwallet", "history", "--data-dir", nodes[0])["history"]
+               if r["type"] == "Reward"]
+    console.rule("[bold]Node 0's mining rewards so far (from `pwallet history --json`)")
+    console.print(f"  {len(rewards)} rewards of 1 coin, one per accepted unit; the latest at "
+                  f"height {rewards[-1]['height'] if rewards else '-'}, paid by "
+                  f"{rewards[-1]['counterparty'] if rewards else '-'}", highlight=False)
+    receipt = cli_json("pnode", "receipts", "--data-dir", nodes[0])["receipts"][-1]["id"]
+    prove(root, nodes[0], receipt, "receipt", "A unit's receipt, proven in the receipt log "
+                                              "(against the tip's log root)")
+    if claim is not None:
+        prove(root, nodes[0], claim, "claim", "The claim that paid a server, proven in its "
+                                              "block (Merkle path + header)")
+    return claim
 
 
 if __name__ == "__main__":

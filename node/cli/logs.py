@@ -110,6 +110,12 @@ def setup_logging(level: str, log_file: Path | None,
         handlers.append(to_file)
     for handler in handlers:
         root.addHandler(handler)
+    # py-libp2p keeps its logs to itself (no propagation, so only Python's last-resort
+    # handler prints them, unfiltered): send them through ours.
+    libp2p = logging.getLogger("libp2p")
+    libp2p.handlers.clear()
+    libp2p.propagate = True
+    libp2p.setLevel(logging.NOTSET)
     pnode = logging.getLogger("pnode")
     pnode.propagate = False
     pnode.handlers.clear()

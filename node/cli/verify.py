@@ -61,7 +61,7 @@ def verify_chain(data_dir, as_json) -> None:
 
 
 def _verify(data_dir: str, as_json: bool, upto: int | None) -> None:
-    from node.chain import BadQuery
+    from node.errors import BadQuery
 
     try:
         with _progress(as_json, upto) as progress:

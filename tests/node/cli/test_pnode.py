@@ -211,6 +211,7 @@ def test_status_text_lists_peers_and_the_swarm_a_line_each():
 def test_bad_job_file_and_a_used_devnet_dir_are_clear_errors(pnode, tmp_path):
     bad = tmp_path / "job.json"
     bad.write_text('{"model": {"dim": 1}}')
+    assert pnode("init", "--no-job", "--data-dir", str(tmp_path / "n"), "--chain-id", "b").code == 0
     r = pnode("start", "--data-dir", str(tmp_path / "n"), "--no-serve", "--job", str(bad))
     assert r.code == 2 and "job.json" in r.err and "dim 1 is not a multiple" in r.err
     used = tmp_path / "dn"
@@ -222,8 +223,10 @@ def test_bad_job_file_and_a_used_devnet_dir_are_clear_errors(pnode, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the error of a machine without CUDA")
 def test_mining_on_a_gpu_that_is_not_there_is_a_clear_error(pnode, tmp_path):
+    assert pnode("init", "--no-job", "--data-dir", str(tmp_path / "x"), "--chain-id", "g").code == 0
     r = pnode("start", "--data-dir", str(tmp_path / "x"), "--no-serve", "--gpu", "0")
     assert r.code == 2 and "no CUDA device" in r.err and "Traceback" not in r.err
+    assert "drop --gpu" in r.err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the error of a machine without CUDA")
