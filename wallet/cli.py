@@ -27,7 +27,7 @@ from node import torch_thread
 from node.cli import common
 from node.cli.common import (
     account_info, data_dir_option, emit, format_coins, json_option, parse_address, parse_coins,
-    parse_peer_addr, passphrase_option, read_peer_list, read_view,
+    in_coins, parse_peer_addr, passphrase_option, read_peer_list, read_view,
 )
 from node.datadir import DataDir
 from node.keys import read_key_file, read_public_key, write_key_file
@@ -94,8 +94,9 @@ def balance(address, data_dir, wallet_name, peer, as_json) -> None:
     view = _account_view(dd, account_id, peer)
     info = {k: view[k] for k in ("address", "height", "balance", "bond", "nonce", "queued",
                                  "running")}
-    emit(as_json, info, f"{format_coins(info['balance'])} coins (bond {format_coins(info['bond'])})"
-                        f" at height {info['height']}")
+    emit(as_json, in_coins(info, "balance", "bond"),
+         f"{format_coins(info['balance'])} coins (bond {format_coins(info['bond'])}) at height "
+         f"{info['height']}")
 
 
 @main_group.command()
@@ -191,9 +192,9 @@ def history(address, data_dir, wallet_name, as_json) -> None:
     account_id = _account(dd, address, wallet_name)
     info = read_view(dd, "history", address=account_id.hex())
     rows = info["history"]
-    emit(as_json, info, lambda: "\n".join(
+    emit(as_json, in_coins(info, "balance"), lambda: "\n".join(
         f"{'queued' if r['height'] is None else r['height']:>7}  {r['type']:10} "
-        f"{_signed_coins(r['delta']):>14}  "
+        f"{_signed_coins(r['amount_units']):>14}  "
         f"{(r['counterparty'] or '')[:16]:16}  {r['txid'][:16]}" for r in rows)
         or "no transactions")
 
@@ -319,7 +320,7 @@ def infer(prompt, local, peers, trusted_file, allow_unregistered, wire, push, sp
             if not as_json:  # the tokens went to stdout: the warning to stderr
                 click.echo(_mismatch_line(m), err=True)
         if doc["cost"] and not as_json:
-            click.echo(f"\npaid {format_coins(sum(p['amount'] for p in doc['cost']))} coins "
+            click.echo(f"\npaid {format_coins(sum(p['amount_units'] for p in doc['cost']))} coins "
                        f"to {len(doc['cost'])} servers (tab {doc['tabs'][0]['tab'][:16]}.., "
                        f"{len(doc['claims'])} claims submitted)", err=True)
     doc["text"] = "".join(pieces)
@@ -409,7 +410,8 @@ def _infer_remote(request, peers, trusted, registered, wire, push, model_file, s
     route = sorted(result.route, key=lambda s: s.start)  # stable: a failed hop before its heir
     return {"token_ids": result.token_ids, "route": [s.as_json() for s in route],
             "failovers": result.failovers, "wire": wire, "wire_bytes": result.wire_bytes,
-            "spot_checks": result.spot_checks.as_json(), "cost": result.payments,
+            "spot_checks": result.spot_checks.as_json(),
+            "cost": [in_coins(p, "amount", "server_counted") for p in result.payments],
             "tabs": result.tabs,
             "claims": [p["claim"] for p in result.payments if p["claim"]]}
 

@@ -60,9 +60,9 @@ def history_rows(db: Any, account: bytes) -> list[dict]:
         Dicts of ``height`` (None: queued), ``confirmations`` (blocks from
         its block to the tip, itself included; 0 when queued), ``type``,
         ``txid`` (a Reward's: its receipt's id; a TabExpired's: the tab's;
-        a JobRefund's: the job's), ``delta`` (the change to the account's
+        a JobRefund's: the job's), ``amount_units`` (the change to the account's
         balance in base units; None for a queued claim, whose effect
-        depends on the claims before it), ``amount`` (``delta`` in coins),
+        depends on the claims before it), ``amount`` (``amount_units`` in coins),
         ``counterparty`` (the other side, when there is one: an address,
         or "minted") and ``tx`` (a transaction's JSON form).
     """
@@ -79,7 +79,7 @@ def history_rows(db: Any, account: bytes) -> list[dict]:
         per_block.append((height, block_rows))
     for height, block_rows in reversed(per_block):  # the true change, from the undo records
         before = _balance_before(db, account, height, after)
-        rest = (after - before) - sum(r["delta"] for r in block_rows)
+        rest = (after - before) - sum(r["amount_units"] for r in block_rows)
         if rest:
             block_rows.append(_other(book, height, rest))
         after = before
@@ -89,7 +89,7 @@ def history_rows(db: Any, account: bytes) -> list[dict]:
              if (row := book.queued(tx)) is not None]
     for row in rows:
         row["confirmations"] = 0 if row["height"] is None else db.height - row["height"] + 1
-        row["amount"] = None if row["delta"] is None else _signed(row["delta"])
+        row["amount"] = None if row["amount_units"] is None else _signed(row["amount_units"])
     return rows
 
 
@@ -114,9 +114,9 @@ def _other(book: _Book, height: int, rest: int) -> dict:
     """A block's balance change no row explains: a finished job's refund, or else "Other"."""
     refunded = book.refunds.pop(height, None)
     if refunded is not None:
-        return {"type": "JobRefund", "txid": refunded.hex(), "delta": rest,
+        return {"type": "JobRefund", "txid": refunded.hex(), "amount_units": rest,
                 "counterparty": None, "tx": {"job": refunded.hex()}}
-    return {"type": "Other", "txid": "", "delta": rest, "counterparty": None, "tx": {}}
+    return {"type": "Other", "txid": "", "amount_units": rest, "counterparty": None, "tx": {}}
 
 
 class _Book:
@@ -130,7 +130,7 @@ class _Book:
         self.refunds: dict[int, bytes] = {}  # height -> a job of ours its record changed at
 
     def genesis(self, genesis) -> list[dict]:
-        rows = [{"height": 0, "type": "Allocation", "txid": "genesis", "delta": a.amount,
+        rows = [{"height": 0, "type": "Allocation", "txid": "genesis", "amount_units": a.amount,
                  "counterparty": None, "tx": to_json(a)}
                 for a in genesis.allocations if a.account == self.account]
         for tx in (*genesis.registrations, *genesis.jobs):
@@ -146,7 +146,7 @@ class _Book:
                 del self.tabs[tab_id]
                 if record.client == self.account and locked(record):
                     rows.append({"type": "TabExpired", "txid": tab_id.hex(),
-                                 "delta": locked(record), "counterparty": None,
+                                 "amount_units": locked(record), "counterparty": None,
                                  "tx": {"tab": tab_id.hex()}})
         for key, old in undo.items():
             # Written by this block while its window had closed: finalized, so paid.
@@ -154,7 +154,7 @@ class _Book:
                     and old.final_height <= height:
                 payer = self.creators.get(old.job_id)
                 rows.append({"type": "Reward", "txid": key[1:].hex(),
-                             "delta": self.params.reward,
+                             "amount_units": self.params.reward,
                              "counterparty": payer.hex() if payer else "minted",
                              "tx": {"receipt": key[1:].hex(), "job": old.job_id.hex()}})
             elif key[:1] == JOB and old is not None and old.job.creator == self.account \
@@ -224,6 +224,6 @@ class _Book:
 
 
 def _row(tx, delta: int | None, counterparty: str | None) -> dict:
-    return {"type": type(tx).__name__, "txid": tx_hash(tx).hex(), "delta": delta,
+    return {"type": type(tx).__name__, "txid": tx_hash(tx).hex(), "amount_units": delta,
             "counterparty": counterparty, "tx": to_json(tx)}
 

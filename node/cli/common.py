@@ -398,6 +398,18 @@ def registry_info(dd: DataDir) -> dict[str, Any]:
     return read_view(dd, "registry")
 
 
+def in_coins(doc: dict[str, Any], *names: str) -> dict[str, Any]:
+    """``doc`` with each money field ``name`` (base units) given as coins, a decimal string,
+    and its base units beside it as ``name_units``: the CLIs' one money format in JSON."""
+    out = dict(doc)
+    for name in names:
+        if isinstance(out.get(name), int):
+            units = out[name]
+            out[name] = ("-" if units < 0 else "") + format_coins(abs(units))
+            out[f"{name}_units"] = units
+    return out
+
+
 def read_job_file(path: str | None, option: str):
     """The job config of a job file (JSON), or the built-in default job when ``path`` is None.
 

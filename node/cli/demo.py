@@ -46,6 +46,12 @@ SPANS = ("0:10", "10:20", "20:30")
 ANY_PORT = "/ip4/127.0.0.1/tcp/0"
 
 
+def heading(title: str) -> None:
+    """A section's title, whole (a rule would cut a long one at the terminal's width)."""
+    if title:
+        console.print(f"\n[bold]## {title}", highlight=False)
+
+
 def step(title: str, *argv: str, capture_json: bool = False, quiet: bool = False) -> dict | None:
     """Print and run one CLI command; stop the demo if it fails.
 
@@ -53,7 +59,7 @@ def step(title: str, *argv: str, capture_json: bool = False, quiet: bool = False
     command nor its output is printed.
     """
     if not quiet:
-        console.rule(f"[bold]{title}")
+        heading(title)
         console.print(f"$ {shlex.join(argv)}", style="cyan", highlight=False, markup=False)
     exe = BIN / argv[0]
     result = subprocess.run([str(exe) if exe.exists() else argv[0], *argv[1:]],
@@ -139,11 +145,11 @@ def paid_question(nodes: list[str], addr: str) -> str | None:
     console.print("The cost per hop, from an identical second run with --json:")
     for hop in doc["cost"]:
         console.print(f"  {hop['peer_id'][:20]}..  {hop['layers']} layers x {hop['positions']} "
-                      f"positions x bid {hop['bid']} = {hop['amount']} base units  claim "
+                      f"positions x bid {hop['bid']} = {hop['amount_units']} base units  claim "
                       f"{(hop['claim'] or 'pending')[:16]}")
     time.sleep(3)  # the claims land in the next blocks
     after = balances(node0, ["--wallet", "bob"], wallets)
-    console.rule("[bold]Balances before and after the two paid answers (coins)")
+    heading("Balances before and after the two paid answers (coins)")
     for name, b, a in zip(("bob", "node 0 (0-9)", "node 1 (10-19)", "node 2 (20-29)"),
                           before, after):
         console.print(f"  {name:18} {b:>14}  ->  {a:>14}")
@@ -152,7 +158,7 @@ def paid_question(nodes: list[str], addr: str) -> str | None:
 
 def prove(root: Path, data: str, txid: str, name: str, title: str) -> None:
     """`pnode proof` of ``txid``, written to a file, then `pnode verify proof` of it."""
-    console.rule(f"[bold]{title}")
+    heading(f"{title}")
     console.print(f"$ pnode proof {txid} --data-dir {data} > {root / name}.proof", style="cyan",
                   highlight=False, markup=False)
     deadline = time.monotonic() + 30  # a claim lands a block or two after the answer
@@ -174,11 +180,11 @@ def balances(data: str, bob: list[str], wallets: list[str]) -> list[str]:
                  capture_json=True, quiet=True)]
     docs += [step("", "pwallet", "balance", w, "--data-dir", data, "--json", capture_json=True,
                   quiet=True) for w in wallets]
-    return [f"{d['balance'] / 1e6:.6f}" for d in docs]
+    return [f"{d['balance_units'] / 1e6:.6f}" for d in docs]
 
 
 def stop_swarm(procs: list[subprocess.Popen]) -> None:
-    console.rule("[bold]Stopping the swarm (SIGTERM: each node stops cleanly)")
+    heading("Stopping the swarm (SIGTERM: each node stops cleanly)")
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
     for proc in procs:
@@ -212,11 +218,11 @@ def main() -> None:
 
 def story(root: Path, nodes: list[str], procs: list[subprocess.Popen]) -> str | None:
     """Parts 1-4 of the module docstring; returns a server's claim id."""
-    info = step("A new chain: keys, genesis with its own training job, chain store", "pnode",
-                "init", "--data-dir", nodes[0], "--chain-id", "pnode-demo", "--slot-ms", "300",
-                "--layers", SPANS[0], "--json", capture_json=True)
-    job = info["jobs"][0]
-    console.rule("[bold]Node 0 starts: it mines the chain's job from block 1 and serves "
+    step("A new chain: keys, genesis with its own training job, chain store", "pnode",
+         "init", "--data-dir", nodes[0], "--chain-id", "pnode-demo", "--slot-ms", "300",
+         "--layers", SPANS[0])
+    job = cli_json("pnode", "job", "list", "--data-dir", nodes[0])["jobs"][0]["id"]
+    heading("Node 0 starts: it mines the chain's job from block 1 and serves "
                  "SmolLM2's layers 0-9")
     procs.append(start_node(root, nodes[0], 0, None))
     wait_until("the first training steps", lambda: cli_json(
@@ -226,12 +232,12 @@ def story(root: Path, nodes: list[str], procs: list[subprocess.Popen]) -> str | 
     step("The job's progress, asked of the running node", "pnode", "job", "status", job[:16],
          "--data-dir", nodes[0])
     for i in (1, 2):
-        joined = step(f"Node {i} joins the chain", "pnode", "init", "--data-dir", nodes[i],
-                      "--genesis", str(Path(nodes[0]) / "genesis.json"), "--json",
-                      capture_json=True)
-        step(f"Node 0 sends node {i} the coins for its bond", "pwallet", "send",
-             joined["address"], "20", "--data-dir", nodes[0])
-    console.rule("[bold]Nodes 1 and 2 serve layers 10-19 and 20-29; each registers itself")
+        step(f"Node {i} joins the chain", "pnode", "init", "--data-dir", nodes[i],
+             "--genesis", str(Path(nodes[0]) / "genesis.json"))
+        address = cli_json("pwallet", "balance", "--data-dir", nodes[i])["address"]
+        step(f"Node 0 sends node {i} the coins for its bond", "pwallet", "send", address, "20",
+             "--data-dir", nodes[0])
+    heading("Nodes 1 and 2 serve layers 10-19 and 20-29; each registers itself")
     for i in (1, 2):
         procs.append(start_node(root, nodes[i], i, peer))
     wait_until("three registered servers", lambda: len(cli_json(
@@ -249,10 +255,12 @@ def story(root: Path, nodes: list[str], procs: list[subprocess.Popen]) -> str | 
          "--data-dir", nodes[0])
     rewards = [r for r in cli_json("pwallet", "history", "--data-dir", nodes[0])["history"]
                if r["type"] == "Reward"]
-    console.rule("[bold]Node 0's mining rewards so far (from `pwallet history --json`)")
+    heading("Node 0's mining rewards so far (from `pwallet history --json`)")
+    latest = rewards[-1] if rewards else {"height": "-", "counterparty": "minted"}
+    payer = "minted for the chain's own job" if latest["counterparty"] == "minted" else \
+        f"paid by {latest['counterparty'][:16]}.."
     console.print(f"  {len(rewards)} rewards of 1 coin, one per accepted unit; the latest at "
-                  f"height {rewards[-1]['height'] if rewards else '-'}, paid by "
-                  f"{rewards[-1]['counterparty'] if rewards else '-'}", highlight=False)
+                  f"height {latest['height']}, {payer}", highlight=False)
     receipt = cli_json("pnode", "receipts", "--data-dir", nodes[0])["receipts"][-1]["id"]
     prove(root, nodes[0], receipt, "receipt", "A unit's receipt, proven in the receipt log "
                                               "(against the tip's log root)")

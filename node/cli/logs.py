@@ -70,6 +70,17 @@ class QuietRepeats(logging.Filter):
         return count < self.burst
 
 
+class _LibraryLevel(logging.Filter):
+    """Lets a library's record through only at ``level`` or above (pnode's own: all)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.split(".")[0] == "pnode" or record.levelno >= self.level
+
+
 class _Printer(logging.Handler):
     """Hands each record's message to ``print`` (stdout, or the live status line)."""
 
@@ -123,6 +134,9 @@ def setup_logging(level: str, log_file: Path | None,
     printer = _Printer(print_line)
     for handler in (printer, *handlers[1:]):
         pnode.addHandler(handler)
+    libraries = _LibraryLevel(max(threshold, logging.WARNING))
+    for handler in handlers:  # a library's own logger may be set lower than the root's
+        handler.addFilter(libraries)
     if quiet is not None:  # one filter for all, so a line is dropped everywhere or nowhere
         for handler in (printer, *handlers):
             handler.addFilter(quiet)

@@ -21,7 +21,8 @@ from ledger.types import tx_hash
 from node.chain import node_status_view
 from node.cli import common
 from node.cli.common import (
-    ask_node_or_store, data_dir_option, emit, format_coins, json_option, parse_layers, read_view,
+    ask_node_or_store, data_dir_option, emit, format_coins, in_coins, json_option, parse_layers,
+    read_view,
     passphrase_option,
 )
 from node.cli.job import job
@@ -262,7 +263,7 @@ def status(data_dir, as_json) -> None:
     dd = DataDir(data_dir)
     info = ask_node_or_store(dd, "status", lambda db: node_status_view(
         db, read_public_key(dd.wallet_file), dd.node_key().public))
-    emit(as_json, info, lambda: _status_text(info))
+    emit(as_json, in_coins(info, "balance", "bond"), lambda: _status_text(info))
 
 
 #: Status fields in base units that are printed as coins.

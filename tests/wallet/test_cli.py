@@ -20,14 +20,14 @@ def test_send_is_mined_and_shows_in_balance_and_history(node, pnode, pwallet):
     for amount in ("2.5", "0.000001", "1"):
         assert pwallet("send", bob, amount, "--data-dir", d).code == 0
     assert pnode("produce", "--data-dir", d, "--json").json()["blocks"][0]["txs"] == 3
-    assert pwallet("balance", bob, "--data-dir", d, "--json").json()["balance"] == 3_500_001
+    assert pwallet("balance", bob, "--data-dir", d, "--json").json()["balance_units"] == 3_500_001
     mine = pwallet("balance", "--data-dir", d, "--json").json()
-    assert mine["balance"] == 1000 * COIN - 10 * COIN - 3_500_001 and mine["nonce"] == 4
+    assert mine["balance_units"] == 1000 * COIN - 10 * COIN - 3_500_001 and mine["nonce"] == 4
     rows = pwallet("history", "--data-dir", d, "--json").json()["history"]
-    assert [r["delta"] for r in rows] == [1000 * COIN, -10 * COIN, -2_500_000, -1, -COIN]
+    assert [r["amount_units"] for r in rows] == [1000 * COIN, -10 * COIN, -2_500_000, -1, -COIN]
     assert [r["height"] for r in rows] == [0, 0, 1, 1, 1]
     bob_rows = pwallet("history", "--data-dir", d, "--wallet", "bob", "--json").json()["history"]
-    assert sum(r["delta"] for r in bob_rows) == 3_500_001
+    assert sum(r["amount_units"] for r in bob_rows) == 3_500_001
 
 
 def test_overspend_is_refused_before_queueing(node, pwallet):

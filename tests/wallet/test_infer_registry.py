@@ -79,7 +79,7 @@ def test_paid_inference_from_the_cli(pwallet, pnode, tmp_path, spawn):  # noqa: 
     addr = node_addr(d, proc, 90)
     wait_for(lambda: live_status(pnode, d).get("serving"), "the server to serve", limit=60)
     assert pwallet("send", bob, "3", "--data-dir", str(d)).code == 0
-    wait_for(lambda: pwallet("balance", bob, "--data-dir", str(d), "--json").json()["balance"]
+    wait_for(lambda: pwallet("balance", bob, "--data-dir", str(d), "--json").json()["balance_units"]
              == 3_000_000, "bob's coins", limit=30)
     args = ("infer", PROMPT, "--peers", addr, "--raw", "--greedy", "--max-tokens", "4",
             "--data-dir", str(d))
@@ -94,22 +94,22 @@ def test_paid_inference_from_the_cli(pwallet, pnode, tmp_path, spawn):  # noqa: 
     doc = r.json()
     [hop] = doc["cost"]
     assert (hop["layers"], hop["bid"]) == (30, 5) and hop["positions"] >= 5
-    assert hop["amount"] == hop["server_counted"] == hop["positions"] * 30 * 5
+    assert hop["amount_units"] == hop["server_counted_units"] == hop["positions"] * 30 * 5
     assert doc["claims"] == [hop["claim"]] and len(doc["tabs"]) == 1
-    wait_for(lambda: pwallet("balance", bob, "--data-dir", str(d), "--json").json()["balance"]
-             == 3_000_000 - hop["amount"], "the claim settled and the rest refunded", limit=30)
+    wait_for(lambda: pwallet("balance", bob, "--data-dir", str(d), "--json").json()["balance_units"]
+             == 3_000_000 - hop["amount_units"], "the claim settled and the rest refunded", limit=30)
     # A wallet without a node (its own directory): the balance through the peer; the
     # library side of --peers (submit, registry, paying) is tests/wallet/test_light.py.
     light = str(tmp_path / "light")
     assert pwallet("create", "--data-dir", light, "--name", "carol").code == 0
     r = pwallet("balance", bob, "--data-dir", light, "--peers", addr, "--json")
-    assert r.code == 0 and r.json()["balance"] == 3_000_000 - hop["amount"], r.err
+    assert r.code == 0 and r.json()["balance_units"] == 3_000_000 - hop["amount_units"], r.err
     proc.terminate()  # the store is the node's while it runs
     proc.wait(timeout=30)
     rows = pwallet("history", "--data-dir", str(d), "--wallet", "bob", "--json").json()["history"]
     kinds = [r["type"] for r in rows]
     assert "OpenTab" in kinds and "Claim" in kinds  # the tab, and the server's claim on it
     tab_row = next(r for r in rows if r["type"] == "OpenTab")
-    assert tab_row["delta"] < 0 and tab_row["txid"] == doc["tabs"][0]["tab"]
+    assert tab_row["amount_units"] < 0 and tab_row["txid"] == doc["tabs"][0]["tab"]
     # The closing claim's row is the refund: Bob's rows add up to his balance.
-    assert sum(r["delta"] for r in rows) == 3_000_000 - hop["amount"], rows
+    assert sum(r["amount_units"] for r in rows) == 3_000_000 - hop["amount_units"], rows

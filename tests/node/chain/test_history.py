@@ -17,7 +17,7 @@ from node.chain.history import history_rows
 
 
 def settled(db, account: bytes) -> int:
-    return sum(r["delta"] for r in history_rows(db, account) if r["height"] is not None)
+    return sum(r["amount_units"] for r in history_rows(db, account) if r["height"] is not None)
 
 
 def test_claims_refunds_and_an_expiry_add_up_to_every_balance():
@@ -39,14 +39,14 @@ def test_claims_refunds_and_an_expiry_add_up_to_every_balance():
     rows = history_rows(db, client.public)
     assert [r["type"] for r in rows] == ["Allocation", "OpenTab", "Claim", "Claim", "OpenTab",
                                          "Claim", "TabExpired"]
-    assert [r["delta"] for r in rows] == [100 * COIN, -8 * COIN, 0, 2 * COIN, -4 * COIN, 0,
+    assert [r["amount_units"] for r in rows] == [100 * COIN, -8 * COIN, 0, 2 * COIN, -4 * COIN, 0,
                                           3 * COIN]
     assert rows[-1]["height"] == expiry + 1 and rows[-1]["txid"] == tx_hash(short).hex()
     for account in [*(k.public for k in net.users), *(w.public for w in net.wallets)]:
         assert settled(db, account) == balance(db, account)
     # Lane 1's account: 1 coin at the first claim, 2 more (its cap) at the second.
     server1 = [r for r in history_rows(db, net.wallets[1].public) if r["type"] == "Claim"]
-    assert [r["delta"] for r in server1] == [COIN, 2 * COIN]
+    assert [r["amount_units"] for r in server1] == [COIN, 2 * COIN]
     assert history_rows(db, other.public) == [r for r in history_rows(db, other.public)
                                               if r["type"] == "Allocation"]
 
@@ -60,7 +60,7 @@ def test_a_queued_claim_is_pending_and_changes_nothing_settled():
     before = settled(db, client.public)
     db.add_to_mempool(claim(net.nodes[0], voucher(client, t, [2 * COIN]), close=True))
     queued = [r for r in history_rows(db, client.public) if r["height"] is None]
-    assert [(r["type"], r["delta"]) for r in queued] == [("Claim", None)]
+    assert [(r["type"], r["amount_units"]) for r in queued] == [("Claim", None)]
     assert settled(db, client.public) == before == balance(db, client.public)
 
 
@@ -79,10 +79,10 @@ def test_rewards_deposits_and_refunds_are_rows_and_every_balance_adds_up():
         assert settled(db, account) == balance(db, account)
         assert "Other" not in {r["type"] for r in rows}  # every change explained
     mine = history_rows(db, user.public)
-    assert [(r["type"], r["delta"]) for r in mine if r["type"] in ("Job", "JobRefund")] == [
+    assert [(r["type"], r["amount_units"]) for r in mine if r["type"] in ("Job", "JobRefund")] == [
         ("Job", -17 * COIN), ("JobRefund", 13 * COIN)]  # 4 units paid, the rest back
     rewards = [r for w in net.wallets for r in history_rows(db, w.public) if r["type"] == "Reward"]
-    assert len(rewards) == 8 and all(r["delta"] == COIN for r in rewards)
+    assert len(rewards) == 8 and all(r["amount_units"] == COIN for r in rewards)
     assert sorted(r["counterparty"] for r in rewards).count("minted") == 4
     assert {r["counterparty"] for r in rewards} == {"minted", user.public.hex()}
     assert all(r["confirmations"] == db.height - r["height"] + 1 for r in rewards)

@@ -32,8 +32,8 @@ def test_a_serving_node_registers_itself_once_funded(tmp_path, pnode, pwallet, s
              "B to see its registration in a block", limit=30)
     status = wait_for(lambda: (s := live_status(pnode, b))["registered"] and s,
                       "the registration to land in a block", limit=30)
-    assert status["layers"] == [0, 2] and status["bond"] == 10 * 10**6
-    assert status["balance"] == 15 * 10**6
+    assert status["layers"] == [0, 2] and status["bond_units"] == 10 * 10**6
+    assert status["balance_units"] == 15 * 10**6
     seen_by_a = wait_for(lambda: (s := live_status(pnode, a)) and s, "A's status")
     assert seen_by_a["height"] >= status["height"] - 2
     # The registry a client routes by (A's `registry` op) holds B's peer id

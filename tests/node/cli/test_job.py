@@ -45,14 +45,14 @@ def test_init_then_start_mines_the_chains_job_then_a_paid_one(tmp_path, pnode, p
     assert r.code == 0, r.err
     paid, deposit = r.json()["id"], r.json()["deposit_units"]
     assert deposit == r.json()["cost_units"] == 2 * 4 * 3 * COIN  # reward + 2 fees a unit
-    assert pwallet("balance", carol, "--data-dir", str(d), "--json").json()["balance"] \
+    assert pwallet("balance", carol, "--data-dir", str(d), "--json").json()["balance_units"] \
         == 100 * COIN  # queued, not yet in a block
     settled = wait_for(lambda: (j := _job(pnode, d, paid))["state"] == "finished"
                        and j["escrow_units"] == 0 and j["receipts_pending"] == 0 and j,
                        "the paid job, settled", limit=90)
     assert settled["paid_by"] == "deposit" and settled["step"] == 2
     # Eight units paid one coin each out of the deposit; the rest came back.
-    assert pwallet("balance", carol, "--data-dir", str(d), "--json").json()["balance"] \
+    assert pwallet("balance", carol, "--data-dir", str(d), "--json").json()["balance_units"] \
         == 100 * COIN - 2 * 4 * COIN
     assert f"mining job {paid[:16]}" in read(out)
     losses = [json.loads(line) for line in read(d / "train.jsonl").splitlines()]
@@ -84,11 +84,11 @@ def _reads_go_through_the_running_node(pnode, pwallet, d, tmp_path, carol):
     assert checked["ok"] and checked["running"] is True
     mine = pwallet("history", "--data-dir", str(d), "--json").json()
     assert mine["running"] is True
-    assert sum(r["delta"] for r in mine["history"] if r["height"] is not None) == mine["balance"]
+    assert sum(r["amount_units"] for r in mine["history"] if r["height"] is not None) == mine["balance_units"]
     assert {"Allocation", "Register", "Transfer", "Reward"} <= {r["type"] for r in mine["history"]}
     hers = pwallet("history", carol, "--data-dir", str(d), "--json").json()["history"]
     assert [r["type"] for r in hers] == ["Transfer", "Job", "JobRefund"]
-    assert sum(r["delta"] for r in hers) == 100 * COIN - 2 * 4 * COIN
+    assert sum(r["amount_units"] for r in hers) == 100 * COIN - 2 * 4 * COIN
     bad = pnode("ledger", "show", "99999", "--data-dir", str(d))
     assert bad.code == 2 and "the tip is" in bad.err
     sent = pwallet("send", carol, "1.5", "--wait", "--data-dir", str(d), "--json")

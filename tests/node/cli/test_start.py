@@ -173,7 +173,7 @@ def test_pwallet_send_while_the_node_runs_lands_in_its_block(pnode, pwallet, spa
     assert [r.json()["nonce"] for r in sent] == [before["nonce"], before["nonce"] + 1]
     assert all(r.json()["running"] for r in sent)
     landed = wait_for(lambda: (r := pwallet("balance", bob, "--data-dir", d, "--json").json())
-                      ["balance"] == 3_500_000 and r, "the transfers to land in a block")
+                      ["balance_units"] == 3_500_000 and r, "the transfers to land in a block")
     assert landed["running"] is True and landed["height"] > before["height"]
     mine = pwallet("balance", "--data-dir", d, "--json").json()
     assert (mine["nonce"], mine["queued"]) == (before["nonce"] + 2, 0)
@@ -182,7 +182,7 @@ def test_pwallet_send_while_the_node_runs_lands_in_its_block(pnode, pwallet, spa
     assert r.code == 2 and "InsufficientFunds" in r.err
     assert stop(proc) == 0, read(err)
     stored = pwallet("balance", bob, "--data-dir", d, "--json").json()  # the store again
-    assert stored["running"] is False and stored["balance"] == 3 * COIN + COIN // 2
+    assert stored["running"] is False and stored["balance_units"] == 3 * COIN + COIN // 2
 
 
 def test_three_nodes_sync_a_chain_produced_while_one_was_down(tmp_path, pnode, spawn):
