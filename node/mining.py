@@ -17,8 +17,10 @@ from pathlib import Path
 
 import trio
 
-from node.errors import MinerError, NothingToMine
+from ledger.codec import decode, encode
+from node.errors import BadQuery, MinerError, NothingToMine
 from node.mine import Miner, job_to_mine
+from node.wire import STATE_PROTOCOL, StateReply, StateRequest
 
 __all__ = ["JobRunner"]
 
@@ -42,6 +44,8 @@ class JobRunner:
         self.log_file, self.report, self.archive, self.fetcher = log_file, report, archive, fetcher
         self.miner: Miner | None = None
         self.verifier = None
+        self.miners: dict[bytes, Miner] = {}  # every job mined here (kept to export and serve)
+        self._states: dict[bytes, Callable] = {}  # job id -> its state server
         # Set once the first job's miner could take a unit, or there is nothing to mine.
         self.ready = trio.Event()
         self._said: str | None = None
@@ -72,7 +76,8 @@ class JobRunner:
                                    archive=self.archive, tamper=worker_tamper,
                                    state_check=StateCheck(self.fetcher,
                                                           self.verifier.receipts_of),
-                                   job_id=job_id)
+                                   job_id=job_id, serve_state=self._route_state)
+                self.miners[job_id] = self.miner
                 await self._run_miner(job_id)
 
     async def _run_miner(self, job_id: bytes) -> None:
@@ -88,6 +93,74 @@ class JobRunner:
                 self.report(f"not mining job {job_id.hex()[:16]}..: {exc}")
                 self.ready.set()
             nursery.cancel_scope.cancel()
+
+    def _route_state(self, job_id: bytes, serve) -> None:
+        """Register a job's `STATE_PROTOCOL` server; one handler routes by the request's job,
+        so a finished job's state stays fetchable (an export on another node)."""
+        if not self._states:
+            self.service.host.set_request_handler(STATE_PROTOCOL, self._serve_state,
+                                                  max_request_size=1024)
+        self._states[job_id] = serve
+
+    async def _serve_state(self, peer, request: bytes) -> bytes:
+        serve = self._states.get(decode(request, StateRequest).job_id)
+        return await serve(peer, request) if serve else encode(StateReply(0, ()))
+
+    async def pol_export(self, args: dict) -> dict:
+        """The ``pol_export`` op: a window file of the kept units (`node.pol.export_op`)."""
+        from node.mine import config_json
+        from node.pol import export_op
+
+        miner = self.miner
+        return await export_op(self.archive, config_json(miner.config) if miner else "",
+                               miner.job_id if miner else None, args)
+
+    async def pol_audit(self, args: dict) -> dict:
+        """The ``pol_audit`` op: judge recent receipts, replay windows (`Verifier.audit`)."""
+        if self.verifier is None:
+            raise BadQuery("this node runs no verifier yet (it has no job to mine)")
+        return await self.verifier.audit(args)
+
+    async def export(self, args: dict) -> dict:
+        """The ``export_job`` op: write a job's whole model (`Miner.export_weights`) to ``out``.
+
+        Args (of the op): ``job`` (an id or hex prefix of a job this node
+        mined), ``out`` (an absolute path ending in .safetensors).
+
+        Returns:
+            job (id), step (updates in the weights), out, bytes, tensors,
+            parameters and sha256 (of the file).
+
+        Raises:
+            BadQuery: no such job mined here, or a path it cannot write.
+            MinerError: the weights cannot be gathered (see `Miner.export_weights`).
+        """
+        import hashlib
+
+        from safetensors.torch import save_file
+
+        from node.mine import config_json
+
+        text, out = str(args.get("job") or "").lower(), args.get("out")
+        found = [j for j in self.miners if j.hex().startswith(text)] if text else []
+        if len(found) != 1:
+            raise BadQuery(f"this node mined no job with an id starting {text!r}" if not found
+                           else f"{len(found)} jobs mined here start with {text!r}")
+        if not isinstance(out, str) or not out.startswith("/") or \
+                not out.endswith(".safetensors"):
+            raise BadQuery('"out" must be an absolute path ending in .safetensors')
+        miner = self.miners[found[0]]
+        version, weights = await miner.export_weights()
+        metadata = {"pnode_job": found[0].hex(), "pnode_step": str(version),
+                    "pnode_config": config_json(miner.config)}
+        try:
+            await trio.to_thread.run_sync(save_file, weights, out, metadata)
+        except OSError as exc:
+            raise BadQuery(f"cannot write {out}: {exc.strerror}") from None
+        data = await trio.Path(out).read_bytes()
+        return {"job": found[0].hex(), "step": version, "out": out, "bytes": len(data),
+                "tensors": len(weights), "parameters": sum(t.numel() for t in weights.values()),
+                "sha256": hashlib.sha256(data).hexdigest()}
 
     def _choose(self):
         """(tip, (job id, config) or why there is nothing to mine) (chain thread)."""

@@ -185,16 +185,6 @@ class Node:
         self.node_key: bytes | None = None
 
     @property
-    def miner(self):
-        """The miner of the job this node mines now (None: none)."""
-        return self.jobs.miner if self.jobs else None
-
-    @property
-    def verifier(self):
-        """The verifier of the job this node mines now (None: none)."""
-        return self.jobs.verifier if self.jobs else None
-
-    @property
     def addr_file(self) -> Path:
         return self.datadir.path / ADDR_FILE
 
@@ -286,7 +276,7 @@ class Node:
         """The control socket's ops (a subclass or a later component may add some)."""
         return {"status": self.status, "account": self.account, "submit_tx": self.submit_tx,
                 "hold_production": self.hold_production, "pol_export": self.pol_export,
-                "pol_audit": self.pol_audit, "view": self.view}
+                "pol_audit": self.pol_audit, "view": self.view, "export_job": self.export_job}
 
     def extra_status(self) -> dict[str, Any]:  # serving: span, sessions, the swarm seen
         info: dict[str, Any] = self.server.status() if self.server else {
@@ -295,8 +285,9 @@ class Node:
             info["swarm"] = [{"peer_id": str(announce_peer(a)), "layers": [a.layer_start,
                               a.layer_end], "throughput": a.throughput, "load": a.load,
                               "price": a.price} for a in self.announcer.fresh()]
-        info["mining"] = self.miner.status() if self.miner else None
-        info["verifier"] = self.verifier.status() if self.verifier else None
+        miner, verifier = (self.jobs.miner, self.jobs.verifier) if self.jobs else (None, None)
+        info["mining"] = miner.status() if miner else None
+        info["verifier"] = verifier.status() if verifier else None
         info["trusted_peers"] = None if self.trusted is None else sorted(map(str, self.trusted))
         return info
 
@@ -372,17 +363,20 @@ class Node:
 
     async def pol_export(self, args: dict[str, Any]) -> dict[str, Any]:
         """The ``pol_export`` op: a window file of this node's kept units (`node.pol.export_op`)."""
-        from node.mine import config_json
-        from node.pol import export_op
-        return await self._pol_op(export_op, self.archive,
-                                  config_json(self.miner.config) if self.miner else "",
-                                  self.miner.job_id if self.miner else None, args)
+        return await self._pol_op(self._jobs().pol_export, args)
 
     async def pol_audit(self, args: dict[str, Any]) -> dict[str, Any]:
         """The ``pol_audit`` op: judge recent receipts, replay windows (`Verifier.audit`)."""
-        if self.verifier is None:
-            raise BadRequest("this node runs no verifier (it mines no job)")
-        return await self._pol_op(self.verifier.audit, args)
+        return await self._pol_op(self._jobs().pol_audit, args)
+
+    async def export_job(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The ``export_job`` op: a mined job's weights to a file (`JobRunner.export`)."""
+        return await self._jobs().export(args)
+
+    def _jobs(self):
+        if self.jobs is None:
+            raise BadRequest("this node mines no job")
+        return self.jobs
 
     @staticmethod
     async def _pol_op(fn, *args) -> dict[str, Any]:

@@ -64,7 +64,7 @@ NODE_ALLOWED = {
     "node.serve": {"node.net", "node.wire", "node.torch_thread", "node.keys"},
     "node.mine": {"node.net", "node.wire", "node.chain", "node.torch_thread"},
     "node.pol": {"node.net", "node.wire", "node.chain", "node.torch_thread", "node.mine"},
-    "node.mining": {"node.mine", "node.pol", "node.chain"},
+    "node.mining": {"node.mine", "node.pol", "node.chain", "node.wire"},
     "node.node": ALL_OF_NODE,
     "node.control": ALL_OF_NODE,
     "node.cli": ALL_OF_NODE,

@@ -2,7 +2,7 @@
 
 Owns the ``job`` command group: ``template`` (a job file to start from),
 ``submit`` (sign and queue a `Job`, locking its deposit), ``list``,
-``show`` and ``status``. The reading commands ask the running node, else
+``show``, ``status`` and ``export`` (a job's weights, from the running node). The reading commands ask the running node, else
 read the store (`node.cli.common.read_view`); what a job is and who pays
 for it are the ledger's rules (`ledger.jobrules`, specs/consensus.md 5.2).
 """
@@ -10,6 +10,7 @@ for it are the ledger's rules (`ledger.jobrules`, specs/consensus.md 5.2).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import click
@@ -34,6 +35,7 @@ def job() -> None:
       pnode job submit my-job.json              # locks the job's cost from this wallet
       pnode job list
       pnode job status 5e3c                     # a job id, or a prefix of one
+      pnode job export 5e3c --out model.safetensors   # its weights, from the running node
     """
 
 
@@ -188,6 +190,46 @@ def status(job_id, data_dir, as_json) -> None:
     """
     info = read_view(DataDir(data_dir), "job", job=job_id)
     emit(as_json, info, lambda: _describe(info, full=False))
+
+
+@job.command()
+@click.argument("job_id")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the weights (.safetensors).")
+@data_dir_option
+@json_option
+def export(job_id, out, data_dir, as_json) -> None:
+    """Write a job's trained weights, as of the last update applied, to a .safetensors file.
+
+    The running node on --data-dir writes it: its own sections, and every
+    other section's weights from one of its holders at the same step. The
+    file's metadata names the job, the step and the job's config
+    (``pnode_job``, ``pnode_step``, ``pnode_config``), so the model can be
+    rebuilt from it (`compute.data.JobConfig`, `compute.model.Transformer`).
+
+    \b
+    Example:
+      pnode job export 5e3c --out model.safetensors
+    """
+    from node.control import NodeNotRunning, control_call
+
+    path = Path(out).resolve()
+    if path.suffix != ".safetensors":
+        raise click.BadParameter(f"{out}: the weights are written as .safetensors (a job's "
+                                 "byte-level model has no tokenizer for a GGUF file)",
+                                 param_hint="--out")
+    if not path.parent.is_dir():
+        raise click.BadParameter(f"{path.parent} is not a directory", param_hint="--out")
+    try:
+        info = control_call(DataDir(data_dir).path, "export_job", job=job_id, out=str(path))
+    except NodeNotRunning:
+        raise click.UsageError(f"export asks the running node that mined the job; none runs on "
+                               f"{DataDir(data_dir).path} (the weights live in a running "
+                               "miner's memory)") from None
+    info.pop("ok", None)
+    emit(as_json, info, f"wrote {info['out']}: job {info['job'][:16]}.. at step {info['step']}, "
+                        f"{info['parameters']:,} parameters, {info['bytes']:,} bytes, sha256 "
+                        f"{info['sha256'][:16]}..")
 
 
 def _describe(info: dict, *, full: bool) -> str:

@@ -41,6 +41,7 @@ another holder when this node is behind, and serves it to others.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -119,15 +120,18 @@ class Miner:
             (`node.pol.catchup.StateCheck`; None: the first that fits).
         job_id: the on-chain job to mine (None: the first whose spec is
             ``config``).
+        serve_state: ``serve_state(job_id, handler)`` registers the job's
+            state server with a router of the node's (None: this miner
+            takes `STATE_PROTOCOL` itself).
     """
 
     def __init__(self, service: ChainService, txs: TxGossip, node_key: SigningKey,
                  config: JobConfig, *, log_file: Path | None = None, average_every: int = 10,
                  wait_s: float = 20.0, report: Callable[[str], None] = lambda line: None,
                  device: str = "cpu", archive=None, tamper=None, state_check=None,
-                 job_id: bytes | None = None):
+                 job_id: bytes | None = None, serve_state=None):
         self.service, self.txs, self.key, self.config = service, txs, node_key, config
-        self.wanted = job_id
+        self.wanted, self.serve_state = job_id, serve_state
         self.host = service.host
         self.log_file, self.average_every, self.wait_s = log_file, average_every, wait_s
         self.report, self.device = report, torch.device(device)
@@ -348,8 +352,11 @@ class Miner:
                                     accepts=self.state_check)
         # Only now: a push that comes earlier fails, and its sender tries again.
         self.host.set_handler(TRAIN_PROTOCOL, self.transfer.receive)
-        self.host.set_request_handler(STATE_PROTOCOL, self.state_sync.serve,
-                                      max_request_size=1024)
+        if self.serve_state is not None:  # one handler routes every job's (node.mining)
+            self.serve_state(self.job_id, self.state_sync.serve)
+        else:
+            self.host.set_request_handler(STATE_PROTOCOL, self.state_sync.serve,
+                                          max_request_size=1024)
         await self._keep_version()
         held = ", ".join(f"{self.sections.forward[s].layer_start}:"
                          f"{self.sections.forward[s].layer_end}" for s in self.held)
@@ -478,6 +485,43 @@ class Miner:
         self.sections.client.step(grads)
         # What the weights are now (the compute thread's view), for the states it serves.
         self.state_sync.weights_version = version
+
+    async def export_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """(updates applied, the whole model's weights at that version), on the CPU.
+
+        The parts this node holds are its own; every other section's weights
+        come from one of its holders at the same version (`StateSync.fetch_parts`).
+
+        Raises:
+            MinerError: not set up for the job yet, or some section has no
+                holder that sends its weights at this node's version.
+        """
+        if self.job_id is None or self._view is None:
+            raise MinerError("this node has not set up for the job yet")
+        missing = [s for s in range(len(self.sections.forward)) if s not in self.held]
+        for _ in range(3):  # an update between the fetch and the copy: once more
+            version, view = self.version, self._view
+            got = await self.state_sync.fetch_parts(
+                missing, job_id=self.job_id, step=version, miners=view.miners,
+                holders=view.holders) if missing else {}
+            if got is None:
+                raise MinerError(f"no holder of sections {', '.join(map(str, missing))} sent "
+                                 f"its weights at step {version}")
+            weights = await torch_thread.run_sync(self._whole_model, got, version)
+            if weights is not None:
+                return version, weights
+        raise MinerError("the weights kept changing under the export; try again")
+
+    def _whole_model(self, got: dict[int, dict[str, torch.Tensor]], version: int):
+        """This node's model with ``got``'s sections put in (a copy; torch thread), or None
+        when an update came in since ``version``."""
+        if self.version != version:
+            return None
+        model = copy.deepcopy(self.model).to("cpu")
+        sections = make_sections(model, self.config)
+        for s, tensors in got.items():
+            sections.optimizers[s].load_weights({k: v for k, v in tensors.items() if "#" not in k})
+        return {name: t.detach().clone() for name, t in model.state_dict().items()}
 
     def _optimizer(self, s: int):
         return self.sections.client if s == CLIENT else self.sections.optimizers[s]

@@ -87,8 +87,28 @@ class StateSync:
             with nothing changed, when some part has no holder that sends
             a fitting state at ``step``.
         """
+        got = await self.fetch_parts([*self.held, CLIENT], job_id=job_id, step=step,
+                                     miners=miners, holders=holders, check=True)
+        if got is None:
+            return False
+        await torch_thread.run_sync(self.restore_all, got, step)
+        return True
+
+    async def fetch_parts(self, parts: Sequence[int], *, job_id: bytes, step: int,
+                          miners: Sequence[str], holders: Sequence[Sequence[str]],
+                          check: bool = False) -> dict[int, Tensors] | None:
+        """Each part's state (weights and AdamW moments) at ``step``, from a holder of it.
+
+        Args:
+            parts: section indices (or ``CLIENT``).
+            check: also ask ``accepts`` (the receipts of the open step) of each.
+
+        Returns:
+            part -> its tensors, or None when some part has no holder that
+            sends a fitting state at ``step``.
+        """
         got: dict[int, Tensors] = {}
-        for s in [*self.held, CLIENT]:
+        for s in parts:
             group = miners if s == CLIENT else holders[s]
             for peer in (p for p in group if p != self.me):
                 try:
@@ -100,13 +120,13 @@ class StateSync:
                     log.info("state of section %s from %s: %s", s, peer, exc)
                     continue
                 if reply.version == step and self.fits(s, tensors) and (
-                        self.accepts is None or await self.accepts(job_id, s, step, tensors)):
+                        not check or self.accepts is None
+                        or await self.accepts(job_id, s, step, tensors)):
                     got[s] = tensors
                     break
             if s not in got:
-                return False
-        await torch_thread.run_sync(self.restore_all, got, step)
-        return True
+                return None
+        return got
 
     def fits(self, s: int, tensors: Tensors) -> bool:
         """Every parameter, and its AdamW state either whole or absent, with our shapes."""

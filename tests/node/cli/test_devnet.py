@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from compute.train import train_local
 from node.cli import devnet_run
@@ -171,6 +172,7 @@ def test_a_late_node_catches_up_and_a_killed_node_is_replaced(tmp_path):
         assert mining(net, 2)["step"] >= 2  # it did not replay the updates: it fetched them
         net.kill(1)
         assert devnet_run.follow(net, steps, duration=240)
+        exported = export_from(dirs, (0, 2), tmp_path)
         devnet_run.settle(net, 2)
     info = devnet_run.summary(dirs)
     assert len(info["losses"]) == steps and info["loss_last"] < info["loss_first"]
@@ -179,3 +181,24 @@ def test_a_late_node_catches_up_and_a_killed_node_is_replaced(tmp_path):
     assert info["nodes"][1]["strikes"] >= 1  # the dead node let a deadline pass: jailed
     local = train_local(devnet_job(steps, 3)).losses
     assert info["losses"] == pytest.approx(list(local), rel=1e-4)  # nothing lost, nothing twice
+    # Node 0 holds section 0 only: its export took section 1 from node 2, at the same step,
+    # and is the very model node 2 (the whole model) exports.
+    (step0, weights0), (step2, weights2) = exported
+    assert step0 == step2 == steps and weights0.keys() == weights2.keys()
+    assert all(torch.equal(weights0[k], weights2[k]) for k in weights0)
+
+
+def export_from(dirs, nodes, tmp_path):
+    """`pnode job export` of the devnet's job on each of ``nodes``: (step, weights) each."""
+    from safetensors.torch import load_file
+
+    from node.cli.common import read_view
+    from node.control import control_call
+
+    job_id = read_view(DataDir(dirs[0]), "jobs")["jobs"][0]["id"]
+    out = []
+    for i in nodes:
+        path = tmp_path / f"node{i}.safetensors"
+        info = control_call(dirs[i], "export_job", job=job_id, out=str(path))
+        out.append((info["step"], load_file(str(path))))
+    return out

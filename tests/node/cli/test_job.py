@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from ledger.types import COIN
 from tests.node.prockit import read, stop, wait_for
@@ -35,6 +36,7 @@ def test_init_then_start_mines_the_chains_job_then_a_paid_one(tmp_path, pnode, p
                            "--log-level", "info")  # the default: repeats go quiet
     wait_for(lambda: _job(pnode, d, first)["state"] == "finished", "the chain's job", limit=90)
     assert f"mining job {first[:16]}" in read(out)
+    _export_beats_the_initial_model(pnode, d, tmp_path, first)
     listed = pnode("job", "list", "--data-dir", str(d), "--json").json()
     assert listed["running"] is True and [j["id"] for j in listed["jobs"]] == [first]
     wait_for(lambda: "the chain has no job left to train" in read(out), "the idle line")
@@ -68,6 +70,38 @@ def test_init_then_start_mines_the_chains_job_then_a_paid_one(tmp_path, pnode, p
     assert r.code == 2 and "--wait needs a running node" in r.err
     offline = pnode("job", "status", paid[:10], "--data-dir", str(d), "--json").json()
     assert offline["running"] is False and offline["id"] == paid
+
+
+def _export_beats_the_initial_model(pnode, d, tmp_path, job_id):
+    """The exported weights are the trained model: lower loss on the job's data than at step 0."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from compute.data import batch, make_model
+    from compute.model import Transformer
+    from node.mine import config_from_json
+
+    out = tmp_path / "model.safetensors"
+    r = pnode("job", "export", job_id[:12], "--out", str(out), "--data-dir", str(d), "--json")
+    assert r.code == 0, r.err
+    assert r.json()["step"] == 3 and r.json()["bytes"] == out.stat().st_size
+    with safe_open(str(out), "pt") as f:
+        meta = f.metadata()
+    assert meta["pnode_job"] == job_id and meta["pnode_step"] == "3"
+    config = config_from_json(meta["pnode_config"])
+    trained = Transformer(config.model)
+    trained.load_state_dict(load_file(str(out)))
+    initial = make_model(config)
+    ids, targets = batch(config, step=99)  # a batch no step trained on
+    losses = [torch.nn.functional.cross_entropy(m(ids).flatten(0, 1), targets.flatten()).item()
+              for m in (initial, trained)]
+    assert losses[1] < losses[0] - 0.3, losses
+    for bad, words in (("model.gguf", "safetensors"), (str(tmp_path / "no" / "m.safetensors"),
+                                                        "not a directory")):
+        r = pnode("job", "export", job_id, "--out", bad, "--data-dir", str(d))
+        assert r.code == 2 and words in r.err, r.err
+    r = pnode("job", "export", "ffff", "--out", str(out), "--data-dir", str(d))
+    assert r.code == 2 and "mined no job" in r.err, r.err
 
 
 def _reads_go_through_the_running_node(pnode, pwallet, d, tmp_path, carol):
