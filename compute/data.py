@@ -72,7 +72,8 @@ class DataSpec:
     """Where a job's corpus comes from.
 
     source: "synthetic" (seed, n_chars) or "file" (path, and sha256 in hex
-    when the job pins the file's content).
+    when the job pins the file's content; a job on chain names its file by
+    sha256 alone, and each node says where its copy is with path).
 
     Raises:
         DataError: unknown source, n_chars < 1, a seed outside u64, or a file
@@ -91,8 +92,8 @@ class DataSpec:
         if self.source == "synthetic" and (self.n_chars < 1 or not 0 <= self.seed < _U64):
             got = (self.n_chars, self.seed)
             raise DataError(f"expected n_chars >= 1 and a u64 seed, got {got}")
-        if self.source == "file" and not self.path:
-            raise DataError("a file data source needs a path")
+        if self.source == "file" and not (self.path or self.sha256):
+            raise DataError("a file data source needs a path, or the sha256 of its content")
 
 
 class _Draws:

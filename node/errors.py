@@ -47,5 +47,9 @@ class NothingToMine(MinerError):
     """The chain has no job this node can mine now (the reason says why)."""
 
 
+class DataUnavailable(MinerError):
+    """A job's data file is on no reachable peer, or every copy had another hash."""
+
+
 class BadPush(MinerError):
     """A pushed `StepTensors` that does not fit the job (the pusher is scored)."""

@@ -13,12 +13,13 @@ says why once, and looks again at each new tip.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import trio
 
 from ledger.codec import decode, encode
-from node.errors import BadQuery, MinerError, NothingToMine
+from node.errors import BadQuery, DataUnavailable, MinerError, NothingToMine
 from node.mine import Miner, job_to_mine
 from node.wire import STATE_PROTOCOL, StateReply, StateRequest
 
@@ -36,11 +37,14 @@ class JobRunner:
         log_file: where each computed loss is appended (`Miner`).
         report: gets the lines `pnode start` prints.
         archive, fetcher: the node's PoL archive and fetcher, shared by every job.
+        shelf: the node's `node.mine.DataShelf`: a job's data file comes from
+            it, or from peers into it.
     """
 
     def __init__(self, service, txs, key, mine, *, log_file: Path,
-                 report: Callable[[str], None], archive, fetcher) -> None:
+                 report: Callable[[str], None], archive, fetcher, shelf) -> None:
         self.service, self.txs, self.key, self.mine = service, txs, key, mine
+        self.shelf = shelf
         self.log_file, self.report, self.archive, self.fetcher = log_file, report, archive, fetcher
         self.miner: Miner | None = None
         self.verifier = None
@@ -65,6 +69,11 @@ class JobRunner:
                     await self.service.wait_tip_change(tip)
                     continue
                 job_id, config = choice
+                config = await self._with_data(job_id, config)
+                if config is None:  # its data is nowhere yet: look again at the next tip
+                    self.ready.set()
+                    await self.service.wait_tip_change(tip)
+                    continue
                 self._said = None
                 self.verifier = Verifier(self.service, self.txs, self.key, config, self.archive,
                                          self.fetcher, report=self.report,
@@ -93,6 +102,21 @@ class JobRunner:
                 self.report(f"not mining job {job_id.hex()[:16]}..: {exc}")
                 self.ready.set()
             nursery.cancel_scope.cancel()
+
+    async def _with_data(self, job_id: bytes, config):
+        """``config`` with its data file's local path: on the shelf, or fetched from peers.
+
+        Returns None (and says why) when no peer has it.
+        """
+        data = config.data
+        if data.source != "file" or not data.sha256:
+            return config
+        try:
+            path = await self.shelf.fetch(data.sha256, self.service.host.connected_peers())
+        except DataUnavailable as exc:
+            self._say(f"mining: job {job_id.hex()[:16]}..: {exc}")
+            return None
+        return replace(config, data=replace(data, path=str(path)))
 
     def _route_state(self, job_id: bytes, serve) -> None:
         """Register a job's `STATE_PROTOCOL` server; one handler routes by the request's job,

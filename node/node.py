@@ -57,6 +57,7 @@ from node.control import BadRequest, ControlOp, ControlServer, socket_path
 from node.datadir import DataDir
 from node.errors import NodeError
 from node.keys import read_public_key, write_private
+from node.mine import DataShelf
 from node.net import DialError, PeerIdentity, open_host
 from node.serve import Announcer, Cashier, LayerServer, ServeConfig, announce_peer
 
@@ -228,6 +229,8 @@ class Node:
             self.service = await nursery.start(service.run)
             self.txs = await nursery.start(TxGossip(self.service).run)
             WalletDesk(self.service, self.txs).install()  # light clients (`pwallet --peers`)
+            self.shelf = DataShelf(self.datadir.path / "data", host)  # job data by hash
+            self.shelf.install()
             await nursery.start(ControlServer(self.sock_file, self.control_ops()).run)
             self.announcer = await nursery.start(
                 Announcer(host, self.clock, allowed=self.trusted).run)
@@ -455,7 +458,8 @@ class Node:
                                               max_request_size=MAX_POL_REQUEST)
         self.jobs = JobRunner(self.service, self.txs, key, self.mine,
                               log_file=self.datadir.path / TRAIN_LOG, report=self.report,
-                              archive=archive, fetcher=PolFetcher(self.service.host))
+                              archive=archive, fetcher=PolFetcher(self.service.host),
+                              shelf=self.shelf)
         await self.jobs.run()
 
     async def _join(self, addr: str) -> None:  # dial (with backoff), sync once

@@ -77,7 +77,9 @@ def submit(job_file, deposit, wallet_name, data_dir, passphrase_file, as_json) -
 
     The deposit pays every unit's reward and its verifiers' fees; what the
     job does not spend comes back once it is finished. Jobs train one at a
-    time: `pnode job list` shows the queue.
+    time: `pnode job list` shows the queue. A data file (``"data":
+    {"source": "file", "path": "notes.txt"}``) is kept in DATA_DIR/data by
+    its SHA-256, which the job names; this node serves it to the miners.
 
     \b
     Examples:
@@ -89,6 +91,7 @@ def submit(job_file, deposit, wallet_name, data_dir, passphrase_file, as_json) -
     config = common.read_job_file(job_file, "JOB_FILE")
     plan = _checked_plan(job_plan, config, job_file)
     dd = DataDir(data_dir)
+    config = _shelved(dd, config, job_file)
     params = read_view(dd, "params")["params"]
     n_units = 2 * plan.k * config.replicas
     cost = job_cost(SimpleNamespace(**params), config.steps, n_units)
@@ -116,6 +119,34 @@ def submit(job_file, deposit, wallet_name, data_dir, passphrase_file, as_json) -
     emit(as_json, info, f"job {job_id.hex()} queued: {config.steps} steps x {n_units} units, "
                         f"deposit {format_coins(units)} coins"
                         f"{'' if units else ' (minted: the job authority)'}")
+
+
+def _shelved(dd: DataDir, config, job_file: str):
+    """``config`` with its data file put on the node's shelf and pinned by its sha256.
+
+    A job names its data file by content alone; the running node serves it
+    to miners over `/pnode/data/1.0.0` (`node.mine.DataShelf`).
+    """
+    from dataclasses import replace
+
+    from compute.data import load_corpus
+    from compute.errors import ComputeError
+    from node.mine import DataShelf
+
+    data = config.data
+    if data.source != "file":
+        return config
+    if not data.path:
+        raise click.BadParameter(f"{job_file}: data.path must name the text file to train on",
+                                 param_hint="JOB_FILE")
+    try:
+        corpus = load_corpus(data)  # UTF-8, long enough, and the sha256 if one is given
+    except ComputeError as exc:
+        raise click.BadParameter(f"{job_file}: {exc}", param_hint="JOB_FILE") from None
+    sha = DataShelf(dd.path / "data").add(Path(data.path))
+    assert sha == corpus.sha256  # a job's tokens are its file's bytes
+    return replace(config, data=replace(data, sha256=sha,
+                                        path=str(DataShelf(dd.path / "data").path(sha))))
 
 
 def _coins(text: str, option: str) -> int:

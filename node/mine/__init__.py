@@ -6,7 +6,8 @@ signs receipts), `phases` (a step's message keys, `Phase`, `PhaseResult`),
 push), `state_sync` (catching up from a holder's state, and
 serving it), `step_plan` (what each unit of a step reads, computes and
 pushes), `jobs` (a job's on-chain record and unit list), `averaging`
-(`Averager`, `/pnode/averaging`), `devnet` (the keys, genesis and job of a
+(`Averager`, `/pnode/averaging`), `data` (`DataShelf`: job data files by
+hash, `/pnode/data/1.0.0`), `devnet` (the keys, genesis and job of a
 local devnet). Never imports the serving side.
 """
 
@@ -21,5 +22,6 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.mine.phases": ("HALF_OF", "Key", "Phase", "PhaseResult", "Push", "Tensors",
                          "input_name", "message_tensor"),
     "node.mine.averaging": ("Averager",),
+    "node.mine.data": ("DataShelf", "file_sha256"),
     "node.mine.devnet": ("BOND", "DEVNET_PARAMS", "DevnetKeys", "devnet_genesis", "devnet_job"),
 })

@@ -74,8 +74,15 @@ def named_digest(digests: dict[str, bytes]) -> bytes:
 
 
 def config_json(config: JobConfig) -> str:
-    """The canonical JSON of a job config (sorted keys, no spaces)."""
-    return json.dumps(asdict(config), sort_keys=True, separators=(",", ":"))
+    """The canonical JSON of a job config (sorted keys, no spaces).
+
+    A data file pinned by its sha256 is named by that alone: where a node
+    keeps its copy (``data.path``) is not part of the job.
+    """
+    raw = asdict(config)
+    if raw["data"]["source"] == "file" and raw["data"]["sha256"]:
+        raw["data"]["path"] = ""
+    return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
 
 def config_from_json(text: str) -> JobConfig:

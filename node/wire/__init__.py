@@ -5,7 +5,7 @@ Sub-modules: `sync` (chain sync, block and transaction topics), `wallet`
 (swarm announcements and inference sessions), `span` (`ServerInfo`: the span
 record servers and clients read from an announcement), `train` (training
 pushes and state sync), `averaging` (replica averaging), `pol`
-(Proof-of-Learning fetches). Each message is a frozen, slotted dataclass
+(Proof-of-Learning fetches), `data` (a job's training text by its hash). Each message is a frozen, slotted dataclass
 registered with the ledger codec, so ``decode(data, T)`` refuses any other
 tag, a field out of range, or trailing bytes. Limits live next to the
 shapes they bound, so both ends agree on them.
@@ -25,6 +25,7 @@ reused):
     82-83  serve (paid sessions): Settle, Settled
     85-91  wallet desk: AccountQuery, AccountInfo, SubmitTx, TxResult, RegistryQuery,
            RegisteredEntry, RegistryInfo
+    92-93  data: DataRequest, DataReply
 """
 
 from node.lazy import lazy_exports
@@ -60,6 +61,10 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "MAX_SYNC_REQUEST_FRAME", "MAX_SYNC_RESPONSE_FRAME", "SYNC_PROTOCOL", "TXS_TOPIC",
         "BlocksRequest", "BlocksResponse", "SyncRequest", "TipRequest", "TipResponse", "Weight",
         "encode_blocks_response",
+    ),
+    "node.wire.data": (
+        "DATA_PROTOCOL", "MAX_DATA_CHUNK", "MAX_DATA_FILE", "MAX_DATA_REPLY", "MAX_DATA_REQUEST",
+        "DataReply", "DataRequest",
     ),
     "node.wire.train": (
         "ACTIVATION", "ATTN_PARTIAL", "ATTN_SHARE", "CLIENT", "EMBED_GRADS", "GRADIENT",

@@ -7,6 +7,7 @@ node, the bad job files and deposits are refused offline.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -176,3 +177,25 @@ def test_init_job_options(pnode, tmp_path):
     assert r.code == 2 and "no job on the chain with an id starting abcd" in r.err
     r = pnode("job", "show", "xyz", "--data-dir", str(tmp_path / "c"))
     assert r.code == 2 and "not a job id" in r.err
+
+
+def test_a_job_on_a_data_file_names_it_by_hash_and_is_mined(tmp_path, pnode, spawn):
+    d = tmp_path / "n"
+    assert pnode("init", "--no-job", "--data-dir", str(d), "--chain-id", "t-data",
+                 "--slot-ms", "100").code == 0
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The quick brown fox jumps over the lazy dog. " * 200)
+    (tmp_path / "job.json").write_text(json.dumps(
+        {"steps": 2, "data": {"source": "file", "path": str(notes)}}))
+    r = pnode("job", "submit", str(tmp_path / "job.json"), "--data-dir", str(d), "--json")
+    assert r.code == 0, r.err
+    job_id = r.json()["id"]
+    sha = hashlib.sha256(notes.read_bytes()).hexdigest()
+    assert (d / "data" / sha).read_bytes() == notes.read_bytes()  # on the node's shelf
+    proc, out, err = spawn("n", "--no-serve", "--data-dir", str(d))
+    done = wait_for(lambda: (j := _job(pnode, d, job_id))["state"] == "finished" and j,
+                    "the file job", limit=90)
+    assert done["spec"]["data"] == {"source": "file", "sha256": sha, "path": "", "seed": 0,
+                                    "n_chars": 100000}  # named by content only
+    assert len(read(d / "train.jsonl").splitlines()) == 2
+    assert stop(proc) == 0, read(err)
