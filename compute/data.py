@@ -186,6 +186,25 @@ def _synthetic_corpus(seed: int, n_chars: int) -> Corpus:
     return corpus_from_bytes(synthetic_text(seed, n_chars).encode("ascii"), "synthetic text")
 
 
+def job_corpus(job: JobConfig) -> Corpus:
+    """The tokens a job trains on: its data's bytes, or (``job.init`` set) the text in the
+    model file's tokens. The corpus's sha256 is the data's either way.
+
+    Raises:
+        DataError: as `load_corpus`; ModelFileError: no model file ``job.init``.
+    """
+    corpus = load_corpus(job.data)
+    return _tokenized(job.data, job.init, corpus.sha256) if job.init else corpus
+
+
+@lru_cache(maxsize=2)
+def _tokenized(spec: DataSpec, init: str, sha256: str) -> Corpus:
+    from compute.pretrained import tokenized_corpus
+
+    text = bytes(load_corpus(spec).tokens.to(torch.uint8).tolist())
+    return tokenized_corpus(text, sha256, init)
+
+
 def load_corpus(spec: DataSpec) -> Corpus:
     """The corpus a DataSpec names (synthetic corpora are kept once built; files are re-read)."""
     if spec.source == "synthetic":
@@ -260,7 +279,11 @@ class JobConfig:
         (specs/pol.md 8 and 10.3);
     threads: the intra-op CPU threads every unit runs with, on every node
         (`compute.device.pinned_threads`): a weight gradient's rounding
-        depends on it, and a re-execution is bit-exact only at the same count.
+        depends on it, and a re-execution is bit-exact only at the same count;
+    init: "" (weights drawn from seed and init_std), or the hex SHA-256 of
+        a GGUF file the job starts from (continued training of a released
+        model, `compute.pretrained`): its weights are the initial model,
+        ``model`` must be its config, and the text is read in its tokens.
 
     Raises:
         ConfigError: a value out of range (k an int >= 1, mlp_slices None or
@@ -285,6 +308,7 @@ class JobConfig:
     replicas: int = 1
     state_every: int = 16
     threads: int = 2
+    init: str = ""
 
     def __post_init__(self) -> None:
         ok = (
@@ -295,6 +319,10 @@ class JobConfig:
         )
         if not ok:
             raise ConfigError(f"job hyperparameters out of range: {self}")
+        if self.init and (len(self.init) != 64
+                          or any(c not in "0123456789abcdef" for c in self.init)):
+            raise ConfigError(f"expected init '' or a model file's SHA-256 in hex, "
+                              f"got {self.init!r}")
         if self.model.vocab_size < VOCAB_SIZE:
             got = self.model.vocab_size
             raise ConfigError(f"byte tokens need vocab_size >= {VOCAB_SIZE}, got {got}")
@@ -325,7 +353,12 @@ def _is_int(v: object) -> bool:
 
 
 def make_model(job: JobConfig) -> Transformer:
-    """The job's initial model: N(0, init_std) weights drawn from a generator seeded by job.seed."""
+    """The job's initial model: N(0, init_std) weights drawn from a generator seeded by
+    job.seed, or the weights of the model file ``job.init`` (`compute.pretrained`)."""
+    if job.init:
+        from compute.pretrained import pretrained_model
+
+        return pretrained_model(job.init, job.model)
     model = Transformer(job.model)
     model.init_weights(torch.Generator().manual_seed(job.seed), std=job.init_std)
     return model.train()
@@ -344,7 +377,7 @@ def batch(
     Raises:
         DataError: as `load_corpus` and `batch_at`.
     """
-    corpus = load_corpus(job.data) if corpus is None else corpus
+    corpus = job_corpus(job) if corpus is None else corpus
     return batch_at(
         corpus, seed=job.seed, step=step, batch_size=job.batch_size, seq_len=job.seq_len,
         replica=replica, n_replicas=n_replicas,

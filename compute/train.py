@@ -42,7 +42,7 @@ from compute.blocks import (
     HALVES, BlockError, Grads, Partial, add_grads, aggregate_grads, aggregate_heads, aggregate_mlp,
     backward_block, forward_block, mlp_slices_of, model_partition, piece_of,
 )
-from compute.data import DEFAULT_MODEL, Corpus, JobConfig, batch, load_corpus, make_model
+from compute.data import DEFAULT_MODEL, Corpus, JobConfig, batch, job_corpus, make_model
 from compute.errors import ShapeError
 from compute.model import Transformer
 from compute.optim import ParamSlice, SliceAdamW, adamw
@@ -372,7 +372,7 @@ def train_local(
         corpus: the job's corpus, if already loaded.
         on_step: called with (step, loss) after each step (progress display).
     """
-    corpus = load_corpus(job.data) if corpus is None else corpus
+    corpus = job_corpus(job) if corpus is None else corpus
     model = make_model(job)
     sections = make_sections(model, job) if decomposed else None
     optimizer = None if decomposed else make_whole_optimizer(model, job)

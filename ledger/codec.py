@@ -146,12 +146,15 @@ def encode_unsigned(obj: Any, encoded: bytes | None = None) -> bytes:
     return msgpack.packb(plain[:-1], use_bin_type=True)
 
 
-def decode(data: bytes, expected: type | tuple[type, ...] | None = None) -> Any:
+def decode(data: bytes, expected: type | tuple[type, ...] | None = None, *,
+           max_size: int = MAX_ENCODED_SIZE) -> Any:
     """Decode canonical bytes into an object.
 
     Args:
         data: the bytes to decode.
         expected: the class (or classes) the caller accepts; None for any.
+        max_size: the most bytes accepted (a protocol with larger frames,
+            such as training pushes, gives its own frame limit).
 
     Returns:
         The decoded frozen dataclass.
@@ -163,8 +166,8 @@ def decode(data: bytes, expected: type | tuple[type, ...] | None = None) -> Any:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise DecodeError(f"expected bytes, got {type(data).__name__}")
     data = bytes(data)
-    if len(data) > MAX_ENCODED_SIZE:
-        raise DecodeError(f"input of {len(data)} bytes exceeds {MAX_ENCODED_SIZE}")
+    if len(data) > max_size:
+        raise DecodeError(f"input of {len(data)} bytes exceeds {max_size}")
     try:
         plain = msgpack.unpackb(
             data, raw=False, use_list=False, strict_map_key=True,

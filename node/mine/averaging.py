@@ -143,7 +143,7 @@ class Averager:
             data = await self.host.request(peer, AVERAGING_PROTOCOL, encode(offer),
                                            timeout=self.timeout,
                                            max_response_size=MAX_AVERAGING_FRAME)
-            reply = decode(data, AverageReply)
+            reply = decode(data, AverageReply, max_size=MAX_AVERAGING_FRAME)
             self._record(peer, reply.degree, _decode(reply.tensors, self._snapshot))
         except (RequestError, DecodeError, AveragingError) as exc:
             log.info("averaging with %s left out: %s", peer, exc)
@@ -176,7 +176,7 @@ def _dispatch(sections: dict[str, Averager]):
     async def answer(stream: INetStream, peer_id: ID) -> None:
         timeout = max((a.timeout for a in sections.values()), default=10.0)
         offer = decode(await read_frame(stream, MAX_AVERAGING_FRAME, timeout=timeout),
-                       AverageOffer)
+                       AverageOffer, max_size=MAX_AVERAGING_FRAME)
         averager = sections.get(offer.section)
         if averager is not None:  # else: close without an answer (we hold no such section)
             await averager._answer(stream, peer_id, offer)

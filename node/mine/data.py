@@ -34,6 +34,9 @@ from ledger.errors import DecodeError
 
 log = logging.getLogger(__name__)
 
+#: Ranges a fetch asks for at once.
+IN_FLIGHT = 8
+
 __all__ = ["DataShelf", "file_sha256"]
 
 
@@ -125,28 +128,45 @@ class DataShelf:
                               "submitter's node serves it while it runs)")
 
     async def _fetch_from(self, peer, sha256: str, timeout_s: float) -> Path:
+        """The whole file from ``peer``: the first range says its size, the rest come
+        ``IN_FLIGHT`` at a time (one round trip each would leave the link idle)."""
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".{sha256}.{os.getpid()}.part"
-        h, offset, total = hashlib.sha256(), 0, None
         try:
-            with open(tmp, "wb") as f:
-                while total is None or offset < total:
-                    reply = decode(await self.host.request(
-                        peer, DATA_PROTOCOL, encode(DataRequest(bytes.fromhex(sha256), offset,
-                                                                MAX_DATA_CHUNK)),
-                        timeout=timeout_s, max_response_size=MAX_DATA_REPLY), DataReply)
-                    total = reply.total if total is None else total
-                    if not 0 < total <= MAX_DATA_FILE or reply.total != total:
-                        raise DataUnavailable(f"it has no such file (size {reply.total})")
-                    if not reply.chunk or offset + len(reply.chunk) > total:
-                        raise DataUnavailable(f"a range at {offset} of {total} bytes came "
-                                              f"{len(reply.chunk)} bytes long")
-                    f.write(reply.chunk)
-                    h.update(reply.chunk)
-                    offset += len(reply.chunk)
-            if h.hexdigest() != sha256:
-                raise DataUnavailable(f"its file has another SHA-256, {h.hexdigest()[:16]}..")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                first = await self._range(peer, sha256, 0, None, timeout_s)
+                total = first.total
+                os.pwrite(fd, first.chunk, 0)
+                limiter = trio.CapacityLimiter(IN_FLIGHT)
+
+                async def one(offset: int) -> None:
+                    async with limiter:
+                        reply = await self._range(peer, sha256, offset, total, timeout_s)
+                        await trio.to_thread.run_sync(os.pwrite, fd, reply.chunk, offset)
+                async with trio.open_nursery() as nursery:
+                    for offset in range(len(first.chunk), total, MAX_DATA_CHUNK):
+                        nursery.start_soon(one, offset)
+            finally:
+                os.close(fd)
+            got = await trio.to_thread.run_sync(file_sha256, tmp)
+            if got != sha256:
+                raise DataUnavailable(f"its file has another SHA-256, {got[:16]}..")
             os.replace(tmp, self.path(sha256))
             return self.path(sha256)
         finally:
             tmp.unlink(missing_ok=True)
+
+    async def _range(self, peer, sha256: str, offset: int, total: int | None,
+                     timeout_s: float) -> DataReply:
+        """One range of the file, checked to be the whole range asked for (cut at the end)."""
+        reply = decode(await self.host.request(
+            peer, DATA_PROTOCOL, encode(DataRequest(bytes.fromhex(sha256), offset,
+                                                    MAX_DATA_CHUNK)),
+            timeout=timeout_s, max_response_size=MAX_DATA_REPLY), DataReply)
+        if not 0 < reply.total <= MAX_DATA_FILE or (total is not None and reply.total != total):
+            raise DataUnavailable(f"it has no such file (size {reply.total})")
+        if len(reply.chunk) != min(MAX_DATA_CHUNK, reply.total - offset):
+            raise DataUnavailable(f"the range at {offset} of {reply.total} bytes came "
+                                  f"{len(reply.chunk)} bytes long")
+        return reply

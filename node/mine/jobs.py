@@ -126,7 +126,7 @@ def commitments(config: JobConfig) -> tuple[bytes, bytes, bytes]:
     """(model_hash, data_hash, hyper_hash) of a job (module docstring)."""
     model = make_model(config)
     model_hash = tensors_digest(dict(model.state_dict()))
-    data_hash = bytes.fromhex(load_corpus(config.data).sha256)
+    data_hash = bytes.fromhex(load_corpus(config.data).sha256)  # the text's, tokens aside
     return model_hash, data_hash, hashlib.sha256(config_json(config).encode()).digest()
 
 

@@ -53,7 +53,7 @@ import torch
 import trio
 from libp2p.peer.id import ID
 
-from compute.data import JobConfig, batch, load_corpus, make_model
+from compute.data import JobConfig, batch, job_corpus, make_model
 from compute.quant import WireTensorError
 from compute.train import make_sections
 from ledger.crypto import SigningKey
@@ -366,7 +366,7 @@ class Miner:
     def _build(self) -> dict:
         self.model = make_model(self.config).to(self.device)
         self.sections = make_sections(self.model, self.config)
-        self.corpus = load_corpus(self.config.data)
+        self.corpus = job_corpus(self.config)
         self.k = len(self.sections.forward)
         c = self.config
         self.plan = StepPlan(self.model, self.sections, (c.batch_size, c.seq_len, c.model.dim),

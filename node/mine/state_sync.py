@@ -114,7 +114,8 @@ class StateSync:
                 try:
                     reply = decode(await self.host.request(
                         peer, STATE_PROTOCOL, encode(StateRequest(job_id, s)),
-                        timeout=self.wait_s, max_response_size=MAX_TRAIN_FRAME), StateReply)
+                        timeout=self.wait_s, max_response_size=MAX_TRAIN_FRAME), StateReply,
+                        max_size=MAX_TRAIN_FRAME)
                     tensors = {t.name: decode_tensor(t.data) for t in reply.tensors}
                 except (RequestError, DecodeError, WireTensorError) as exc:
                     log.info("state of section %s from %s: %s", s, peer, exc)

@@ -197,7 +197,8 @@ class Transfer:
             # Not a holder as far as this node's (possibly stale) view goes: read
             # nothing, score nothing; the stream closes and the sender retries.
             return
-        msg = decode(await read_frame(stream, MAX_TRAIN_FRAME, timeout=self.wait_s), StepTensors)
+        msg = decode(await read_frame(stream, MAX_TRAIN_FRAME, timeout=self.wait_s), StepTensors,
+                     max_size=MAX_TRAIN_FRAME)
         if msg.job_id != self.job_id:
             return  # not mining that job: nothing to keep
         version = self.version()

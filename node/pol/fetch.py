@@ -95,7 +95,7 @@ class PolFetcher:
                 request = encode(PolRequest(kind, job_id, key))
                 raw = await self.host.request(peer, POL_PROTOCOL, request, timeout=self.wait_s,
                                               max_response_size=MAX_POL_FRAME)
-                reply = decode(raw, PolReply)
+                reply = decode(raw, PolReply, max_size=MAX_POL_FRAME)
                 if not reply.found:
                     continue
                 return check(reply)
@@ -172,7 +172,7 @@ class ArchiveFetcher(PolFetcher):
         for peer in peers:
             raw = encode(reply_for(self.archives[peer], PolRequest(kind, job_id, key)))
             self.bytes += len(raw)
-            reply = decode(raw, PolReply)
+            reply = decode(raw, PolReply, max_size=MAX_POL_FRAME)
             if reply.found:
                 return check(reply)
         return None

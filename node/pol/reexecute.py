@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from compute.blocks import model_partition
-from compute.data import JobConfig, batch, load_corpus, make_model
+from compute.data import JobConfig, batch, job_corpus, make_model
 from compute.train import make_sections
 from node.mine import (
     Key, PhaseResult, StepPlan, Tensors, input_name, job_units, message_tensor,
@@ -50,7 +50,7 @@ class Reexecutor:
 
     def __init__(self, config: JobConfig):
         self.config = config
-        self.corpus = load_corpus(config.data)
+        self.corpus = job_corpus(config)
         self._fresh()
 
     def _fresh(self) -> None:

@@ -28,7 +28,7 @@ from node.pol.archive import PolArchive
 from node.pol.fetch import ArchiveFetcher
 from node.pol.judge import Case, Judgement, judge
 from node.pol.reexecute import Reexecutor
-from node.wire import NamedSet, NamedTensor, PolWindow
+from node.wire import MAX_POL_FRAME, NamedSet, NamedTensor, PolWindow
 from proof_of_learning.certificate import (
     PASS, REASONS, bits_float, cert_hash, decode_cert, digest_map,
 )
@@ -261,7 +261,8 @@ def read_window(path: str) -> PolWindow:
         raise WindowError("not a window file: no header frame")
     try:
         head = decode(frames[0], PolWindow)
-        tensors = tuple(decode(frame, NamedTensor) for frame in frames[1:])
+        tensors = tuple(decode(frame, NamedTensor, max_size=MAX_POL_FRAME)
+                        for frame in frames[1:])
         return replace(head, tensors=tensors)
     except (DecodeError, ValueError) as exc:
         raise WindowError(f"not a window file: {exc}") from None

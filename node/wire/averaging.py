@@ -13,7 +13,7 @@ from typing import Annotated
 from ledger.codec import U32, U64, MaxLen, wire
 
 AVERAGING_PROTOCOL = "/pnode/averaging/1.0.0"
-MAX_AVERAGING_FRAME = 64 * 1024 * 1024  # one section's tensors
+MAX_AVERAGING_FRAME = 512 * 1024 * 1024  # one section's tensors (SmolLM2's client part: 113 MB)
 
 
 

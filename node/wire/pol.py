@@ -19,7 +19,7 @@ from node.wire.averaging import Named, NamedTensor
 
 POL_PROTOCOL = "/pnode/pol/1.0.0"
 #: One reply: the weights a unit of a small job read fit with room.
-MAX_POL_FRAME = 64 * 1024 * 1024
+MAX_POL_FRAME = 512 * 1024 * 1024
 MAX_POL_REQUEST = 256
 
 #: ``PolRequest.kind``: a `UnitCert` by `cert_hash`, an `Evidence` by

@@ -17,7 +17,7 @@ from node.wire.averaging import Named
 
 TRAIN_PROTOCOL = "/pnode/train/1.0.0"
 #: One frame: a section's weight gradients of a small job fit with room.
-MAX_TRAIN_FRAME = 64 * 1024 * 1024
+MAX_TRAIN_FRAME = 512 * 1024 * 1024
 
 #: ``StepTensors.what``: the states entering the stage whose first section is
 #: ``section`` (named "h"), dL/d(states leaving that stage) (named "g"), the
