@@ -97,7 +97,8 @@ class JobRunner:
             nursery.start_soon(pass_ready_on)
             try:
                 await self.miner.run()
-            except MinerError as exc:  # a job this node cannot mine: it waits for the next
+            except* MinerError as group:  # a job this node cannot mine: it waits for the next
+                exc = _first_leaf(group)
                 self._refused[job_id] = str(exc)
                 self.report(f"not mining job {job_id.hex()[:16]}..: {exc}")
                 self.ready.set()
@@ -202,3 +203,10 @@ class JobRunner:
         if line != self._said:
             self._said = line
             self.report(line)
+
+
+def _first_leaf(group: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups (trio wraps a task's error)."""
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group

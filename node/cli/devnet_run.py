@@ -41,11 +41,12 @@ class DevnetError(NodeError):
 
 
 def create(root: Path, n_nodes: int, steps: int, passphrase: str, *,
-           job_overrides: dict | None = None, params: dict | None = None
-           ) -> tuple[list[Path], Path]:
+           job_overrides: dict | None = None, params: dict | None = None,
+           spans: list[tuple[int, int]] | None = None) -> tuple[list[Path], Path]:
     """Write the node data dirs and D/job.json; returns (node dirs, job file).
 
-    ``params`` overrides `DEVNET_PARAMS` (e.g. ``audit_bps``).
+    ``params`` overrides `DEVNET_PARAMS` (e.g. ``audit_bps``); ``spans``, the
+    layers each node registers (default: `devnet_spans`).
 
     Raises:
         DevnetError: ``root`` already holds a devnet.
@@ -55,7 +56,7 @@ def create(root: Path, n_nodes: int, steps: int, passphrase: str, *,
     config = devnet_job(steps, n_nodes, **(job_overrides or {}))
     keys = [DevnetKeys.fresh() for _ in range(n_nodes)]
     genesis = devnet_genesis(f"devnet-{os.urandom(3).hex()}", keys, config,
-                             now_ms(), **(params or {}))
+                             now_ms(), spans=spans, **(params or {}))
     root.mkdir(parents=True, exist_ok=True)
     job_file = root / "job.json"
     job_file.write_text(config_json(config) + "\n")

@@ -42,22 +42,37 @@ def job() -> None:
 @job.command()
 @click.option("--steps", type=click.IntRange(1, 10**9), default=None,
               help="Steps of the job [default: the default job's].")
-def template(steps) -> None:
-    """Print the default job's config (JSON): a job file to edit and submit.
+@click.option("--model", "model", type=click.Choice(["tiny", "smollm2"]), default="tiny",
+              show_default=True,
+              help="tiny: the built-in 0.8M-parameter byte-level model, from random weights; "
+                   "smollm2: continued training of the bundled SmolLM2-135M-Instruct (its "
+                   "GGUF by hash, its tokens), on a text file you name in data.path.")
+def template(steps, model) -> None:
+    """Print a job's config (JSON): a job file to edit and submit.
 
-    The fields are `compute.data.JobConfig`'s: model (the built-in config's
-    sizes), data (synthetic text by seed and length, or a file by path and
-    sha256), optimizer, batch, steps, k sections, replicas.
+    The fields are `compute.data.JobConfig`'s: model (sizes), init (a GGUF
+    file's SHA-256 to start from, or ""), data (synthetic text by seed and
+    length, or a file by path), optimizer, batch, steps, k sections,
+    replicas.
 
     \b
-    Example:
+    Examples:
       pnode job template --steps 50 > small.json
+      pnode job template --model smollm2 --steps 20 > smol.json   # then set data.path
     """
     from dataclasses import replace
 
     from node.mine import config_json
 
     config = common.read_job_file(None, "")
+    if model == "smollm2":
+        from compute.data import DataSpec
+        from compute.pretrained import bundled_sha256, pretrained_config
+
+        sha = bundled_sha256()
+        config = replace(config, model=pretrained_config(sha, 256), init=sha, k=3,
+                         batch_size=2, seq_len=128, lr=1e-4, steps=20,
+                         data=DataSpec("file", path="notes.txt"))
     config = replace(config, steps=steps) if steps else config
     click.echo(json.dumps(json.loads(config_json(config)), indent=2, sort_keys=True))
 

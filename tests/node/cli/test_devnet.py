@@ -202,3 +202,4 @@ def export_from(dirs, nodes, tmp_path):
         info = control_call(dirs[i], "export_job", job=job_id, out=str(path))
         out.append((info["step"], load_file(str(path))))
     return out
+

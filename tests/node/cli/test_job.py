@@ -199,3 +199,33 @@ def test_a_job_on_a_data_file_names_it_by_hash_and_is_mined(tmp_path, pnode, spa
                                     "n_chars": 100000}  # named by content only
     assert len(read(d / "train.jsonl").splitlines()) == 2
     assert stop(proc) == 0, read(err)
+
+
+def test_a_job_whose_hashes_lie_is_not_mined_and_the_node_goes_on(tmp_path, pnode, spawn):
+    """A job whose model hash is not its spec's initial model: the miner refuses it (a
+    `MinerError` inside the miner's task group) and the node keeps running and producing."""
+    from dataclasses import replace
+
+    from compute.data import JobConfig
+    from ledger.crypto import SigningKey
+    from ledger.types import sign
+    from node.datadir import DataDir
+    from node.keys import read_key_file
+    from node.mine import job_tx
+
+    d = tmp_path / "n"
+    assert pnode("init", "--no-job", "--data-dir", str(d), "--chain-id", "t-lie",
+                 "--slot-ms", "100").code == 0
+    dd = DataDir(d)
+    wallet = SigningKey(read_key_file(dd.wallet_file, "correct horse"))
+    honest = job_tx(JobConfig(steps=2), "t-lie", wallet, 1)
+    lying = sign(replace(honest, model_hash=bytes(32)), wallet)
+    with dd.open_chain() as db:
+        db.admit(lying)
+    proc, out, err = spawn("n", "--no-serve", "--data-dir", str(d))
+    wait_for(lambda: "does not commit to this config's initial weights" in read(out),
+             "the miner to refuse the job", limit=60)
+    height = pnode("status", "--data-dir", str(d), "--json").json()["height"]
+    wait_for(lambda: pnode("status", "--data-dir", str(d), "--json").json()["height"] > height,
+             "the node to go on producing")
+    assert proc.poll() is None and stop(proc) == 0, read(err)
