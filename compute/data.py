@@ -199,10 +199,12 @@ def job_corpus(job: JobConfig) -> Corpus:
 
 @lru_cache(maxsize=2)
 def _tokenized(spec: DataSpec, init: str, sha256: str) -> Corpus:
-    from compute.pretrained import tokenized_corpus
+    from compute.pretrained import text_tokens
 
-    text = bytes(load_corpus(spec).tokens.to(torch.uint8).tolist())
-    return tokenized_corpus(text, sha256, init)
+    tokens = text_tokens(bytes(load_corpus(spec).tokens.to(torch.uint8).tolist()), init)
+    if tokens.numel() < 2:
+        raise DataError("the training text is shorter than two tokens")
+    return Corpus(tokens, sha256)
 
 
 def load_corpus(spec: DataSpec) -> Corpus:

@@ -4,8 +4,8 @@ Owns what a job with ``init`` set needs (specs/compute.md 7): finding the
 GGUF file whose SHA-256 ``init`` names (`model_file`: the files registered
 with `register_model_file`, and the bundled SmolLM2-135M-Instruct), its
 model config (`pretrained_config`), its weights as the job's initial model
-(`pretrained_model`, float32, in training mode) and the corpus of a text
-tokenized with its tokenizer (`tokenized_corpus`). A file is hashed once
+(`pretrained_model`, float32, in training mode) and a text in its
+tokens (`text_tokens`). A file is hashed once
 per process.
 """
 
@@ -22,7 +22,7 @@ from compute.errors import ConfigError, ModelFileError
 from compute.model import Transformer
 
 __all__ = ["model_file", "pretrained_config", "pretrained_model", "register_model_file",
-           "tokenized_corpus"]
+           "text_tokens"]
 
 _registered: dict[str, Path] = {}
 
@@ -102,18 +102,10 @@ def pretrained_model(sha256: str, config: ModelConfig) -> Transformer:
     return model.train()
 
 
-def tokenized_corpus(text: bytes, sha256: str, init: str):
-    """The corpus of UTF-8 ``text`` in the tokens of the model file ``init``.
-
-    Its ``sha256`` stays the text's: the tokens are a function of the text
-    and the model file, which the job names.
-    """
-    from compute.data import Corpus, DataError
-
-    ids = _tokenizer(init).encode(text.decode("utf-8"), add_bos=False)
-    if len(ids) < 2:
-        raise DataError("the training text is shorter than two tokens")
-    return Corpus(torch.tensor(ids, dtype=torch.int64), sha256)
+def text_tokens(text: bytes, init: str) -> torch.Tensor:
+    """UTF-8 ``text`` in the tokens of the model file ``init``: (N,) int64, no BOS."""
+    return torch.tensor(_tokenizer(init).encode(text.decode("utf-8"), add_bos=False),
+                        dtype=torch.int64)
 
 
 @lru_cache(maxsize=2)

