@@ -11,12 +11,12 @@ per process.
 
 from __future__ import annotations
 
-import hashlib
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from compute import hashing
 from compute.config import ModelConfig
 from compute.errors import ConfigError, ModelFileError
 from compute.model import Transformer
@@ -27,17 +27,9 @@ __all__ = ["model_file", "pretrained_config", "pretrained_model", "register_mode
 _registered: dict[str, Path] = {}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @lru_cache(maxsize=8)
 def _hashed(path: str, mtime_ns: int, size: int) -> str:
-    return _sha256(Path(path))
+    return hashing.file_sha256(path)
 
 
 def file_sha256(path: Path) -> str:

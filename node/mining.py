@@ -137,16 +137,16 @@ class JobRunner:
         from node.pol import export_op
 
         miner = self.miner
-        return await export_op(self.archive, config_json(miner.config) if miner else "",
-                               miner.job_id if miner else None, args)
+        return await _pol_refusal(export_op(self.archive, config_json(miner.config) if miner
+                                            else "", miner.job_id if miner else None, args))
 
     async def pol_audit(self, args: dict) -> dict:
         """The ``pol_audit`` op: judge recent receipts, replay windows (`Verifier.audit`)."""
         if self.verifier is None:
             raise BadQuery("this node runs no verifier yet (it has no job to mine)")
-        return await self.verifier.audit(args)
+        return await _pol_refusal(self.verifier.audit(args))
 
-    async def export(self, args: dict) -> dict:
+    async def export_job(self, args: dict) -> dict:
         """The ``export_job`` op: write a job's whole model (`Miner.export_weights`) to ``out``.
 
         Args (of the op): ``job`` (an id or hex prefix of a job this node
@@ -210,3 +210,13 @@ def _first_leaf(group: BaseException) -> BaseException:
     while isinstance(group, BaseExceptionGroup):
         group = group.exceptions[0]
     return group
+
+
+async def _pol_refusal(call):
+    """``await call``, a `PolError` (a bad window, a bad request) turned into a refusal."""
+    from proof_of_learning.errors import PolError
+
+    try:
+        return await call
+    except PolError as exc:
+        raise BadQuery(str(exc)) from None

@@ -3,13 +3,12 @@ and the control socket, under one nursery.
 
 `Node.run` (what `pnode start` runs, specs/network.md "pnode start"):
 
-1. opens the data dir's chain (exclusively: a second node on the same data
-   dir fails here with `DataDirError`) and loads ``peer.key`` and ``node.key``;
-2. opens the host on ``network.listen`` (with ``network.trusted``: an allow-list)
-   and starts `ChainService` (sync and block gossip), `TxGossip`
-   (transaction gossip), the `WalletDesk` (light clients), the
-   `ControlServer` on ``D/node.sock`` (the CLIs talk to it while the node
-   holds the store) and the `Announcer` (the swarm's announcements);
+1. opens the data dir's chain (exclusively: a second node fails here with
+   `DataDirError`, after ``LOCK_WAIT_S`` for a reading command to let go);
+2. opens the host on ``network.listen`` (``network.trusted``: an allow-list),
+   starts `ChainService`, `TxGossip`, the `WalletDesk` (light clients), the
+   `DataShelf` (job data), the `ControlServer` on ``D/node.sock`` (the CLIs'
+   way in while the node holds the store) and the `Announcer`;
 3. dials each of ``network.peers`` and syncs from it; a peer that cannot be
    reached is logged and retried with backoff, never fatal; every
    ``network.resync_s`` it syncs again from every connected (trusted) peer;
@@ -18,10 +17,9 @@ and the control socket, under one nursery.
    in ``D/tabs``): loads its layers, serves sessions, announces them;
 5. writes ``D/node.addr``, the full listen multiaddr with ``/p2p/<peer id>``
    (atomically: temp file + ``os.replace``), once listening and serving;
-6. once those first syncs are over and the miner is set up for the job
-   (``network.catch_up_s`` at most), starts the `Producer` if
-   ``produce.enabled`` (it seals blocks at this node's slots) and, with
-   ``mine``, the `Miner` (the units the chain assigns this node).
+6. once the first syncs are over and the miner is set up (``network.catch_up_s``
+   at most), the `Producer` if ``produce.enabled`` and, with ``mine``, the
+   `JobRunner` (`node.mining`: the chain's jobs, one after another).
 
 Cancelling `run` (SIGINT/SIGTERM) stops the host, removes ``node.addr`` and
 ``node.sock`` and closes the store. A block is reported, gossiped or served
@@ -55,7 +53,7 @@ from node.chain import (
 from node.clock import Clock
 from node.control import BadRequest, ControlOp, ControlServer, socket_path
 from node.datadir import DataDir
-from node.errors import NodeError
+from node.errors import ChainLockedError, NodeError
 from node.keys import read_public_key, write_private
 from node.mine import DataShelf
 from node.net import DialError, PeerIdentity, open_host
@@ -68,6 +66,8 @@ ADDR_FILE = "node.addr"
 #: Most seconds production waits for ``wait_peers`` peers.
 WAIT_PEERS_S = 60.0
 TRAIN_LOG = "train.jsonl"  # one JSON line per loss this node computed
+#: How long a starting node waits for a command that reads its store to let go of it.
+LOCK_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -201,8 +201,7 @@ class Node:
             HostError: the listen address cannot be used.
             StoreFault: the chain store failed while running.
         """
-        # Before anything else: a locked store fails fast.
-        chain = self.datadir.open_chain(strict=self.strict)
+        chain = await self._open_chain()
         try:
             await self._run(chain, task_status)
         except BaseException as exc:
@@ -213,6 +212,16 @@ class Node:
         finally:
             self.service = self.txs = self.producer = self.announcer = self.server = None
             chain.close()
+
+    async def _open_chain(self):
+        """The chain store, tried again for ``LOCK_WAIT_S`` while a command reads it."""
+        with trio.move_on_after(LOCK_WAIT_S):
+            while True:
+                try:
+                    return self.datadir.open_chain(strict=self.strict)
+                except ChainLockedError:
+                    await trio.sleep(0.05)
+        return self.datadir.open_chain(strict=self.strict)  # still locked: another node's
 
     async def _run(self, chain, task_status: trio.TaskStatus[str]) -> None:
         """`run` on an open chain."""
@@ -278,8 +287,8 @@ class Node:
     def control_ops(self) -> dict[str, ControlOp]:
         """The control socket's ops (a subclass or a later component may add some)."""
         return {"status": self.status, "account": self.account, "submit_tx": self.submit_tx,
-                "hold_production": self.hold_production, "pol_export": self.pol_export,
-                "pol_audit": self.pol_audit, "view": self.view, "export_job": self.export_job}
+                "hold_production": self.hold_production, "view": self.view,
+                **{op: self._jobs_op(op) for op in ("pol_export", "pol_audit", "export_job")}}
 
     def extra_status(self) -> dict[str, Any]:  # serving: span, sessions, the swarm seen
         info: dict[str, Any] = self.server.status() if self.server else {
@@ -364,30 +373,13 @@ class Node:
         txid = await self.txs.submit(decode(raw, TX_TYPES))
         return {"txid": txid.hex()}
 
-    async def pol_export(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The ``pol_export`` op: a window file of this node's kept units (`node.pol.export_op`)."""
-        return await self._pol_op(self._jobs().pol_export, args)
-
-    async def pol_audit(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The ``pol_audit`` op: judge recent receipts, replay windows (`Verifier.audit`)."""
-        return await self._pol_op(self._jobs().pol_audit, args)
-
-    async def export_job(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The ``export_job`` op: a mined job's weights to a file (`JobRunner.export`)."""
-        return await self._jobs().export(args)
-
-    def _jobs(self):
-        if self.jobs is None:
-            raise BadRequest("this node mines no job")
-        return self.jobs
-
-    @staticmethod
-    async def _pol_op(fn, *args) -> dict[str, Any]:
-        from proof_of_learning.errors import PolError
-        try:
-            return await fn(*args)
-        except PolError as exc:
-            raise BadRequest(str(exc)) from None
+    def _jobs_op(self, name: str) -> ControlOp:
+        """The `JobRunner` op ``name`` (`node.mining`), refused while the node mines no job."""
+        async def op(args: dict[str, Any]) -> dict[str, Any]:
+            if self.jobs is None:
+                raise BadRequest("this node mines no job")
+            return await getattr(self.jobs, name)(args)
+        return op
 
     def _running(self) -> ChainService:  # the chain service, unless the node is stopping
         if self.service is None or self.txs is None:

@@ -18,8 +18,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.chain.tabs": ("ChainTabs",),
     "node.chain.desk": ("WalletDesk",),
     "node.chain.txgossip": ("TxGossip",),
-    "node.chain.views": ("LOCAL_ONLY", "account_view", "node_status_view",
+    "node.chain.views": ("LOCAL_ONLY", "account_view", "history_view", "node_status_view",
                          "read_views", "receipts_view", "registry_view"),
-    "node.chain.history": ("history_rows", "history_view"),
+    "node.chain.history": ("history_rows",),
     "node.chain.jobviews": ("find_job", "job_view", "jobs_view"),
 })

@@ -1,7 +1,7 @@
 """An account's history, as `pwallet history` shows it, read from a chain store.
 
-Owns `history_rows` (and `history_view`, its form for the CLIs and the
-control socket): every change to the account's balance, in chain order,
+Owns `history_rows` (`node.chain.views.history_view` is its form for the
+CLIs and the control socket): every change to the account's balance, in chain order,
 then the queued transactions.
 
 - Transactions, replayed: transfers, registrations (the bond), jobs (the
@@ -32,25 +32,8 @@ from ledger.tabrules import claim_outcome
 from ledger.types import (
     UNAVAILABLE, Job, Register, Transfer, Verdict, format_coins, tx_hash,
 )
-from node.errors import BadQuery
 
-__all__ = ["history_rows", "history_view"]
-
-
-def history_view(chain: Any, address: str) -> dict[str, Any]:
-    """`history_rows` of the account ``address`` (hex), with the tip's height.
-
-    Raises:
-        BadQuery: ``address`` is not 64 hex digits.
-    """
-    try:
-        account = bytes.fromhex(address) if isinstance(address, str) else b""
-    except ValueError:
-        account = b""
-    if len(account) != 32:
-        raise BadQuery(f'"{address}" is not an address (64 hex digits)')
-    return {"address": account.hex(), "height": chain.height, "balance": _balance(chain, account),
-            "history": history_rows(chain, account)}
+__all__ = ["balance_of", "history_rows"]
 
 
 def history_rows(db: Any, account: bytes) -> list[dict]:
@@ -68,7 +51,7 @@ def history_rows(db: Any, account: bytes) -> list[dict]:
     """
     book = _Book(account, Overlay(db.state).params())
     rows = book.genesis(db.genesis)
-    after = _balance(db, account)
+    after = balance_of(db, account)
     per_block = []
     for block in db.iter_blocks():
         height = block.header.height
@@ -93,7 +76,7 @@ def history_rows(db: Any, account: bytes) -> list[dict]:
     return rows
 
 
-def _balance(db: Any, account: bytes) -> int:
+def balance_of(db: Any, account: bytes) -> int:
     record = db.state.get(ACCOUNT + account)
     return record.balance if record else 0
 

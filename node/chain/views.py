@@ -128,7 +128,6 @@ def read_views() -> dict[str, Any]:
     or, with no node running, calls the same function on the store
     (`node.cli.common.read_view`): one code path, the same answer.
     """
-    from node.chain.history import history_view
     from node.chain.jobviews import job_view, jobs_view
 
     return {"receipts": receipts_view, "registry": registry_view, "jobs": jobs_view,
@@ -183,12 +182,7 @@ def proof_view(chain: ChainDB, txid: str) -> dict[str, Any]:
     from ledger.codec import to_json
     from node.errors import ProofError
 
-    try:
-        wanted = bytes.fromhex(txid) if isinstance(txid, str) else b""
-    except ValueError:
-        wanted = b""
-    if len(wanted) != 32:
-        raise BadQuery(f'"{txid}" is not a transaction id (64 hex digits)')
+    wanted = _id32(txid, "a transaction id")
     try:
         found = chain.receipt_proof(wanted) if chain.receipt_index(wanted) is not None else \
             chain.tx_proof(wanted)
@@ -228,3 +222,32 @@ def params_view(chain: ChainDB) -> dict[str, Any]:
     out = {name: getattr(params, name) for name in params.__dataclass_fields__}
     out["job_authority"] = params.job_authority.hex()
     return {"chain_id": chain.chain_id, "height": chain.height, "params": out}
+
+
+def _id32(text: Any, what: str) -> bytes:
+    """A 32-byte id (an address, a transaction id) from its 64 hex digits.
+
+    Raises:
+        BadQuery: anything else.
+    """
+    try:
+        raw = bytes.fromhex(text) if isinstance(text, str) else b""
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise BadQuery(f'"{text}" is not {what} (64 hex digits)')
+    return raw
+
+
+def history_view(chain: ChainDB, address: str) -> dict[str, Any]:
+    """`node.chain.history.history_rows` of the account ``address`` (hex), with the tip's
+    height and the account's balance.
+
+    Raises:
+        BadQuery: ``address`` is not 64 hex digits.
+    """
+    from node.chain.history import balance_of, history_rows
+
+    account = _id32(address, "an address")
+    return {"address": account.hex(), "height": chain.height,
+            "balance": balance_of(chain, account), "history": history_rows(chain, account)}

@@ -14,7 +14,6 @@ posted or mined the job. No torch here.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -23,14 +22,15 @@ from pathlib import Path
 
 import trio
 
+from compute.hashing import file_sha256
 from ledger.codec import decode, encode
+from ledger.errors import DecodeError
 from node.errors import DataUnavailable
 from node.net import Host, RequestError
 from node.wire import (
     DATA_PROTOCOL, MAX_DATA_CHUNK, MAX_DATA_FILE, MAX_DATA_REPLY, MAX_DATA_REQUEST, DataReply,
     DataRequest,
 )
-from ledger.errors import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +38,6 @@ log = logging.getLogger(__name__)
 IN_FLIGHT = 8
 
 __all__ = ["DataShelf", "file_sha256"]
-
-
-def file_sha256(path: Path) -> str:
-    """The hex SHA-256 of a file's bytes (a job's data hash: its tokens are its bytes)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class DataShelf:

@@ -159,6 +159,7 @@ class Miner:
         # Given to the `Transfer` at setup (see its Args).
         self.push_wait_s, self.push_retry_s = 5.0, 60.0
         self._poisoned: int | None = None  # the attack battery's: the step last poisoned
+        self._done = False  # the job is over and this miner stopped
 
     def status(self) -> dict:
         """Mining fields of `pnode status`."""
@@ -194,6 +195,7 @@ class Miner:
                             await trio.sleep(1.0)
                 self.report(f"mining: job {view.job_id.hex()[:16]}.. finished at step "
                             f"{self.version} of {view.steps}")
+                self._done = True
                 return
             if not await self._ready(view):
                 await self.service.wait_tip_change(view.tip)
@@ -489,6 +491,9 @@ class Miner:
     async def export_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
         """(updates applied, the whole model's weights at that version), on the CPU.
 
+        Of a job the chain has finished, it waits (``FINAL_UPDATE_WAIT_S`` at
+        most) for this node's last update, so the export has the final weights.
+
         The parts this node holds are its own; every other section's weights
         come from one of its holders at the same version (`StateSync.fetch_parts`).
 
@@ -498,6 +503,9 @@ class Miner:
         """
         if self.job_id is None or self._view is None:
             raise MinerError("this node has not set up for the job yet")
+        with trio.move_on_after(FINAL_UPDATE_WAIT_S):  # a finished job: its last update first
+            while self._view.step >= self._view.steps > self.version and not self._done:
+                await trio.sleep(0.1)
         missing = [s for s in range(len(self.sections.forward)) if s not in self.held]
         for _ in range(3):  # an update between the fetch and the copy: once more
             version, view = self.version, self._view
