@@ -38,7 +38,7 @@ __all__ = ["apply_job", "give_up_stalled", "job_cost", "job_queue", "pay_work", 
 #: Verdicts a receipt can cost its job at most: its audit and one re-check.
 FEES_PER_UNIT = 2
 #: A started job whose open step has not closed in this many unit timeouts is given up.
-STALL_TIMEOUTS = 4
+STALL_TIMEOUTS = 16
 
 
 def job_cost(params: Params, steps: int, n_units: int) -> int:

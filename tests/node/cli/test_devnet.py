@@ -14,11 +14,17 @@ import time
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from compute.generate import Sampling
+from compute.tokenizer import Tokenizer
 from compute.train import train_local
 from node.cli import devnet_run
 from node.datadir import DataDir
+from node.cli.common import read_view
+from node.control import control_call
 from node.mine.devnet import devnet_job
+from wallet.client import InferRequest, LocalModel
 from tests.node.prockit import ROOT
 
 
@@ -70,6 +76,11 @@ def test_devnet_of_three_nodes_mines_the_job_and_pays_each_unit(tmp_path):
     assert bad.returncode == 2 and '"xyz" is not hex' in bad.stderr
 
 
+#: Blocks a drawn verifier has for its verdict in the cheating test: DEVNET_PARAMS' 10
+#: (2 s at 200 ms blocks) is short for a verifier re-executing on a loaded machine.
+VERDICTS = 30
+
+
 def test_a_cheating_node_is_caught_slashed_and_jailed_and_honest_ones_are_not(tmp_path):
     """The attack battery's devnet form (issue 16): node0 scales its gradients by 0.01.
 
@@ -82,7 +93,7 @@ def test_a_cheating_node_is_caught_slashed_and_jailed_and_honest_ones_are_not(tm
     from node.mine import DEVNET_PARAMS
     steps = 6
     dirs, job_file = devnet_run.create(tmp_path / "dn", 3, steps, "devnet",
-                                       params={"audit_bps": 5000},
+                                       params={"audit_bps": 5000, "verdict_window": VERDICTS},
                                        job_overrides={"state_every": 2})
     with devnet_run.Devnet(dirs, job_file, attacks={0: "scaled-gradients"}) as net:
         for i in range(3):
@@ -129,8 +140,7 @@ def test_a_cheating_node_is_caught_slashed_and_jailed_and_honest_ones_are_not(tm
                                               for d in w["differing"]), w
             else:
                 assert not w["differing"], w
-        devnet_run.settle(net, max(DEVNET_PARAMS["challenge_window"],
-                                   DEVNET_PARAMS["verdict_window"] + 2) + 2)
+        devnet_run.settle(net, max(DEVNET_PARAMS["challenge_window"], VERDICTS + 2) + 2)
     v = pnode("verify", "cert", str(window), "--json")
     assert v.returncode == 0, v.stdout[-2000:] + v.stderr[-2000:]
     checked = json.loads(v.stdout)
@@ -203,3 +213,45 @@ def export_from(dirs, nodes, tmp_path):
         out.append((info["step"], load_file(str(path))))
     return out
 
+
+def test_smollm2_continued_training_over_three_nodes_is_local_training(tmp_path, pwallet):
+    # In this file, not one of its own: the test workers then never run two devnets at
+    # once (three SmolLM2 miners starve another devnet's verifiers of CPU).
+    """The served model itself as a job: SmolLM2-135M's GGUF weights (by hash), a text in its
+    tokens, three nodes of ten layers each. Whole-layer sections: the same losses, bit for bit,
+    as local decomposed training of the same job."""
+    from compute.data import DataSpec
+    from compute.pretrained import bundled_sha256, pretrained_config
+
+    sha = bundled_sha256()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The capital of France is Paris. The capital of Italy is Rome. " * 100)
+    over = dict(model=pretrained_config(sha, 128), init=sha, batch_size=1, seq_len=32, k=3,
+                lr=1e-4, data=DataSpec("file", path=str(notes)))
+    steps = 2
+    dirs, job_file = devnet_run.create(tmp_path / "dn", 3, steps, "devnet", job_overrides=over,
+                                       params={"audit_bps": 0, "unit_timeout": 150})
+    out = tmp_path / "smol.safetensors"
+    with devnet_run.Devnet(dirs, job_file) as net:
+        for i in range(3):
+            net.start(i)
+        assert devnet_run.follow(net, steps, duration=300)
+        job_id = read_view(DataDir(dirs[0]), "jobs")["jobs"][0]["id"]
+        # Node 0 holds layers 0-9: the other sections' weights come from nodes 1 and 2.
+        exported = control_call(dirs[0], "export_job", job=job_id, out=str(out))
+        devnet_run.settle(net, 2)
+    info = devnet_run.summary(dirs)
+    local = train_local(devnet_job(steps, 3, **over), decomposed=True)
+    assert info["losses"] == list(local.losses) and local.losses[1] < local.losses[0]
+    assert [n["units_accepted"] for n in info["nodes"]] == [2 * steps] * 3  # a section each
+    assert exported["step"] == steps
+    weights = load_file(str(out))
+    assert all(torch.equal(weights[k], v) for k, v in local.model.state_dict().items())
+    # The exported model chats: `pwallet infer --model` runs it, as the local model does.
+    r = pwallet("infer", "The capital of France is", "--raw", "--greedy", "--max-tokens", "6",
+                "--local", "--model", str(out), "--json")
+    assert r.code == 0, r.err
+    tokenizer = Tokenizer.from_gguf()
+    want = LocalModel.from_parts(local.model.eval(), tokenizer).generate(InferRequest(
+        "The capital of France is", raw=True, max_tokens=6, sampling=Sampling()))
+    assert r.json()["token_ids"] == [t.id for t in want]
