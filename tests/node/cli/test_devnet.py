@@ -120,7 +120,10 @@ def test_a_cheating_node_is_caught_slashed_and_jailed_and_honest_ones_are_not(tm
             assert u["reason"] in allowed, u
         whole, = judged["windows"]  # --all: every step, from the initial model
         assert (whole["start"], whole["status"]) == ("genesis", "fail") and whole["differing"]
-        assert all(d["worker"] == cheater_key and d["at_fault"] for d in whole["differing"])
+        # Blame falls on node0 alone. (An honest unit run on node0's poisoned output may
+        # differ from the replay too, under load; it is never at fault.)
+        blamed = [d for d in whole["differing"] if d["at_fault"]]
+        assert blamed and all(d["worker"] == cheater_key for d in blamed), whole
         sampled = pnode("verify", "pol", "--data-dir", str(dirs[2]), "--count", "1",
                         "--windows", "3", "--json")
         windows = json.loads(sampled.stdout)["windows"]
@@ -136,8 +139,8 @@ def test_a_cheating_node_is_caught_slashed_and_jailed_and_honest_ones_are_not(tm
             # the --all audit's unit list lacked node0's step-0 backward unit that the
             # window replay blamed. Whatever the list says, a failure is node0's alone.)
             if w["status"] == "fail":
-                assert w["differing"] and all(d["worker"] == cheater_key and d["at_fault"]
-                                              for d in w["differing"]), w
+                blamed = [d for d in w["differing"] if d["at_fault"]]
+                assert blamed and all(d["worker"] == cheater_key for d in blamed), w
             else:
                 assert not w["differing"], w
         devnet_run.settle(net, max(DEVNET_PARAMS["challenge_window"], VERDICTS + 2) + 2)
