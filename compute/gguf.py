@@ -47,6 +47,9 @@ _LAYER_NAMES = {
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+_GGUF_LAYER_NAMES = {hf: g for g, hf in _LAYER_NAMES.items()}
+_GGUF_TOP_NAMES = {hf: g for g, hf in _TOP_NAMES.items()}
+_HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.([\w.]+)\.weight")
 
 
 def find_gguf(distribution: str = DEFAULT_DISTRIBUTION, name: str | None = None) -> Path:
@@ -306,6 +309,21 @@ def _hf_name(name: str) -> str:
     if name.endswith(".weight") and stem in _TOP_NAMES:
         return f"{_TOP_NAMES[stem]}.weight"
     raise ModelFileError(f"GGUF tensor {name!r} is not part of a Llama model")
+
+
+def gguf_name(hf_name: str) -> str:
+    """The GGUF name of an HF Llama tensor name (the inverse of `_hf_name`).
+
+    Raises:
+        ModelFileError: not a Llama tensor name.
+    """
+    m = _HF_LAYER_RE.fullmatch(hf_name)
+    if m and m.group(2) in _GGUF_LAYER_NAMES:
+        return f"blk.{m.group(1)}.{_GGUF_LAYER_NAMES[m.group(2)]}.weight"
+    stem = hf_name.removesuffix(".weight")
+    if hf_name.endswith(".weight") and stem in _GGUF_TOP_NAMES:
+        return f"{_GGUF_TOP_NAMES[stem]}.weight"
+    raise ModelFileError(f"tensor {hf_name!r} is not part of a Llama model")
 
 
 def _unpermute_checked(w: torch.Tensor, n_heads: int, hd: int, name: str) -> torch.Tensor:

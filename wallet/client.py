@@ -90,7 +90,7 @@ class LocalModel:
 
 
 def exported_model(path: Path) -> tuple[Transformer, Tokenizer]:
-    """A job's exported weights (`pnode job export`) and its tokenizer, for inference.
+    """A job's exported weights (`pnode job export`, .safetensors) and its tokenizer.
 
     The file's metadata holds the job's config; the tokenizer is that of the
     model file the job started from (``init``).
@@ -99,26 +99,13 @@ def exported_model(path: Path) -> tuple[Transformer, Tokenizer]:
         ModelFileError: not an export of pnode's, a byte-level job's model
             (no tokenizer), or weights that are not the config's.
     """
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
+    from compute.export import load_export
     from compute.jobfile import config_from_json
     from compute.pretrained import model_file
 
-    try:
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata() or {}
-        config = config_from_json(meta["pnode_config"])
-        weights = load_file(str(path))
-    except (OSError, KeyError, ValueError) as exc:
-        raise ModelFileError(f"{path} is not a job's weights as `pnode job export` writes "
-                             f"them: {exc}") from None
-    if not config.init:
+    model, config_text = load_export(path)
+    init = config_from_json(config_text).init
+    if not init:
         raise ModelFileError(f"{path} is a byte-level job's model, which has no tokenizer to "
                              "chat with; jobs that start from a GGUF (init) can be run")
-    model = Transformer(config.model)
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as exc:
-        raise ModelFileError(f"{path}: the weights are not the job's model: {exc}") from None
-    return model.eval(), Tokenizer.from_gguf(reader=open_gguf(model_file(config.init)))
+    return model, Tokenizer.from_gguf(reader=open_gguf(model_file(init)))

@@ -241,29 +241,38 @@ def status(job_id, data_dir, as_json) -> None:
 @job.command()
 @click.argument("job_id")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
-              help="Where to write the weights (.safetensors).")
+              help="Where to write the weights: .safetensors (any job) or .gguf (a job "
+                   "that starts from a GGUF model).")
 @data_dir_option
 @json_option
 def export(job_id, out, data_dir, as_json) -> None:
-    """Write a job's trained weights, as of the last update applied, to a .safetensors file.
+    """Write a job's trained weights, as of the last update applied, to a file.
 
     The running node on --data-dir writes it: its own sections, and every
-    other section's weights from one of its holders at the same step. The
-    file's metadata names the job, the step and the job's config
-    (``pnode_job``, ``pnode_step``, ``pnode_config``), so the model can be
-    rebuilt from it (`compute.data.JobConfig`, `compute.model.Transformer`).
+    other section's weights from one of its holders at the same step.
+
+    .safetensors keeps the model's own tensors and, in its metadata, the
+    job, the step and the job's config (``pnode_job``, ``pnode_step``,
+    ``pnode_config``): `pwallet infer --local --model` runs it.
+
+    .gguf is llama.cpp's format with the job's initial model's tokenizer
+    and chat template: `pwallet infer --model`, `pnode start --model` (a
+    server of the trained model) and llama.cpp run it. A byte-level job
+    (no "init") has no tokenizer for one.
 
     \b
-    Example:
+    Examples:
       pnode job export 5e3c --out model.safetensors
+      pnode job export 5e3c --out smollm2-tuned.gguf
+      pnode start --data-dir D2 --model smollm2-tuned.gguf --layers 0:30
     """
+    from compute.export import FORMATS
     from node.control import NodeNotRunning, control_call
 
     path = Path(out).resolve()
-    if path.suffix != ".safetensors":
-        raise click.BadParameter(f"{out}: the weights are written as .safetensors (a job's "
-                                 "byte-level model has no tokenizer for a GGUF file)",
-                                 param_hint="--out")
+    if path.suffix not in FORMATS:
+        raise click.BadParameter(f"{out}: expected a file name ending in "
+                                 f"{' or '.join(FORMATS)}", param_hint="--out")
     if not path.parent.is_dir():
         raise click.BadParameter(f"{path.parent} is not a directory", param_hint="--out")
     try:

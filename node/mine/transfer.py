@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 
 import torch
 import trio
@@ -75,7 +75,7 @@ class Transfer:
         self.producer = producer
         self.device, self.wait_s = torch.device(device), wait_s
         self.push_wait_s, self.push_retry_s = push_wait_s, push_retry_s
-        self._inbox: dict[Key, Tensors] = {}
+        self._inbox: dict[Key, dict[str, Tensors]] = {}  # key -> sender -> its tensors
         self.refused = 0  # pushes dropped so far: of the open step, not from its assignee
         self._arrived = trio.Event()
 
@@ -84,15 +84,31 @@ class Transfer:
     def __contains__(self, key: Key) -> bool:
         return key in self._inbox
 
-    async def wait(self, keys: list[Key], tip: bytes | None = None) -> list[Tensors] | None:
-        """The tensors of ``keys`` once all are here.
+    async def wait(self, keys: list[Key], tip: bytes | None = None,
+                   producers: Mapping[Key, str] | None = None) -> list[Tensors] | None:
+        """The tensors of ``keys`` once all are here, each from its unit's assignee.
+
+        Args:
+            keys: what to wait for.
+            tip: given, stop waiting as soon as the chain's tip is another one
+                while some are still missing: a unit waiting for inputs must not
+                keep this node from the units the new tip hands it.
+            producers: the peer whose push of a key is taken (a closed step's
+                workers, as its receipts name them); default: ``producer``,
+                the open step's current assignees. A key neither names takes
+                the first push that came.
 
         Returns:
-            Their tensors in the order of ``keys``; None after ``wait_s``, or
-            (given ``tip``) as soon as the chain's tip is another one while
-            some are still missing: a unit waiting for inputs must not keep
-            this node from the units the new tip hands it.
+            Their tensors in the order of ``keys``; None after ``wait_s`` or
+            once the tip moved.
         """
+        def pick(key: Key) -> Tensors | None:
+            senders = self._inbox.get(key)
+            if not senders:
+                return None
+            want = producers.get(key) if producers is not None else self.producer(key)
+            return next(iter(senders.values())) if want is None else senders.get(want)
+
         async def tip_moved(cancel_scope: trio.CancelScope) -> None:
             await self.wait_tip_change(tip)
             cancel_scope.cancel()
@@ -101,17 +117,22 @@ class Transfer:
             async with trio.open_nursery() as nursery:
                 if tip is not None:
                     nursery.start_soon(tip_moved, nursery.cancel_scope)
-                while not all(key in self._inbox for key in keys):
+                while any(pick(key) is None for key in keys):
                     self._arrived = trio.Event()
                     await self._arrived.wait()
                 nursery.cancel_scope.cancel()
-        if all(key in self._inbox for key in keys):
-            return [self._inbox[key] for key in keys]
-        return None
+        got = [pick(key) for key in keys]
+        return None if any(t is None for t in got) else got
 
-    def deliver(self, key: Key, tensors: Tensors) -> None:
-        """Keep ``tensors`` under ``key`` (on ``device``); the first delivery of a key wins."""
-        self._inbox.setdefault(key, {n: v.to(self.device) for n, v in tensors.items()})
+    def deliver(self, key: Key, tensors: Tensors, sender: str) -> None:
+        """Keep ``tensors`` under ``key`` as ``sender``'s (on ``device``; its first push wins).
+
+        Each sender's push is kept apart: a unit reassigned after a timeout is
+        pushed by its former assignee and by its new one, which may differ
+        (a cheat), and only the chain's receipt says whose is the step's.
+        """
+        self._inbox.setdefault(key, {}).setdefault(
+            sender, {n: v.to(self.device) for n, v in tensors.items()})
         self._arrived.set()
 
     def drop_through(self, step: int) -> None:
@@ -148,7 +169,7 @@ class Transfer:
             msg = None
             for peer in peers:
                 if peer == self.me:
-                    self.deliver(key, tensors)
+                    self.deliver(key, tensors, self.me)
                     continue
                 if msg is None:
                     msg = encode(StepTensors(job_id, t, replica, what, section, tuple(
@@ -216,7 +237,7 @@ class Transfer:
                      key, peer, sender)
             self.refused += 1
             return
-        self.deliver(key, tensors)
+        self.deliver(key, tensors, str(peer))
 
     def check(self, msg: StepTensors) -> Tensors:
         """The tensors of a push of this job, decoded.

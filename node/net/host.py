@@ -40,7 +40,7 @@ from node.net.framing import (
     write_frame,
 )
 from node.net.identity import HostError, PeerIdentity
-from node.net.listen import check_port_free
+from node.net.listen import check_port_free, keep_addrs_while_closing
 
 __all__ = ["DialError", "GossipError", "Host", "HostConfig", "HostError", "LocalFault",
            "PeerIdentity", "RequestError", "RequestTimeout", "ResponseTooLarge", "open_host"]
@@ -129,6 +129,7 @@ class Host:
         self._host = new_host(key_pair=kp, sec_opt={NOISE: noise},
                               muxer_opt={yamux.PROTOCOL_ID: yamux.YamuxConnection})
         yamux.install(self._host)
+        keep_addrs_while_closing(self._host)
         self._gossipsub = GossipSub(  # positional: degree, degree_low, degree_high
             [PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID], *config.gossip_degree,
             heartbeat_interval=config.heartbeat_interval,
@@ -214,10 +215,7 @@ class Host:
         """Listen addresses with ``/p2p/<peer id>`` (empty before `run` and once stopping)."""
         if self.stopping:
             return []
-        try:
-            return [str(a) for a in self._host.get_addrs()]
-        except OSError:  # the listener closed under us: a host going down has none
-            return []
+        return [str(a) for a in self._host.get_addrs()]
 
     @property
     def security_protocols(self) -> list[str]:

@@ -54,3 +54,28 @@ def check_port_free(listen: multiaddr.Multiaddr) -> None:
             raise AddressInUse(
                 f"cannot listen on {listen}: port {port} is in use (another node?); choose "
                 f"another port, or tcp/0 for any free one") from None
+
+
+def keep_addrs_while_closing(host) -> None:
+    """Make ``host.get_addrs()`` answer its last addresses while its listeners close.
+
+    py-libp2p (0.8.1) reads the addresses from the listening sockets each time
+    and closes those sockets before it stops pubsub: a gossip message
+    forwarded in that window asks for them (to sign its peer record) and gets
+    ``OSError: [Errno 9] Bad file descriptor``, which then stops the node with
+    that error instead of a clean exit.
+
+    Args:
+        host: a py-libp2p ``BasicHost`` (its ``get_addrs`` is wrapped on the instance).
+    """
+    read_addrs = host.get_addrs
+    last: list[multiaddr.Multiaddr] = []
+
+    def get_addrs() -> list[multiaddr.Multiaddr]:
+        try:
+            last[:] = read_addrs()
+        except OSError:  # a listener closed under us: the host is going down
+            pass
+        return list(last)
+
+    host.get_addrs = get_addrs

@@ -25,7 +25,9 @@ from node.cli.common import read_view
 from node.control import control_call
 from node.mine.devnet import devnet_job
 from wallet.client import InferRequest, LocalModel
-from tests.node.prockit import ROOT
+from compute.gguf import load_gguf, open_gguf
+from tests.node.prockit import ROOT, node_addr, read, spawn  # noqa: F401 (fixture)
+from tests.node.prockit import wait_for as poll
 
 
 def pnode(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -91,9 +93,9 @@ def test_a_cheating_node_is_caught_slashed_and_jailed_and_honest_ones_are_not(tm
     work fails, on node0's units alone.
     """
     from node.mine import DEVNET_PARAMS
-    steps = 6
+    steps = 6  # every receipt audited: a sample of half missed node0's few backward units
     dirs, job_file = devnet_run.create(tmp_path / "dn", 3, steps, "devnet",
-                                       params={"audit_bps": 5000, "verdict_window": VERDICTS},
+                                       params={"audit_bps": 10000, "verdict_window": VERDICTS},
                                        job_overrides={"state_every": 2})
     with devnet_run.Devnet(dirs, job_file, attacks={0: "scaled-gradients"}) as net:
         for i in range(3):
@@ -217,12 +219,14 @@ def export_from(dirs, nodes, tmp_path):
     return out
 
 
-def test_smollm2_continued_training_over_three_nodes_is_local_training(tmp_path, pwallet):
+def test_smollm2_continued_training_over_three_nodes_is_local_training(tmp_path, pwallet,
+                                                                       spawn):  # noqa: F811
     # In this file, not one of its own: the test workers then never run two devnets at
     # once (three SmolLM2 miners starve another devnet's verifiers of CPU).
     """The served model itself as a job: SmolLM2-135M's GGUF weights (by hash), a text in its
     tokens, three nodes of ten layers each. Whole-layer sections: the same losses, bit for bit,
-    as local decomposed training of the same job."""
+    as local decomposed training of the same job. Its export (.safetensors and .gguf) is
+    the locally trained model, and chats: run here, and served by a `pnode start --model`."""
     from compute.data import DataSpec
     from compute.pretrained import bundled_sha256, pretrained_config
 
@@ -234,7 +238,7 @@ def test_smollm2_continued_training_over_three_nodes_is_local_training(tmp_path,
     steps = 2
     dirs, job_file = devnet_run.create(tmp_path / "dn", 3, steps, "devnet", job_overrides=over,
                                        params={"audit_bps": 0, "unit_timeout": 150})
-    out = tmp_path / "smol.safetensors"
+    out, gguf = tmp_path / "smol.safetensors", tmp_path / "smol.gguf"
     with devnet_run.Devnet(dirs, job_file) as net:
         for i in range(3):
             net.start(i)
@@ -242,6 +246,7 @@ def test_smollm2_continued_training_over_three_nodes_is_local_training(tmp_path,
         job_id = read_view(DataDir(dirs[0]), "jobs")["jobs"][0]["id"]
         # Node 0 holds layers 0-9: the other sections' weights come from nodes 1 and 2.
         exported = control_call(dirs[0], "export_job", job=job_id, out=str(out))
+        as_gguf = control_call(dirs[1], "export_job", job=job_id, out=str(gguf))
         devnet_run.settle(net, 2)
     info = devnet_run.summary(dirs)
     local = train_local(devnet_job(steps, 3, **over), decomposed=True)
@@ -255,6 +260,26 @@ def test_smollm2_continued_training_over_three_nodes_is_local_training(tmp_path,
                 "--local", "--model", str(out), "--json")
     assert r.code == 0, r.err
     tokenizer = Tokenizer.from_gguf()
-    want = LocalModel.from_parts(local.model.eval(), tokenizer).generate(InferRequest(
-        "The capital of France is", raw=True, max_tokens=6, sampling=Sampling()))
-    assert r.json()["token_ids"] == [t.id for t in want]
+    want = [t.id for t in LocalModel.from_parts(local.model.eval(), tokenizer).generate(
+        InferRequest("The capital of France is", raw=True, max_tokens=6, sampling=Sampling()))]
+    assert r.json()["token_ids"] == want
+    # The GGUF: llama.cpp's layout, the initial model's tokenizer, the same weights, bit
+    # for bit; a server of the trained model (`pnode start --model`) runs it for a client.
+    assert (as_gguf["step"], as_gguf["format"]) == (steps, "gguf")
+    reader = open_gguf(gguf)
+    assert all(torch.equal(w, local.model.state_dict()[k])
+               for k, w in load_gguf(reader=reader).state_dict().items())
+    assert str(reader.fields["pnode.job"].contents()) == job_id
+    assert Tokenizer.from_gguf(reader=reader).encode("Paris") == tokenizer.encode("Paris")
+    d = tmp_path / "server"
+    assert pnode("init", "--no-job", "--data-dir", str(d), "--chain-id", "t-export").returncode == 0
+    proc, _, err = spawn("server", "--data-dir", str(d), "--model", str(gguf), "--layers", "0:30",
+                         "--no-produce")
+    addr = node_addr(d, proc, 90)
+    poll(lambda: json.loads(pnode("status", "--data-dir", str(d), "--json").stdout or "{}"
+                            ).get("serving"), "the server to serve", limit=60)
+    r = pwallet("infer", "The capital of France is", "--raw", "--greedy", "--max-tokens", "6",
+                "--model", str(gguf), "--peers", addr, "--data-dir", str(d), "--json")
+    assert r.code == 0, r.err + read(err)
+    assert r.json()["token_ids"] == want
+    assert [h["peer_id"] for h in r.json()["route"]] == [addr.rsplit("/p2p/", 1)[1]]

@@ -20,10 +20,11 @@ from ledger.codec import encode
 from ledger.crypto import SigningKey
 from ledger.state import ACCOUNT, JOB
 from ledger.store import MemoryStore
-from ledger.types import Receipt
+from ledger.types import Receipt, unit_id
 from node.clock import now_ms
 from node.mine.averaging import NamedTensor
 from node.mine.devnet import DevnetKeys, devnet_genesis, devnet_job
+from node.mine.jobs import step_workers
 from node.mine.miner import Miner
 from node.net.framing import write_frame
 from node.wire.sync import BLOCKS_TOPIC
@@ -114,6 +115,15 @@ def test_three_nodes_train_a_job_exactly_as_local_block_by_block_training():
                 if isinstance(tx, Receipt)]
     assert len(on_chain) == 4 * config.steps  # two sections: F0 F1 B1 B0 per step
     assert {k.node.public for k in keys} == set(on_chain)  # longest wait spreads the work
+    # Whose pushes make each step's update: the workers its receipts name.
+    job_id, peer = miners[0].job_id, {k.node.public: m.me for k, m in zip(keys, miners)}
+    worker = {tx.unit_id: peer[tx.node_key] for blk in dbs[0].iter_blocks() for tx in blk.txs
+              if isinstance(tx, Receipt)}
+    units = dbs[0].state.get(JOB + job_id).job.units
+    for t in range(config.steps):
+        assert step_workers(dbs[1], job_id, t) == {
+            i: worker[unit_id(job_id, t, u)] for i, u in enumerate(units)}
+    assert step_workers(dbs[1], job_id, config.steps) == {}  # no such step
     for db in dbs:  # nobody lost its bond, and nobody was paid for what it did not do
         for k in keys:
             assert db.state.get(ACCOUNT + k.wallet.public).bond == 10 ** 7

@@ -106,9 +106,9 @@ def test_wait_returns_the_tensors_in_order_once_all_are_delivered():
     async def test(transfer, tip, host):
         async def deliver_later():
             await trio.sleep(1)
-            transfer.deliver(key(0, 2), {"h": torch.full(SHAPE, 2.0)})
+            transfer.deliver(key(0, 2), {"h": torch.full(SHAPE, 2.0)}, "a")
             await trio.sleep(1)
-            transfer.deliver(key(0, 1), {"h": torch.ones(SHAPE)})
+            transfer.deliver(key(0, 1), {"h": torch.ones(SHAPE)}, "a")
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(deliver_later)
@@ -118,9 +118,31 @@ def test_wait_returns_the_tensors_in_order_once_all_are_delivered():
     run(test)
 
 
+def test_wait_takes_the_push_of_the_unit_s_worker_when_two_nodes_pushed_it():
+    """A unit reassigned after a timeout is pushed by both assignees; a closed step's
+    update takes the push of the worker whose receipt the chain holds, whichever came
+    first, and waits for it when only the other's is here."""
+    assignee = {}
+
+    async def test(transfer, tip, host):
+        transfer.deliver(key(0), {"h": torch.full(SHAPE, 9.0)}, "a")  # the former assignee
+        transfer.deliver(key(0), {"h": torch.full(SHAPE, 7.0)}, "a")  # its first push stays
+        first, = await transfer.wait([key(0)])  # nobody named: the first push that came
+        assert float(first["h"][0, 0]) == 9.0 and trio.current_time() == 0
+        assert await transfer.wait([key(0)], producers={key(0): "b"}) is None
+        assert trio.current_time() == 10  # b's push is not here: no other taken instead
+        transfer.deliver(key(0), {"h": torch.ones(SHAPE)}, "b")  # the receipt's worker
+        got, = await transfer.wait([key(0)], producers={key(0): "b"})
+        assert float(got["h"][0, 0]) == 1.0
+        assignee[key(0)] = "a"  # the open step's assignee, by default
+        got, = await transfer.wait([key(0)])
+        assert float(got["h"][0, 0]) == 9.0
+    run(test, producer=lambda k: assignee.get(k))
+
+
 def test_wait_gives_up_after_wait_s_or_when_the_tip_moves():
     async def test(transfer, tip, host):
-        transfer.deliver(key(0), {"h": torch.ones(SHAPE)})
+        transfer.deliver(key(0), {"h": torch.ones(SHAPE)}, "a")
         assert await transfer.wait([key(0), key(1)]) is None
         assert trio.current_time() == 10  # wait_s
 
@@ -137,14 +159,14 @@ def test_wait_gives_up_after_wait_s_or_when_the_tip_moves():
     run(test)
 
 
-def test_the_first_delivery_of_a_key_wins_and_drop_through_forgets_old_steps():
+def test_a_senders_first_delivery_of_a_key_wins_and_drop_through_forgets_old_steps():
     async def test(transfer, tip, host):
-        transfer.deliver(key(0), {"h": torch.ones(SHAPE)})
-        transfer.deliver(key(0), {"h": torch.zeros(SHAPE)})
-        [got] = await transfer.wait([key(0)])
+        transfer.deliver(key(0), {"h": torch.ones(SHAPE)}, "a")
+        transfer.deliver(key(0), {"h": torch.zeros(SHAPE)}, "a")
+        [got] = await transfer.wait([key(0)], producers={key(0): "a"})
         assert torch.equal(got["h"], torch.ones(SHAPE))
         for step in range(4):
-            transfer.deliver(key(step, 2), {"h": torch.ones(SHAPE)})
+            transfer.deliver(key(step, 2), {"h": torch.ones(SHAPE)}, "b")
         transfer.drop_through(1)
         assert [step for step in range(4) if key(step, 2) in transfer] == [2, 3]
         assert key(0) not in transfer
@@ -219,7 +241,7 @@ def test_only_the_assignee_of_the_producing_unit_may_push_a_key():
         assert key(0) not in transfer and transfer.refused == 1  # "b" is not its producer
         await transfer.receive(await push_frame(step_tensors()), "a")
         assert key(0) in transfer and not torch.equal(
-            transfer._inbox[key(0)]["h"], torch.full(SHAPE, 9.0))
+            transfer._inbox[key(0)]["a"]["h"], torch.full(SHAPE, 9.0))
         await transfer.receive(await push_frame(step_tensors(step=1)), "b")
         assert key(1) in transfer  # the chain does not say (not the open step): taken
         assert transfer.refused == 1

@@ -1,0 +1,69 @@
+"""compute.export: a job's weights written as .safetensors or .gguf, and read back.
+
+The whole GGUF path (a trained SmolLM2 job exported, loaded, served, chatted
+with) is tests/node/cli/test_devnet.py's SmolLM2 test; here, its pieces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from compute.data import JobConfig, make_model
+from compute.errors import ModelFileError
+from compute.export import load_export, permute_qk, save_export
+from compute.gguf import _hf_name, gguf_name, unpermute_qk
+from compute.jobfile import config_json
+from tests.compute.test_gguf import llama_cpp_permute
+
+SMALL = JobConfig(model=dataclasses.replace(JobConfig().model, n_layers=2))
+
+
+@pytest.mark.parametrize(("n_heads", "n_kv"), [(9, 9), (9, 3), (4, 2)])
+def test_permute_qk_is_llama_cpps_permute_and_unpermute_undoes_it(n_heads, n_kv):
+    hd = 8
+    gen = torch.Generator().manual_seed(1)
+    wq = torch.randn(n_heads * hd, 5, generator=gen)
+    wk = torch.randn(n_kv * hd, 5, generator=gen)
+    assert torch.equal(permute_qk(wq, n_heads), llama_cpp_permute(wq, n_heads, n_heads))
+    assert torch.equal(permute_qk(wk, n_kv), llama_cpp_permute(wk, n_heads, n_kv))
+    assert torch.equal(unpermute_qk(permute_qk(wk, n_kv), n_kv), wk)
+
+
+def test_every_tensor_name_of_the_bundled_model_maps_back_to_itself(gguf_reader):
+    names = [t.name for t in gguf_reader.tensors]
+    assert len(names) > 100 and all(gguf_name(_hf_name(n)) == n for n in names)
+    for bad in ("model.layers.0.self_attn.q_proj.bias", "lm_head", "model.layers.x.mlp.up_proj.weight"):
+        with pytest.raises(ModelFileError, match="not part of a Llama model"):
+            gguf_name(bad)
+
+
+def test_a_safetensors_export_gives_back_the_model_and_its_config(tmp_path):
+    model = make_model(SMALL)
+    out = tmp_path / "m.safetensors"
+    save_export(out, model.state_dict(), config_json(SMALL), "ab" * 32, 3)
+    back, text = load_export(out)
+    assert text == config_json(SMALL)
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in model.state_dict().items())
+    assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]  # no temporary left
+
+
+def test_refusals_leave_nothing_behind(tmp_path):
+    weights = make_model(SMALL).state_dict()
+    with pytest.raises(ModelFileError, match="no tokenizer .* export it as .safetensors"):
+        save_export(tmp_path / "m.gguf", weights, config_json(SMALL), "ab" * 32, 1)
+    with pytest.raises(ModelFileError, match="ending in .safetensors or .gguf"):
+        save_export(tmp_path / "m.pt", weights, config_json(SMALL), "ab" * 32, 1)
+    other = JobConfig(model=dataclasses.replace(SMALL.model, n_layers=3))
+    save_export(tmp_path / "w.safetensors", weights, config_json(other), "ab" * 32, 1)
+    with pytest.raises(ModelFileError, match="not the job's model"):
+        load_export(tmp_path / "w.safetensors")  # weights of 2 layers, a config of 3
+    (tmp_path / "w.safetensors").unlink()
+    with pytest.raises(OSError):
+        save_export(tmp_path / "absent" / "m.safetensors", weights, config_json(SMALL), "ab", 1)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(ModelFileError, match="is not a job's weights"):
+        load_export(tmp_path / "junk.safetensors")
