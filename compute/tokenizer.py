@@ -12,6 +12,7 @@ No file besides the GGUF is read and nothing is downloaded.
 
 from __future__ import annotations
 
+import codecs
 import json
 import numbers
 from collections.abc import Mapping, Sequence
@@ -296,3 +297,37 @@ def _compile_template(source: str) -> jinja2.Template:
         return env.from_string(source)
     except jinja2.TemplateError as e:
         raise TokenizerError(f"chat template does not compile: {e}") from e
+
+
+class ByteTokenizer:
+    """The tokens of a byte-level job (`compute.data`): token i < 256 is byte i of UTF-8 text.
+
+    No special tokens and no chat template: such a model was trained on plain
+    text, so a chat prompt is the user's text as it is. It has the methods
+    `wallet.client.LocalModel` uses of a `Tokenizer`.
+    """
+
+    stop_ids: frozenset[int] = frozenset()
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]], **_: Any) -> list[int]:
+        return self.encode("".join(m["content"] for m in messages))
+
+    def decode(self, ids: Sequence[int], **_: Any) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", "replace")
+
+    def stream_decoder(self, *, skip_special: bool = False) -> ByteStream:
+        return ByteStream()
+
+
+class ByteStream:
+    """Incremental UTF-8 decoding of byte tokens (ids past 255 carry no text)."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def push(self, token_id: int) -> str:
+        """Text newly completed by this byte ('' while a character is still partial)."""
+        return self._decoder.decode(bytes([token_id]) if 0 <= token_id < 256 else b"")

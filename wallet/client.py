@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from compute.errors import ModelFileError
 from compute.generate import Sampling, stream
 from compute.gguf import load_gguf, open_gguf
 from compute.model import Transformer
-from compute.tokenizer import Tokenizer
+from compute.tokenizer import ByteTokenizer, Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,15 +88,15 @@ class LocalModel:
             yield Token(token_id, text.push(token_id))
 
 
-def exported_model(path: Path) -> tuple[Transformer, Tokenizer]:
+def exported_model(path: Path) -> tuple[Transformer, Tokenizer | ByteTokenizer]:
     """A job's exported weights (`pnode job export`, .safetensors) and its tokenizer.
 
-    The file's metadata holds the job's config; the tokenizer is that of the
-    model file the job started from (``init``).
+    The file's metadata holds the job's config. The tokenizer is that of the
+    model file the job started from (``init``), or, for a byte-level job,
+    UTF-8 bytes (`compute.tokenizer.ByteTokenizer`).
 
     Raises:
-        ModelFileError: not an export of pnode's, a byte-level job's model
-            (no tokenizer), or weights that are not the config's.
+        ModelFileError: not an export of pnode's, or weights that are not the config's.
     """
     from compute.export import load_export
     from compute.jobfile import config_from_json
@@ -106,6 +105,5 @@ def exported_model(path: Path) -> tuple[Transformer, Tokenizer]:
     model, config_text = load_export(path)
     init = config_from_json(config_text).init
     if not init:
-        raise ModelFileError(f"{path} is a byte-level job's model, which has no tokenizer to "
-                             "chat with; jobs that start from a GGUF (init) can be run")
+        return model, ByteTokenizer()
     return model, Tokenizer.from_gguf(reader=open_gguf(model_file(init)))

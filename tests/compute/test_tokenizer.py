@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from compute.errors import TokenizerError
 from compute.tokenizer import Tokenizer
@@ -126,3 +128,16 @@ def test_reserved_template_variables_are_refused(smol_tokenizer, name):
     assert smol_tokenizer.apply_chat_template(messages, tools=None) == (
         smol_tokenizer.apply_chat_template(messages)
     )
+
+
+@given(st.text())
+def test_byte_tokens_stream_back_any_text(text):
+    from compute.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    ids = tok.encode(text)
+    assert ids == list(text.encode("utf-8")) and tok.decode(ids) == text
+    stream = tok.stream_decoder()
+    assert "".join(stream.push(i) for i in ids) == text
+    assert tok.stream_decoder().push(300) == "" and tok.stop_ids == frozenset()
+    assert tok.encode_chat([{"role": "user", "content": text}]) == ids

@@ -69,6 +69,35 @@ def test_real_loading_path(pwallet):
     assert r.code == 0 and len(r.json()["token_ids"]) == 3
 
 
+def test_a_byte_level_jobs_export_runs_with_its_bytes_as_tokens(pwallet, tmp_path):
+    """`pnode job export --out m.safetensors` of the default (byte-level) job: its tokens
+    are UTF-8 bytes, so it takes any text and streams what its bytes spell."""
+    import dataclasses
+
+    from compute.data import JobConfig, make_model
+    from compute.export import save_export
+    from compute.generate import Sampling, stream
+    from compute.jobfile import config_json
+
+    config = JobConfig(model=dataclasses.replace(JobConfig().model, n_layers=2))
+    model = make_model(config).eval()
+    out = tmp_path / "tiny.safetensors"
+    save_export(out, model.state_dict(), config_json(config), "cd" * 32, 7)
+    prompt = "Paris é"  # a two-byte character: the prompt is its bytes
+    want = list(stream(model, list(prompt.encode()), 12, sampling=Sampling()))
+    for chat in ((), ("--raw",)):  # no chat template: the user's text as it is, either way
+        r = pwallet("infer", prompt, "--local", *chat, "--greedy", "--max-tokens", "12",
+                    "--model", str(out), "--json", "--data-dir", str(tmp_path))
+        assert r.code == 0, r.err
+        assert r.json()["token_ids"] == want
+    r = pwallet("infer", prompt, "--local", "--greedy", "--max-tokens", "12", "--model",
+                str(out), "--data-dir", str(tmp_path))
+    assert r.out.rstrip("\n") == bytes(t for t in want if t < 256).decode("utf-8", "replace")
+    r = pwallet("infer", prompt, "--model", str(out), "--peers", DEAD_PEER, "--data-dir",
+                str(tmp_path))
+    assert r.code == 2 and "runs with --local only" in r.err  # servers run GGUF files
+
+
 DEAD_PEER = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWDVSyhRMdzqy4FDRbRWE8fGdGBLizkNutUdLhXN15Cgcc"
 
 

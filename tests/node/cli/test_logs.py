@@ -59,3 +59,25 @@ def test_a_shape_comes_back_after_its_window():
     assert [keep(f"synced {n} blocks") for n in range(4)] == [True, True, False, False]
     now[0] = 11.0
     assert keep("synced 9 blocks") and keep("synced 10 blocks") and not keep("synced 11 blocks")
+
+
+def test_the_error_that_stops_a_node_leaves_its_traceback_in_the_file_only(tmp_path,
+                                                                           restore_logging):
+    from node.cli.logs import log_traceback
+
+    printed = []
+    setup_logging("info", tmp_path / "node.log", printed.append)
+
+    def inner():
+        raise OSError(9, "Bad file descriptor")
+    try:
+        try:
+            inner()
+        except OSError as exc:
+            raise ExceptionGroup("node", [exc])
+    except ExceptionGroup as group:
+        log_traceback(group, "the node stopped on this error:")
+    text = (tmp_path / "node.log").read_text()
+    assert "the node stopped on this error:" in text and "Traceback" in text
+    assert "in inner" in text and "OSError: [Errno 9] Bad file descriptor" in text
+    assert printed == []  # the terminal gets the one-line error from the CLI instead
