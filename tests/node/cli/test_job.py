@@ -97,10 +97,12 @@ def _export_beats_the_initial_model(pnode, d, tmp_path, job_id):
     losses = [torch.nn.functional.cross_entropy(m(ids).flatten(0, 1), targets.flatten()).item()
               for m in (initial, trained)]
     assert losses[1] < losses[0] - 0.3, losses
-    for bad, words in (("model.gguf", "safetensors"), (str(tmp_path / "no" / "m.safetensors"),
-                                                        "not a directory")):
+    for bad, words in ((str(tmp_path / "m.gguf"), "no tokenizer to put in a GGUF file: export "
+                        "it as .safetensors"), ("model.pt", "ending in .safetensors or .gguf"),
+                       (str(tmp_path / "no" / "m.safetensors"), "not a directory")):
         r = pnode("job", "export", job_id, "--out", bad, "--data-dir", str(d))
-        assert r.code == 2 and words in r.err, r.err
+        assert r.code == 2 and words in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    assert not (tmp_path / "m.gguf").exists()
     r = pnode("job", "export", "ffff", "--out", str(out), "--data-dir", str(d))
     assert r.code == 2 and "mined no job" in r.err, r.err
 
