@@ -302,13 +302,8 @@ def _names(reader: gguf_lib.GGUFReader) -> set[str]:
 
 
 def _hf_name(name: str) -> str:
-    m = _BLOCK_RE.fullmatch(name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
-    stem = name.removesuffix(".weight")
-    if name.endswith(".weight") and stem in _TOP_NAMES:
-        return f"{_TOP_NAMES[stem]}.weight"
-    raise ModelFileError(f"GGUF tensor {name!r} is not part of a Llama model")
+    return _renamed(name, _BLOCK_RE, "model.layers.{}.{}.weight", _LAYER_NAMES, _TOP_NAMES,
+                    "GGUF tensor")
 
 
 def gguf_name(hf_name: str) -> str:
@@ -317,13 +312,19 @@ def gguf_name(hf_name: str) -> str:
     Raises:
         ModelFileError: not a Llama tensor name.
     """
-    m = _HF_LAYER_RE.fullmatch(hf_name)
-    if m and m.group(2) in _GGUF_LAYER_NAMES:
-        return f"blk.{m.group(1)}.{_GGUF_LAYER_NAMES[m.group(2)]}.weight"
-    stem = hf_name.removesuffix(".weight")
-    if hf_name.endswith(".weight") and stem in _GGUF_TOP_NAMES:
-        return f"{_GGUF_TOP_NAMES[stem]}.weight"
-    raise ModelFileError(f"tensor {hf_name!r} is not part of a Llama model")
+    return _renamed(hf_name, _HF_LAYER_RE, "blk.{}.{}.weight", _GGUF_LAYER_NAMES,
+                    _GGUF_TOP_NAMES, "tensor")
+
+
+def _renamed(name: str, layer_re: re.Pattern, layer_form: str, layer_names: dict[str, str],
+             top_names: dict[str, str], what: str) -> str:
+    m = layer_re.fullmatch(name)
+    if m and m.group(2) in layer_names:
+        return layer_form.format(m.group(1), layer_names[m.group(2)])
+    stem = name.removesuffix(".weight")
+    if name.endswith(".weight") and stem in top_names:
+        return f"{top_names[stem]}.weight"
+    raise ModelFileError(f"{what} {name!r} is not part of a Llama model")
 
 
 def _unpermute_checked(w: torch.Tensor, n_heads: int, hd: int, name: str) -> torch.Tensor:

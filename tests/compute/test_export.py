@@ -13,23 +13,11 @@ import torch
 
 from compute.data import JobConfig, make_model
 from compute.errors import ModelFileError
-from compute.export import load_export, permute_qk, save_export
-from compute.gguf import _hf_name, gguf_name, unpermute_qk
+from compute.export import load_export, save_export
+from compute.gguf import _hf_name, gguf_name
 from compute.jobfile import config_json
-from tests.compute.test_gguf import llama_cpp_permute
 
 SMALL = JobConfig(model=dataclasses.replace(JobConfig().model, n_layers=2))
-
-
-@pytest.mark.parametrize(("n_heads", "n_kv"), [(9, 9), (9, 3), (4, 2)])
-def test_permute_qk_is_llama_cpps_permute_and_unpermute_undoes_it(n_heads, n_kv):
-    hd = 8
-    gen = torch.Generator().manual_seed(1)
-    wq = torch.randn(n_heads * hd, 5, generator=gen)
-    wk = torch.randn(n_kv * hd, 5, generator=gen)
-    assert torch.equal(permute_qk(wq, n_heads), llama_cpp_permute(wq, n_heads, n_heads))
-    assert torch.equal(permute_qk(wk, n_kv), llama_cpp_permute(wk, n_heads, n_kv))
-    assert torch.equal(unpermute_qk(permute_qk(wk, n_kv), n_kv), wk)
 
 
 def test_every_tensor_name_of_the_bundled_model_maps_back_to_itself(gguf_reader):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from compute.errors import ModelFileError
+from compute.export import permute_qk
 from compute.gguf import config_from_gguf, find_gguf, open_gguf, unpermute_qk
 from compute.hf import hf_shapes, model_from_hf_tensors
 from tests.compute.helpers import TINY
@@ -62,6 +63,9 @@ def test_unpermute_inverts_llama_cpp_permute(n_heads, n_kv):
     assert torch.equal(unpermute_qk(llama_cpp_permute(wq, n_heads, n_heads), n_heads), wq)
     assert torch.equal(unpermute_qk(llama_cpp_permute(wk, n_heads, n_kv), n_kv), wk)
     assert not torch.equal(llama_cpp_permute(wq, n_heads, n_heads), wq)
+    # ... and the export's permute is llama.cpp's (compute.export writes GGUF files).
+    assert torch.equal(permute_qk(wq, n_heads), llama_cpp_permute(wq, n_heads, n_heads))
+    assert torch.equal(permute_qk(wk, n_kv), llama_cpp_permute(wk, n_heads, n_kv))
 
 
 def test_config_override_of_context(gguf_reader):
