@@ -13,7 +13,8 @@
    with the cost per hop and the balances before and after.
 4. While the nodes run, every read goes through node 0's control socket:
    the job's progress, the mining rewards in its history, a receipt's and
-   a claim's inclusion proofs, checked with `pnode verify proof`.
+   a claim's inclusion proofs, checked with `pnode verify proof`. The job's
+   model is exported as trained so far (`pnode job export`) and run here.
 5. The nodes stop; the last node's copy of the chain re-validates from
    genesis (`pnode verify chain`).
 
@@ -253,6 +254,13 @@ def story(root: Path, nodes: list[str], procs: list[subprocess.Popen]) -> str | 
          "pwallet", "history", "--data-dir", nodes[0], "--wallet", "bob")
     step("The chain's jobs (asked of the running node)", "pnode", "job", "list",
          "--data-dir", nodes[0])
+    model = str(root / "model.safetensors")
+    step("The job's model as trained so far, exported by the running node", "pnode", "job",
+         "export", job[:16], "--out", model, "--data-dir", nodes[0])
+    step("... and run here (the default job is a 0.8M-parameter byte-level toy: this early it "
+         "has learnt letters and spaces, not words)",
+         "pwallet", "infer", "The ", "--local", "--raw", "--greedy", "--max-tokens", "48",
+         "--model", model)
     rewards = [r for r in cli_json("pwallet", "history", "--data-dir", nodes[0])["history"]
                if r["type"] == "Reward"]
     heading("Node 0's mining rewards so far (from `pwallet history --json`)")
