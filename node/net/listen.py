@@ -57,7 +57,8 @@ def check_port_free(listen: multiaddr.Multiaddr) -> None:
 
 
 def keep_addrs_while_closing(host) -> None:
-    """Make ``host.get_addrs()`` answer its last addresses while its listeners close.
+    """Make ``host.get_addrs()`` (and ``get_transport_addrs()``) answer their last addresses
+    while the host's listeners close.
 
     py-libp2p (0.8.1) reads the addresses from the listening sockets each time
     and closes those sockets before it stops pubsub: a gossip message
@@ -66,16 +67,19 @@ def keep_addrs_while_closing(host) -> None:
     that error instead of a clean exit.
 
     Args:
-        host: a py-libp2p ``BasicHost`` (its ``get_addrs`` is wrapped on the instance).
+        host: a py-libp2p ``BasicHost`` (its methods are wrapped on the instance).
     """
-    read_addrs = host.get_addrs
+    for name in ("get_addrs", "get_transport_addrs"):
+        setattr(host, name, _last_when_closed(getattr(host, name)))
+
+
+def _last_when_closed(read_addrs):
     last: list[multiaddr.Multiaddr] = []
 
-    def get_addrs() -> list[multiaddr.Multiaddr]:
+    def addrs() -> list[multiaddr.Multiaddr]:
         try:
             last[:] = read_addrs()
         except OSError:  # a listener closed under us: the host is going down
             pass
         return list(last)
-
-    host.get_addrs = get_addrs
+    return addrs

@@ -65,26 +65,34 @@ def test_trio_is_left_clean_after_a_refused_listen():
 def test_a_hosts_addresses_outlive_its_listeners_closing():
     """py-libp2p closes its listening sockets before pubsub stops: a gossip message
     forwarded then reads the addresses from a closed socket (EBADF, which stopped the
-    node with an error). A real host's `get_addrs` is wrapped; the closed socket is
-    the one fault a test cannot time, so it is stood in for."""
+    node with an error). A real host's methods answer; the closed socket is the one
+    fault a test cannot time, so it is stood in for after two reads."""
     from node.net.listen import keep_addrs_while_closing
 
     async def main():
         async with open_host(ident(6)) as host:
             listening = host._host.get_addrs()
             assert listening and [str(a) for a in listening] == host.addrs
-            real = type(host._host).get_addrs.__get__(host._host)
-            calls = {"n": 0}
+            cls, calls = type(host._host), {"n": 0}
 
-            class Closing:
+            class Closing:  # py-libp2p's host, whose listening socket closes after two reads
                 def get_addrs(self):
+                    return self._read(cls.get_addrs)
+
+                def get_transport_addrs(self):
+                    return self._read(cls.get_transport_addrs)
+
+                def _read(self, method):
                     calls["n"] += 1
-                    if calls["n"] > 1:
+                    if calls["n"] > 2:
                         raise OSError(9, "Bad file descriptor")
-                    return real()
+                    return method(host._host)
             closing = Closing()
             keep_addrs_while_closing(closing)
             assert closing.get_addrs() == listening  # read from the socket
+            transport = closing.get_transport_addrs()
+            assert transport and transport[0] == listening[0].decapsulate("/p2p")
             assert closing.get_addrs() == listening  # the socket closed: the last ones
-            assert calls["n"] == 2
+            assert closing.get_transport_addrs() == transport
+            assert calls["n"] == 4
     run(main, 20)
