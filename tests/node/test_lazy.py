@@ -84,6 +84,8 @@ def test_pwallet_infer_parses_its_arguments_before_torch_loads():
     (["start", "--no-serve", "--layers", "0:3"], "--no-serve cannot go with --layers"),
     (["start", "--layers", "5:2"], "START < END"),
     (["start", "--bond", "-3"], "amounts are positive"),
+    (["start", "--model", "/nonexistent/m.gguf"], "does not exist"),
+    (["start", "--model", "pyproject.toml"], "a server runs a GGUF file"),
 ])
 def test_a_bad_start_argument_fails_before_torch_and_libp2p_load(args, words):
     """The checks that need neither run first: a typo costs a fraction of a second."""
