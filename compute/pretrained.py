@@ -11,6 +11,7 @@ per process.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,9 +39,14 @@ def file_sha256(path: Path) -> str:
     return _hashed(str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
 
 
-def register_model_file(path: Path) -> str:
-    """Make a local GGUF file findable by its SHA-256; returns the hash."""
-    sha = file_sha256(path)
+def register_model_file(path: Path, sha256: str | None = None) -> str:
+    """Make a local GGUF file findable by its SHA-256; returns the hash.
+
+    Args:
+        sha256: the file's hash when the caller has just checked it (a
+            fetched file); else it is computed.
+    """
+    sha = sha256 or file_sha256(path)
     _registered[sha] = Path(path)
     return sha
 
@@ -68,8 +74,8 @@ def model_file(sha256: str) -> Path:
         bundled = None
     if bundled is not None and file_sha256(bundled) == sha256:
         return bundled
-    raise ModelFileError(f"no model file with SHA-256 {sha256[:16]}.. here (the bundled "
-                         "SmolLM2 is another; register the file first)")
+    raise ModelFileError(f"no GGUF file with SHA-256 {sha256[:16]}.. is known here (the "
+                         "bundled SmolLM2 is another)")
 
 
 def pretrained_config(sha256: str, max_seq_len: int) -> ModelConfig:
@@ -90,7 +96,10 @@ def pretrained_model(sha256: str, config: ModelConfig) -> Transformer:
     reader = open_gguf(model_file(sha256))
     model = load_gguf(reader=reader, max_seq_len=config.max_seq_len)
     if model.config != config:
-        raise ConfigError(f"the job's model {config} is not the file's {model.config}")
+        differ = [f"{f.name} {getattr(config, f.name)} (the file's: "
+                  f"{getattr(model.config, f.name)})" for f in dataclasses.fields(config)
+                  if getattr(config, f.name) != getattr(model.config, f.name)]
+        raise ConfigError(f"the job's model is not the file's: {', '.join(differ)}")
     return model.train()
 
 

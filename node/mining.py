@@ -105,15 +105,18 @@ class JobRunner:
             nursery.cancel_scope.cancel()
 
     async def _with_data(self, job_id: bytes, config):
-        """``config`` with its data file's local path: on the shelf, or fetched from peers.
+        """``config`` with its files here: the data file's local path, and its ``init`` GGUF
+        known by hash (`compute.pretrained`); each from the shelf, else fetched from peers.
 
-        Returns None (and says why) when no peer has it.
+        Returns None (and says why) when no peer has one of them.
         """
-        data = config.data
-        if data.source != "file" or not data.sha256:
-            return config
+        data, peers = config.data, self.service.host.connected_peers()
         try:
-            path = await self.shelf.fetch(data.sha256, self.service.host.connected_peers())
+            if config.init:
+                await self.shelf.resolve_model(config.init, peers)
+            if data.source != "file" or not data.sha256:
+                return config
+            path = await self.shelf.fetch(data.sha256, peers)
         except DataUnavailable as exc:
             self._say(f"mining: job {job_id.hex()[:16]}..: {exc}")
             return None

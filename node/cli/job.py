@@ -42,11 +42,13 @@ def job() -> None:
 @job.command()
 @click.option("--steps", type=click.IntRange(1, 10**9), default=None,
               help="Steps of the job [default: the default job's].")
-@click.option("--model", "model", type=click.Choice(["tiny", "smollm2"]), default="tiny",
+@click.option("--model", "model", metavar="tiny|smollm2|FILE.gguf", default="tiny",
               show_default=True,
               help="tiny: the built-in 0.8M-parameter byte-level model, from random weights; "
                    "smollm2: continued training of the bundled SmolLM2-135M-Instruct (its "
-                   "GGUF by hash, its tokens), on a text file you name in data.path.")
+                   "GGUF by hash, its tokens), on a text file you name in data.path; "
+                   "FILE.gguf: continued training of that model (a Llama GGUF, e.g. an "
+                   "earlier job's export; submit it with --init-file FILE.gguf).")
 def template(steps, model) -> None:
     """Print a job's config (JSON): a job file to edit and submit.
 
@@ -59,18 +61,28 @@ def template(steps, model) -> None:
     Examples:
       pnode job template --steps 50 > small.json
       pnode job template --model smollm2 --steps 20 > smol.json   # then set data.path
+      pnode job template --model tuned.gguf > more.json   # then: submit --init-file tuned.gguf
     """
     from dataclasses import replace
 
     from node.mine import config_json
 
+    if model not in ("tiny", "smollm2") and not model.endswith(".gguf"):
+        raise click.BadParameter(f"{model!r}: expected tiny, smollm2 or a .gguf file",
+                                 param_hint="--model")
     config = common.read_job_file(None, "")
-    if model == "smollm2":
+    if model != "tiny":
         from compute.data import DataSpec
-        from compute.pretrained import bundled_sha256, pretrained_config
+        from compute.pretrained import pretrained_config
 
-        sha = bundled_sha256()
-        config = replace(config, model=pretrained_config(sha, 256), init=sha, k=3,
+        from compute.errors import ComputeError
+
+        sha = _init_sha(model, "--model")
+        try:
+            model_config = pretrained_config(sha, 256)
+        except ComputeError as exc:
+            raise click.BadParameter(f"{model}: {exc}", param_hint="--model") from None
+        config = replace(config, model=model_config, init=sha, k=3,
                          batch_size=2, seq_len=128, lr=1e-4, steps=20,
                          data=DataSpec("file", path="notes.txt"))
     config = replace(config, steps=steps) if steps else config
@@ -84,10 +96,14 @@ def template(steps, model) -> None:
                    "for the chain's job authority, whose jobs are paid by minting].")
 @click.option("--wallet", "wallet_name", metavar="NAME",
               help="Pay from wallets/NAME.json instead of the default wallet.")
+@click.option("--init-file", "init_file", type=click.Path(dir_okay=False, exists=True),
+              help="The GGUF file whose SHA-256 the job's \"init\" names (not needed for the "
+                   "bundled SmolLM2): kept in DATA_DIR/data and served to the miners.")
 @data_dir_option
 @passphrase_option
 @json_option
-def submit(job_file, deposit, wallet_name, data_dir, passphrase_file, as_json) -> None:
+def submit(job_file, deposit, wallet_name, init_file, data_dir, passphrase_file,
+           as_json) -> None:
     """Post the job of JOB_FILE, paid from this node's wallet.
 
     The deposit pays every unit's reward and its verifiers' fees; what the
@@ -95,17 +111,21 @@ def submit(job_file, deposit, wallet_name, data_dir, passphrase_file, as_json) -
     time: `pnode job list` shows the queue. A data file (``"data":
     {"source": "file", "path": "notes.txt"}``) is kept in DATA_DIR/data by
     its SHA-256, which the job names; this node serves it to the miners.
+    So is the GGUF file a job starts from (``"init"``), given with
+    --init-file unless it is the bundled SmolLM2.
 
     \b
     Examples:
       pnode job submit my-job.json
       pnode job submit my-job.json --deposit 500 --wallet carol --json
+      pnode job submit more.json --init-file tuned.gguf   # continued training of an export
     """
     from node.mine import job_plan, job_tx
 
     config = common.read_job_file(job_file, "JOB_FILE")
-    plan = _checked_plan(job_plan, config, job_file)
     dd = DataDir(data_dir)
+    _shelve_init(dd, config.init, init_file, job_file)
+    plan = _checked_plan(job_plan, config, job_file)
     config = _shelved(dd, config, job_file)
     params = read_view(dd, "params")["params"]
     n_units = 2 * plan.k * config.replicas
@@ -162,6 +182,43 @@ def _shelved(dd: DataDir, config, job_file: str):
     assert sha == corpus.sha256  # a job's tokens are its file's bytes
     return replace(config, data=replace(data, sha256=sha,
                                         path=str(DataShelf(dd.path / "data").path(sha))))
+
+
+def _init_sha(path: str, option: str) -> str:
+    """The SHA-256 of a GGUF file a job starts from ("smollm2": the bundled one), known
+    from now on in this process (`compute.pretrained`)."""
+    from compute.errors import ModelFileError
+    from compute.gguf import open_gguf
+    from compute.pretrained import bundled_sha256, register_model_file
+
+    if path == "smollm2":
+        return bundled_sha256()
+    try:
+        open_gguf(path)  # a GGUF, before a job is made of it
+    except ModelFileError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
+    return register_model_file(Path(path))
+
+
+def _shelve_init(dd: DataDir, init: str, init_file: str | None, job_file: str) -> None:
+    """Make the job's ``init`` file known here and put it on the node's shelf: from
+    ``--init-file``, else the shelf's copy (the bundled SmolLM2 needs neither)."""
+    from compute.pretrained import bundled_sha256, register_model_file
+    from node.mine import DataShelf
+
+    shelf = DataShelf(dd.path / "data")
+    if init_file is not None:
+        sha = _init_sha(init_file, "--init-file")
+        if sha != init:
+            raise click.BadParameter(f"{init_file} has SHA-256 {sha[:16]}.., the job's init is "
+                                     f"{init[:16] or 'empty'}..", param_hint="--init-file")
+        shelf.add(Path(init_file))
+    elif init and init != bundled_sha256():
+        if not shelf.has(init):
+            raise click.BadParameter(f"{job_file}: its init names the GGUF file "
+                                     f"{init[:16]}.., which is not the bundled SmolLM2: give "
+                                     "it with --init-file FILE.gguf", param_hint="JOB_FILE")
+        register_model_file(shelf.path(init), init)
 
 
 def _coins(text: str, option: str) -> int:

@@ -9,7 +9,9 @@ node's shelf (``DATA_DIR/data/<sha256>``), every node serves its shelf over
 range by range, from its peers, and keeps it only if the whole file has
 the hash. Whitepaper 3.3 leaves data storage open; this is the simplest
 answer that keeps the data verifiable: content addressing, held by whoever
-posted or mined the job. No torch here.
+posted or mined the job. A job's initial model (``init``, a GGUF file by
+SHA-256) travels the same way (`DataShelf.resolve_model`). No torch here
+(`resolve_model` imports `compute.pretrained` when a miner calls it).
 """
 
 from __future__ import annotations
@@ -71,6 +73,27 @@ class DataShelf:
             os.replace(tmp, self.path(sha))
         return sha
 
+    async def resolve_model(self, sha256: str, peers: Iterable) -> Path:
+        """Make the GGUF file of ``sha256`` (a job's ``init``) known to `compute.pretrained`:
+        the bundled one, one already known, the shelf's, or fetched from ``peers``.
+
+        A job may start from any GGUF by hash (an earlier job's export, say):
+        its submitter's node keeps the file on its shelf, as it does the data.
+
+        Raises:
+            DataUnavailable: no peer sent a file with that hash.
+        """
+        from compute.errors import ModelFileError
+        from compute.pretrained import model_file, register_model_file
+
+        try:
+            return await trio.to_thread.run_sync(model_file, sha256)
+        except ModelFileError:
+            pass
+        path = await self.fetch(sha256, peers)  # the shelf's, or checked by hash on arrival
+        register_model_file(path, sha256)
+        return path
+
     # -- serving ------------------------------------------------------------------------
 
     def install(self) -> None:
@@ -115,8 +138,8 @@ class DataShelf:
                 return await self._fetch_from(peer, sha256, timeout_s)
             except (RequestError, DecodeError, DataUnavailable) as exc:
                 log.info("data %s.. from %s: %s", sha256[:16], peer, exc)
-        raise DataUnavailable(f"no peer has the data file {sha256[:16]}.. (the job's "
-                              "submitter's node serves it while it runs)")
+        raise DataUnavailable(f"no peer has the file {sha256[:16]}.. (the job's submitter's "
+                              "node serves it while it runs)")
 
     async def _fetch_from(self, peer, sha256: str, timeout_s: float) -> Path:
         """The whole file from ``peer``: the first range says its size, the rest come

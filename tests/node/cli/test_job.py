@@ -155,6 +155,10 @@ def chain(tmp_path, pnode, pwallet):
     ('{"steps": 5}', ("--deposit", "1"), "deposit short: the job needs at least 60 coins"),
     ('{"steps": 5}', ("--deposit", "0", "--wallet", "carol"), "--deposit: '0': amounts are"),
     ('{"steps": 500}', ("--wallet", "carol"), "more than the wallet's balance"),
+    ('{"init": "%s"}' % ("ab" * 32), (), "which is not the bundled SmolLM2: give it with "
+                                           "--init-file FILE.gguf"),
+    ('{"init": "%s"}' % ("ab" * 32), ("--init-file", "README.md"), "cannot read GGUF file"),
+    ('{"init": "%s"}' % ("ab" * 32), ("--init-file", "/nonexistent.gguf"), "does not exist"),
 ])
 def test_bad_job_files_and_deposits_are_refused(chain, pnode, pwallet, tmp_path, job_file,
                                                 args, words):
@@ -163,6 +167,28 @@ def test_bad_job_files_and_deposits_are_refused(chain, pnode, pwallet, tmp_path,
     r = pnode("job", "submit", str(tmp_path / "job.json"), *args, "--data-dir", str(chain))
     assert r.code == 2 and words in r.err, r.err
     assert "Traceback" not in r.err
+
+
+def test_a_template_from_a_gguf_file_and_its_init_file_at_submit(chain, pnode, tmp_path):
+    """`template --model FILE.gguf` names the file by hash; `submit --init-file` must give
+    the file of that hash (the bundled SmolLM2's path stands in for an export here)."""
+    from compute.gguf import find_gguf
+    from compute.pretrained import bundled_sha256
+
+    r = pnode("job", "template", "--model", str(find_gguf()))
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["init"] == bundled_sha256() and json.loads(r.out)["k"] == 3
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf")
+    for model, words in (("gpt5", "expected tiny, smollm2 or a .gguf file"),
+                         (str(tmp_path / "junk.gguf"), "cannot read GGUF file")):
+        r = pnode("job", "template", "--model", model)
+        assert r.code == 2 and words in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    (tmp_path / "other.json").write_text('{"init": "%s"}' % ("cd" * 32))
+    r = pnode("job", "submit", str(tmp_path / "other.json"), "--init-file", str(find_gguf()),
+              "--data-dir", str(chain))
+    assert r.code == 2 and f"has SHA-256 {bundled_sha256()[:16]}.., the job's init is " \
+        f"{'cd' * 8}.." in r.err, r.err
+    assert not (chain / "data").exists()  # nothing kept of a refused job
 
 
 def test_init_job_options(pnode, tmp_path):

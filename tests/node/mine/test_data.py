@@ -55,7 +55,7 @@ def test_other_bytes_under_the_name_are_refused_and_nobody_having_it_is_an_error
             shelf.install()
             await b.connect(liar.addrs[0])
             miner = DataShelf(tmp_path / "b", b)
-            with pytest.raises(DataUnavailable, match="no peer has the data file"):
+            with pytest.raises(DataUnavailable, match="no peer has the file"):
                 await miner.fetch(sha, [liar.peer_id])
             assert not miner.has(sha) and not list((tmp_path / "b").glob("*"))
             with pytest.raises(ValueError, match="not a SHA-256"):
@@ -83,3 +83,35 @@ def test_a_kept_file_is_not_fetched_again(tmp_path):
         sha = shelf.add(src)
         assert await shelf.fetch(sha, []) == shelf.path(sha)  # no peer needed
     trio.run(main)
+
+
+def test_a_jobs_initial_model_comes_by_its_hash_like_the_data(tmp_path):
+    """A job may start from any GGUF by hash (an earlier job's export): a miner that lacks
+    it fetches it from the submitter's shelf, and `compute.pretrained` then finds it. The
+    bundled SmolLM2 and files already known need no fetch. (`model_file` maps a hash to a
+    path; a file of random bytes stands for the GGUF here.)"""
+    from compute.errors import ModelFileError
+    from compute.pretrained import bundled_sha256, model_file
+
+    tuned = tmp_path / "tuned.gguf"
+    tuned.write_bytes(os.urandom(MAX_DATA_CHUNK + 99))
+    sha = file_sha256(tuned)
+
+    async def main():
+        async with open_host(ident(1)) as a, open_host(ident(2)) as b:
+            owner = DataShelf(tmp_path / "a", a)
+            owner.add(tuned)
+            owner.install()
+            miner = DataShelf(tmp_path / "b", b)
+            bundled = await miner.resolve_model(bundled_sha256(), [])  # no peer asked
+            assert bundled == model_file(bundled_sha256()) and not (tmp_path / "b").exists()
+            with pytest.raises(ModelFileError):
+                model_file(sha)
+            with pytest.raises(DataUnavailable, match="no peer has the file"):
+                await miner.resolve_model(sha, [])
+            await b.connect(a.addrs[0])
+            got = await miner.resolve_model(sha, [a.peer_id])
+            assert got == miner.path(sha) == model_file(sha)
+            assert got.read_bytes() == tuned.read_bytes()
+            assert await miner.resolve_model(sha, []) == got  # known now: no peer needed
+    run(main, 60)
