@@ -5,9 +5,9 @@ the job (``pnode_job``), the updates applied (``pnode_step``) and the job's
 config (``pnode_config``), so any job's model, byte-level ones included,
 can be rebuilt from it.
 
-``.gguf`` is llama.cpp's format, for jobs that start from a GGUF model
-(``init``): the metadata of that file (architecture, tokenizer, chat
-template) is copied, the trained weights replace its tensors (float32,
+``.gguf`` is llama.cpp's format, for jobs that descend from a GGUF model
+(``init``, or the ``init`` of the export it names): the metadata of that
+file (architecture, tokenizer, chat template) is copied, the trained weights replace its tensors (float32,
 Q/K rows permuted back to llama.cpp's layout), and ``pnode.job``,
 ``pnode.step`` and ``pnode.config`` are added. Anything that reads the
 original model reads the export: `pwallet infer --model`, `pnode start
@@ -70,14 +70,15 @@ def save_export(path: Path, weights: Mapping[str, torch.Tensor], config_json: st
         _replace(path, lambda tmp: save_file(_unshared(weights), str(tmp), meta))
     elif path.suffix == ".gguf":
         from compute.jobfile import config_from_json
-        from compute.pretrained import model_file
+        from compute.pretrained import gguf_of
 
         config = config_from_json(config_json)
-        if not config.init:
+        template_path = gguf_of(config.init)
+        if template_path is None:
             raise ModelFileError("a byte-level job's model has no tokenizer to put in a GGUF "
                                  "file: export it as .safetensors")
         model = _model(config.model, weights, path)
-        template = open_gguf(model_file(config.init))
+        template = open_gguf(template_path)
         _replace(path, lambda tmp: write_gguf(tmp, model, template, {
             k.replace("_", "."): v for k, v in meta.items()}))
     else:
@@ -117,26 +118,43 @@ def write_gguf(path: Path, model: Transformer, template: gguf_lib.GGUFReader,
     writer.close()
 
 
+def export_config(path: Path):
+    """The job config in a .safetensors export's metadata (nothing else is read).
+
+    Raises:
+        ModelFileError: not an export of pnode's.
+    """
+    return _read_meta(path)[1]
+
+
 def load_export(path: Path) -> tuple[Transformer, str]:
     """(the model, the job's config JSON) of a .safetensors export.
 
     Raises:
         ModelFileError: not an export of pnode's, or weights that are not its config's model.
     """
-    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
+
+    text, config = _read_meta(path)
+    try:
+        weights = load_file(str(path))
+    except OSError as exc:
+        raise ModelFileError(f"cannot read {path}: {exc}") from None
+    return _model(config.model, weights, path), text
+
+
+def _read_meta(path: Path):
+    from safetensors import SafetensorError, safe_open
 
     from compute.jobfile import config_from_json
 
     try:
         with safe_open(str(path), "pt") as f:
-            meta = f.metadata() or {}
-        config = config_from_json(meta["pnode_config"])
-        weights = load_file(str(path))
+            text = (f.metadata() or {})["pnode_config"]
+        return text, config_from_json(text)
     except (OSError, KeyError, ValueError, SafetensorError) as exc:
         raise ModelFileError(f"{path} is not a job's weights as `pnode job export` writes "
                              f"them: {exc}") from None
-    return _model(config.model, weights, path), meta["pnode_config"]
 
 
 def _model(model_config, weights: Mapping[str, torch.Tensor], source: Path) -> Transformer:

@@ -92,18 +92,15 @@ def exported_model(path: Path) -> tuple[Transformer, Tokenizer | ByteTokenizer]:
     """A job's exported weights (`pnode job export`, .safetensors) and its tokenizer.
 
     The file's metadata holds the job's config. The tokenizer is that of the
-    model file the job started from (``init``), or, for a byte-level job,
-    UTF-8 bytes (`compute.tokenizer.ByteTokenizer`).
+    model file the job started from (``init``, `compute.pretrained.tokenizer_for`),
+    or, for a byte-level line, UTF-8 bytes (`compute.tokenizer.ByteTokenizer`).
 
     Raises:
         ModelFileError: not an export of pnode's, or weights that are not the config's.
     """
     from compute.export import load_export
     from compute.jobfile import config_from_json
-    from compute.pretrained import model_file
+    from compute.pretrained import tokenizer_for
 
     model, config_text = load_export(path)
-    init = config_from_json(config_text).init
-    if not init:
-        return model, ByteTokenizer()
-    return model, Tokenizer.from_gguf(reader=open_gguf(model_file(init)))
+    return model, tokenizer_for(config_from_json(config_text).init) or ByteTokenizer()

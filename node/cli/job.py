@@ -42,13 +42,13 @@ def job() -> None:
 @job.command()
 @click.option("--steps", type=click.IntRange(1, 10**9), default=None,
               help="Steps of the job [default: the default job's].")
-@click.option("--model", "model", metavar="tiny|smollm2|FILE.gguf", default="tiny",
+@click.option("--model", "model", metavar="tiny|smollm2|FILE", default="tiny",
               show_default=True,
               help="tiny: the built-in 0.8M-parameter byte-level model, from random weights; "
                    "smollm2: continued training of the bundled SmolLM2-135M-Instruct (its "
                    "GGUF by hash, its tokens), on a text file you name in data.path; "
-                   "FILE.gguf: continued training of that model (a Llama GGUF, e.g. an "
-                   "earlier job's export; submit it with --init-file FILE.gguf).")
+                   "FILE: continued training of that model, a Llama .gguf or a job's "
+                   ".safetensors export (`pnode job export`); submit with --init-file FILE.")
 def template(steps, model) -> None:
     """Print a job's config (JSON): a job file to edit and submit.
 
@@ -62,20 +62,25 @@ def template(steps, model) -> None:
       pnode job template --steps 50 > small.json
       pnode job template --model smollm2 --steps 20 > smol.json   # then set data.path
       pnode job template --model tuned.gguf > more.json   # then: submit --init-file tuned.gguf
+      pnode job template --model model.safetensors > again.json  # an export's job, continued
     """
     from dataclasses import replace
 
     from node.mine import config_json
 
-    if model not in ("tiny", "smollm2") and not model.endswith(".gguf"):
-        raise click.BadParameter(f"{model!r}: expected tiny, smollm2 or a .gguf file",
-                                 param_hint="--model")
+    if model not in ("tiny", "smollm2") and not model.endswith((".gguf", ".safetensors")):
+        raise click.BadParameter(f"{model!r}: expected tiny, smollm2, a .gguf file or a job's "
+                                 ".safetensors export", param_hint="--model")
     config = common.read_job_file(None, "")
-    if model != "tiny":
-        from compute.data import DataSpec
-        from compute.pretrained import pretrained_config
+    if model.endswith(".safetensors"):  # an export: its own job again, from its weights
+        from compute.export import export_config
 
+        sha = _init_sha(model, "--model")
+        config = replace(export_config(Path(model)), init=sha)
+    elif model != "tiny":
+        from compute.data import DataSpec
         from compute.errors import ComputeError
+        from compute.pretrained import pretrained_config
 
         sha = _init_sha(model, "--model")
         try:
@@ -97,8 +102,9 @@ def template(steps, model) -> None:
 @click.option("--wallet", "wallet_name", metavar="NAME",
               help="Pay from wallets/NAME.json instead of the default wallet.")
 @click.option("--init-file", "init_file", type=click.Path(dir_okay=False, exists=True),
-              help="The GGUF file whose SHA-256 the job's \"init\" names (not needed for the "
-                   "bundled SmolLM2): kept in DATA_DIR/data and served to the miners.")
+              help="The model file (.gguf, or a job's .safetensors export) whose SHA-256 the "
+                   "job's \"init\" names (not needed for the bundled SmolLM2): kept in "
+                   "DATA_DIR/data and served to the miners.")
 @data_dir_option
 @passphrase_option
 @json_option
@@ -111,8 +117,9 @@ def submit(job_file, deposit, wallet_name, init_file, data_dir, passphrase_file,
     time: `pnode job list` shows the queue. A data file (``"data":
     {"source": "file", "path": "notes.txt"}``) is kept in DATA_DIR/data by
     its SHA-256, which the job names; this node serves it to the miners.
-    So is the GGUF file a job starts from (``"init"``), given with
-    --init-file unless it is the bundled SmolLM2.
+    So is the model file a job starts from (``"init"``: a GGUF, or a job's
+    .safetensors export), given with --init-file unless it is the bundled
+    SmolLM2.
 
     \b
     Examples:
@@ -185,19 +192,22 @@ def _shelved(dd: DataDir, config, job_file: str):
 
 
 def _init_sha(path: str, option: str) -> str:
-    """The SHA-256 of a GGUF file a job starts from ("smollm2": the bundled one), known
-    from now on in this process (`compute.pretrained`)."""
-    from compute.errors import ModelFileError
-    from compute.gguf import open_gguf
-    from compute.pretrained import bundled_sha256, register_model_file
+    """The SHA-256 of a model file a job starts from ("smollm2": the bundled GGUF), known
+    from now on in this process (`compute.pretrained`), once checked to be a model."""
+    from compute.errors import ComputeError
+    from compute.pretrained import bundled_sha256, pretrained_config, register_model_file
 
     if path == "smollm2":
         return bundled_sha256()
+    if not path.endswith((".gguf", ".safetensors")):
+        raise click.BadParameter(f"{path!r}: expected a .gguf file or a job's .safetensors "
+                                 "export", param_hint=option)
+    sha = register_model_file(Path(path))
     try:
-        open_gguf(path)  # a GGUF, before a job is made of it
-    except ModelFileError as exc:
+        pretrained_config(sha, 1)  # a GGUF or an export, before a job is made of it
+    except ComputeError as exc:
         raise click.BadParameter(str(exc), param_hint=option) from None
-    return register_model_file(Path(path))
+    return sha
 
 
 def _shelve_init(dd: DataDir, init: str, init_file: str | None, job_file: str) -> None:
@@ -215,9 +225,9 @@ def _shelve_init(dd: DataDir, init: str, init_file: str | None, job_file: str) -
         shelf.add(Path(init_file))
     elif init and init != bundled_sha256():
         if not shelf.has(init):
-            raise click.BadParameter(f"{job_file}: its init names the GGUF file "
+            raise click.BadParameter(f"{job_file}: its init names the model file "
                                      f"{init[:16]}.., which is not the bundled SmolLM2: give "
-                                     "it with --init-file FILE.gguf", param_hint="JOB_FILE")
+                                     "it with --init-file FILE", param_hint="JOB_FILE")
         register_model_file(shelf.path(init), init)
 
 

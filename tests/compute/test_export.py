@@ -55,3 +55,33 @@ def test_refusals_leave_nothing_behind(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 64)
     with pytest.raises(ModelFileError, match="is not a job's weights"):
         load_export(tmp_path / "junk.safetensors")
+
+
+def test_an_export_by_hash_is_a_jobs_initial_model_with_its_jobs_tokens(tmp_path):
+    """`init` may name a job's .safetensors export: its weights start the job, and its
+    tokens are its own job's (bytes here; its init's tokenizer for a SmolLM2 line)."""
+    from compute.config import ConfigError
+    from compute.data import job_corpus, load_corpus
+    from compute.pretrained import (
+        gguf_of, pretrained_config, pretrained_model, register_model_file, text_tokens,
+        tokenizer_for,
+    )
+
+    trained = make_model(SMALL)
+    out = tmp_path / "m.safetensors"
+    save_export(out, trained.state_dict(), config_json(SMALL), "ab" * 32, 5)
+    sha = register_model_file(out)
+    assert pretrained_config(sha, 99) == dataclasses.replace(SMALL.model, max_seq_len=99)
+    again = dataclasses.replace(SMALL, init=sha, seed=SMALL.seed + 1)  # not its random init
+    model = make_model(again)
+    assert model.training and all(torch.equal(model.state_dict()[k], v)
+                                  for k, v in trained.state_dict().items())
+    assert torch.equal(job_corpus(again).tokens, load_corpus(again.data).tokens)  # bytes
+    assert text_tokens("é!".encode(), sha).tolist() == list("é!".encode())
+    assert tokenizer_for(sha) is None and gguf_of(sha) is None
+    other = dataclasses.replace(SMALL.model, n_layers=3)
+    with pytest.raises(ConfigError, match=r"not the file's: n_layers 3 \(the file's: 2\)"):
+        pretrained_model(sha, other)
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 16)
+    with pytest.raises(ModelFileError, match="is not a job's weights"):
+        pretrained_config(register_model_file(tmp_path / "junk.safetensors"), 8)

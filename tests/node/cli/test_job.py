@@ -156,8 +156,8 @@ def chain(tmp_path, pnode, pwallet):
     ('{"steps": 5}', ("--deposit", "0", "--wallet", "carol"), "--deposit: '0': amounts are"),
     ('{"steps": 500}', ("--wallet", "carol"), "more than the wallet's balance"),
     ('{"init": "%s"}' % ("ab" * 32), (), "which is not the bundled SmolLM2: give it with "
-                                           "--init-file FILE.gguf"),
-    ('{"init": "%s"}' % ("ab" * 32), ("--init-file", "README.md"), "cannot read GGUF file"),
+                                           "--init-file FILE"),
+    ('{"init": "%s"}' % ("ab" * 32), ("--init-file", "README.md"), "expected a .gguf file or"),
     ('{"init": "%s"}' % ("ab" * 32), ("--init-file", "/nonexistent.gguf"), "does not exist"),
 ])
 def test_bad_job_files_and_deposits_are_refused(chain, pnode, pwallet, tmp_path, job_file,
@@ -179,7 +179,7 @@ def test_a_template_from_a_gguf_file_and_its_init_file_at_submit(chain, pnode, t
     assert r.code == 0, r.err
     assert json.loads(r.out)["init"] == bundled_sha256() and json.loads(r.out)["k"] == 3
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf")
-    for model, words in (("gpt5", "expected tiny, smollm2 or a .gguf file"),
+    for model, words in (("gpt5", "expected tiny, smollm2, a .gguf file or a job's"),
                          (str(tmp_path / "junk.gguf"), "cannot read GGUF file")):
         r = pnode("job", "template", "--model", model)
         assert r.code == 2 and words in r.err and len(r.err.strip().splitlines()) == 1, r.err
@@ -226,6 +226,33 @@ def test_a_job_on_a_data_file_names_it_by_hash_and_is_mined(tmp_path, pnode, spa
     assert done["spec"]["data"] == {"source": "file", "sha256": sha, "path": "", "seed": 0,
                                     "n_chars": 100000}  # named by content only
     assert len(read(d / "train.jsonl").splitlines()) == 2
+    # Its export as the next job's initial model: the same job again, from trained weights.
+    out_file = tmp_path / "m.safetensors"
+    assert pnode("job", "export", job_id, "--out", str(out_file), "--data-dir", str(d)).code == 0
+    r = pnode("job", "template", "--model", str(out_file), "--steps", "2")
+    assert r.code == 0, r.err
+    again = json.loads(r.out)
+    assert again["init"] == hashlib.sha256(out_file.read_bytes()).hexdigest()
+    assert again["model"] == done["spec"]["model"] and again["data"]["sha256"] == sha
+    again["data"]["path"] = str(notes)
+    (tmp_path / "again.json").write_text(json.dumps(again))
+    r = pnode("job", "submit", str(tmp_path / "again.json"), "--init-file", str(out_file),
+              "--data-dir", str(d), "--json")
+    assert r.code == 0, r.err
+    assert (d / "data" / again["init"]).read_bytes() == out_file.read_bytes()
+    wait_for(lambda: _job(pnode, d, r.json()["id"])["state"] == "finished", "the next job",
+             limit=90)
+    first, _, continued, _ = [json.loads(x)["loss"] for x in
+                              read(d / "train.jsonl").splitlines()]
+    from compute.data import batch
+    from compute.export import load_export
+    from node.mine import config_from_json
+
+    model, _ = load_export(out_file)
+    ids, targets = batch(config_from_json(json.dumps(again)), 0)
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
+    assert continued < first and abs(continued - want.item()) < 1e-4, (first, continued, want)
     assert stop(proc) == 0, read(err)
 
 
