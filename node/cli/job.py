@@ -309,7 +309,7 @@ def status(job_id, data_dir, as_json) -> None:
 @click.argument("job_id")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
               help="Where to write the weights: .safetensors (any job) or .gguf (a job "
-                   "that starts from a GGUF model).")
+                   "whose model descends from a GGUF).")
 @data_dir_option
 @json_option
 def export(job_id, out, data_dir, as_json) -> None:
@@ -320,12 +320,13 @@ def export(job_id, out, data_dir, as_json) -> None:
 
     .safetensors keeps the model's own tensors and, in its metadata, the
     job, the step and the job's config (``pnode_job``, ``pnode_step``,
-    ``pnode_config``): `pwallet infer --local --model` runs it.
+    ``pnode_config``): `pwallet infer --local --model` runs it, and a
+    next job can start from it (`pnode job template --model FILE`).
 
-    .gguf is llama.cpp's format with the job's initial model's tokenizer
-    and chat template: `pwallet infer --model`, `pnode start --model` (a
-    server of the trained model) and llama.cpp run it. A byte-level job
-    (no "init") has no tokenizer for one.
+    .gguf is llama.cpp's format with the tokenizer and chat template of
+    the GGUF the job's model descends from: `pwallet infer --model`,
+    `pnode start --model` (a server of the trained model) and llama.cpp
+    run it. A byte-level job has no tokenizer for one.
 
     \b
     Examples:
