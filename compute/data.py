@@ -283,9 +283,10 @@ class JobConfig:
         (`compute.device.pinned_threads`): a weight gradient's rounding
         depends on it, and a re-execution is bit-exact only at the same count;
     init: "" (weights drawn from seed and init_std), or the hex SHA-256 of
-        a GGUF file the job starts from (continued training of a released
-        model, `compute.pretrained`): its weights are the initial model,
-        ``model`` must be its config, and the text is read in its tokens.
+        the model file the job starts from, a GGUF or a job's export
+        (continued training, `compute.pretrained`): its weights are the
+        initial model, ``model`` must be its config, and the text is read in
+        its tokens.
 
     Raises:
         ConfigError: a value out of range (k an int >= 1, mlp_slices None or

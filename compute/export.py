@@ -7,8 +7,9 @@ can be rebuilt from it.
 
 ``.gguf`` is llama.cpp's format, for jobs that descend from a GGUF model
 (``init``, or the ``init`` of the export it names): the metadata of that
-file (architecture, tokenizer, chat template) is copied, the trained weights replace its tensors (float32,
-Q/K rows permuted back to llama.cpp's layout), and ``pnode.job``,
+file (architecture, tokenizer, chat template) is copied, the trained
+weights replace its tensors (float32, Q/K rows permuted back to
+llama.cpp's layout), and ``pnode.job``,
 ``pnode.step`` and ``pnode.config`` are added. Anything that reads the
 original model reads the export: `pwallet infer --model`, `pnode start
 --model` and llama.cpp itself. A byte-level job has no tokenizer to put
@@ -29,7 +30,7 @@ import gguf as gguf_lib
 import numpy as np
 import torch
 
-from compute.errors import ModelFileError
+from compute.errors import ComputeError, ModelFileError
 from compute.gguf import gguf_name, open_gguf
 from compute.hf import hf_state_from_model
 from compute.model import Transformer
@@ -111,7 +112,8 @@ def write_gguf(path: Path, model: Transformer, template: gguf_lib.GGUFReader,
             w = permute_qk(w, cfg.n_heads)
         elif name.endswith("k_proj.weight"):
             w = permute_qk(w, cfg.n_kv_heads)
-        writer.add_tensor(gguf_name(name), np.ascontiguousarray(w.detach().to(torch.float32).numpy()))
+        array = np.ascontiguousarray(w.detach().to(torch.float32).numpy())
+        writer.add_tensor(gguf_name(name), array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -144,17 +146,14 @@ def load_export(path: Path) -> tuple[Transformer, str]:
 
 
 def _read_meta(path: Path):
-    from safetensors import SafetensorError, safe_open
-
     from compute.jobfile import config_from_json
+    from compute.pretrained import export_config_text, not_an_export
 
+    text = export_config_text(path)
     try:
-        with safe_open(str(path), "pt") as f:
-            text = (f.metadata() or {})["pnode_config"]
         return text, config_from_json(text)
-    except (OSError, KeyError, ValueError, SafetensorError) as exc:
-        raise ModelFileError(f"{path} is not a job's weights as `pnode job export` writes "
-                             f"them: {exc}") from None
+    except (ValueError, ComputeError) as exc:
+        raise not_an_export(path, exc) from None
 
 
 def _model(model_config, weights: Mapping[str, torch.Tensor], source: Path) -> Transformer:

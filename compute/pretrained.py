@@ -26,8 +26,8 @@ from compute.config import ModelConfig
 from compute.errors import ComputeError, ConfigError, ModelFileError
 from compute.model import Transformer
 
-__all__ = ["gguf_of", "model_file", "pretrained_config", "pretrained_model",
-           "register_model_file", "text_tokens", "tokenizer_for"]
+__all__ = ["export_config_text", "gguf_of", "model_file", "not_an_export", "pretrained_config",
+           "pretrained_model", "register_model_file", "text_tokens", "tokenizer_for"]
 
 _registered: dict[str, Path] = {}
 
@@ -44,7 +44,8 @@ def file_sha256(path: Path) -> str:
 
 
 def register_model_file(path: Path, sha256: str | None = None) -> str:
-    """Make a local GGUF file findable by its SHA-256; returns the hash.
+    """Make a local model file (a GGUF or a job's export) findable by its SHA-256; returns
+    the hash.
 
     Args:
         sha256: the file's hash when the caller has just checked it (a
@@ -63,7 +64,7 @@ def bundled_sha256() -> str:
 
 
 def model_file(sha256: str) -> Path:
-    """The GGUF file whose SHA-256 is ``sha256``.
+    """The model file whose SHA-256 is ``sha256``.
 
     Raises:
         ModelFileError: no registered file and not the bundled model.
@@ -106,7 +107,8 @@ def pretrained_model(sha256: str, config: ModelConfig) -> Transformer:
         ConfigError: ``config`` is not the file's (with its context cut as ``config`` says).
     """
     path = model_file(sha256)
-    if _is_gguf(path):
+    gguf = _is_gguf(path)
+    if gguf:
         from compute.gguf import load_gguf, open_gguf
 
         model = load_gguf(reader=open_gguf(path), max_seq_len=config.max_seq_len)
@@ -118,7 +120,7 @@ def pretrained_model(sha256: str, config: ModelConfig) -> Transformer:
                   for f in dataclasses.fields(config)
                   if getattr(config, f.name) != getattr(own, f.name)]
         raise ConfigError(f"the job's model is not the file's: {', '.join(differ)}")
-    if not _is_gguf(path):
+    if not gguf:
         from safetensors.torch import load_file
 
         try:
@@ -173,18 +175,33 @@ def _is_gguf(path: Path) -> bool:
         return f.read(4) == b"GGUF" or Path(path).suffix == ".gguf"
 
 
-def _export_meta(path: Path) -> tuple[ModelConfig, str]:
-    """(model config, its job's ``init``) from a .safetensors export's metadata.
+def export_config_text(path: Path) -> str:
+    """The job config JSON in a .safetensors export's metadata (`compute.export`).
 
-    (Read here rather than through `compute.jobfile`, which needs `compute.data`,
-    which needs this module.)
+    Raises:
+        ModelFileError: not an export of pnode's.
     """
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), "pt") as f:
-            raw = json.loads((f.metadata() or {})["pnode_config"])
+            return (f.metadata() or {})["pnode_config"]
+    except (OSError, KeyError, SafetensorError) as exc:
+        raise not_an_export(path, exc) from None
+
+
+def not_an_export(path: Path, why: BaseException) -> ModelFileError:
+    """The error for a file that is not a job's export as `pnode job export` writes it."""
+    return ModelFileError(f"{path} is not a job's weights as `pnode job export` writes them: "
+                          f"{why}")
+
+
+def _export_meta(path: Path) -> tuple[ModelConfig, str]:
+    """(model config, its job's ``init``) from an export's metadata (read here rather than
+    with `compute.jobfile`, which needs `compute.data`, which needs this module)."""
+    text = export_config_text(path)
+    try:
+        raw = json.loads(text)
         return ModelConfig(**raw["model"]), str(raw.get("init", ""))
-    except (OSError, KeyError, ValueError, TypeError, SafetensorError, ComputeError) as exc:
-        raise ModelFileError(f"{path} is not a job's weights as `pnode job export` writes "
-                             f"them: {exc}") from None
+    except (KeyError, ValueError, TypeError, ComputeError) as exc:
+        raise not_an_export(path, exc) from None

@@ -105,8 +105,8 @@ class JobRunner:
             nursery.cancel_scope.cancel()
 
     async def _with_data(self, job_id: bytes, config):
-        """``config`` with its files here: the data file's local path, and its ``init`` GGUF
-        known by hash (`compute.pretrained`); each from the shelf, else fetched from peers.
+        """``config`` with its files here: the data file's local path, and its ``init`` model
+        file known by hash (`compute.pretrained`); each from the shelf, else fetched from peers.
 
         Returns None (and says why) when no peer has one of them.
         """

@@ -9,7 +9,7 @@ node's shelf (``DATA_DIR/data/<sha256>``), every node serves its shelf over
 range by range, from its peers, and keeps it only if the whole file has
 the hash. Whitepaper 3.3 leaves data storage open; this is the simplest
 answer that keeps the data verifiable: content addressing, held by whoever
-posted or mined the job. A job's initial model (``init``, a GGUF file by
+posted or mined the job. A job's initial model (``init``, a model file by
 SHA-256) travels the same way (`DataShelf.resolve_model`). No torch here
 (`resolve_model` imports `compute.pretrained` when a miner calls it).
 """
@@ -74,10 +74,10 @@ class DataShelf:
         return sha
 
     async def resolve_model(self, sha256: str, peers: Iterable) -> Path:
-        """Make the GGUF file of ``sha256`` (a job's ``init``) known to `compute.pretrained`:
+        """Make the model file of ``sha256`` (a job's ``init``) known to `compute.pretrained`:
         the bundled one, one already known, the shelf's, or fetched from ``peers``.
 
-        A job may start from any GGUF by hash (an earlier job's export, say):
+        A job may start from any model file by hash (an earlier job's export, say):
         its submitter's node keeps the file on its shelf, as it does the data.
 
         Raises:

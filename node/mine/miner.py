@@ -457,8 +457,7 @@ class Miner:
         keys = [key for keys in needs for key in keys]
         workers = await self.service.call(step_workers, self.service.chain, self.job_id, t)
         got = await self.transfer.wait(keys, producers={
-            key: workers[self.plan.producer(key)] for key in keys
-            if self.plan.producer(key) in workers})
+            key: workers[unit] for key in keys if (unit := self.plan.producer(key)) in workers})
         if got is None:
             return False
         messages, at = [], 0
