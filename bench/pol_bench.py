@@ -3,7 +3,7 @@
 One process plays a worker running the devnet's default job (its units
 phase by phase, archived as a miner archives them: tests/node/pol/polkit.py)
 and a verifier judging every unit with the node's own code
-(`node.pol.judge.judge`, a `Reexecutor`, fetches answered from the worker's
+(`proof_of_learning.judge.judge`, a `Reexecutor`, fetches answered from the worker's
 archive through the protocol's encoder: the network is left out, the
 bytes are counted).
 
@@ -25,7 +25,7 @@ bytes are counted).
 
 5. The join-time audit: seconds to train a chain of ``--chain-steps`` steps
    (the baseline) against seconds to replay it all from the initial model,
-   every receipt compared (`node.pol.joinaudit`), and one window from the
+   every receipt compared (`proof_of_learning.joinaudit`), and one window from the
    last checkpoint's kept states.
 
 Usage:  .venv/bin/python bench/pol_bench.py [--steps 9] [--seeds 1] [--audit-bps 1000]
@@ -52,16 +52,16 @@ import trio  # noqa: E402
 from ledger.codec import encode  # noqa: E402
 from ledger.crypto import SigningKey  # noqa: E402
 from ledger.types import ZERO_SIG, Verdict  # noqa: E402
-from node.pol import (  # noqa: E402
-    WORKER_ATTACKS, ArchiveFetcher, PolArchive, Reexecutor, WorkerAttack, judge,
-)
+from node.pol import WORKER_ATTACKS, ArchiveFetcher, PolArchive, WorkerAttack
+from proof_of_learning.reexecute import Reexecutor
+from proof_of_learning import judge
 from node.wire import PolReply  # noqa: E402
 from proof_of_learning.certificate import (  # noqa: E402
     EXACT, FAILING, PASS, REASONS, UNAVAILABLE, bits_float,
 )
 from node.pol.archive import state_key  # noqa: E402
-from node.pol.joinaudit import replay_window  # noqa: E402
-from node.pol.replay import Replayer  # noqa: E402
+from proof_of_learning.joinaudit import replay_window
+from proof_of_learning.replay import Replayer
 from tests.node.pol.polkit import JOB, case_of, make_worker, run_step  # noqa: E402
 
 DEFAULT_JOB = {"batch_size": 16, "seq_len": 64}  # the devnet's: `devnet_job`'s defaults

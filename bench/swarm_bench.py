@@ -62,7 +62,7 @@ import trio  # noqa: E402
 
 from compute.generate import Sampling  # noqa: E402
 from wallet.client import InferRequest, LocalModel  # noqa: E402
-from wallet.remote import ClientConfig, ClientParts, load_client_parts, open_remote  # noqa: E402
+from wallet.client.remote import ClientConfig, ClientParts, load_client_parts, open_remote
 
 PROMPT = "The history of the Roman Empire"
 PETALS = {"ratio": 0.46, "rss_mib": 840}

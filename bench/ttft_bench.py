@@ -47,7 +47,7 @@ from node.control import control_call  # noqa: E402
 from wallet.client import InferRequest  # noqa: E402
 from wallet.payer import Payer  # noqa: E402
 from wallet.registry import registry_from_view  # noqa: E402
-from wallet.remote import ClientConfig, load_client_parts, open_remote  # noqa: E402
+from wallet.client.remote import ClientConfig, load_client_parts, open_remote
 
 PROMPT = "The history of the Roman Empire"  # 6 tokens; no stop token within 64 greedy ones
 BENCH = Path(__file__).resolve().parent

@@ -2,7 +2,7 @@
 
 Owns `config_json` (the canonical form: what a `Job`'s ``spec`` holds and
 ``hyper_hash`` hashes, specs/consensus.md 5.1) and `config_from_json` (a job
-file, whole or in part), for the node (node/mine/jobs.py) and a wallet
+file, whole or in part), for the node (proof_of_learning/units.py) and a wallet
 that reads an exported model's config alike.
 """
 

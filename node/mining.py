@@ -136,7 +136,7 @@ class JobRunner:
 
     async def pol_export(self, args: dict) -> dict:
         """The ``pol_export`` op: a window file of the kept units (`node.pol.export_op`)."""
-        from node.mine import config_json
+        from compute.jobfile import config_json
         from node.pol import export_op
 
         miner = self.miner
@@ -168,7 +168,7 @@ class JobRunner:
         from compute.errors import ModelFileError
         from compute.export import FORMATS, save_export
         from compute.hashing import file_sha256
-        from node.mine import config_json
+        from compute.jobfile import config_json
 
         text, out = str(args.get("job") or "").lower(), args.get("out")
         found = [j for j in self.miners if j.hex().startswith(text)] if text else []

@@ -18,3 +18,7 @@ class MalformedCertificate(PolError):
 
 class MalformedEvidence(PolError):
     """Bytes or an object that are not well-formed `Evidence` (specs/pol.md section 4.3)."""
+
+
+class NoSuchPush(PolError):
+    """A push (kind, section) that no unit of this job sends (`StepPlan.expected`)."""

@@ -4,7 +4,7 @@ README.md, BENCHMARKS.md and specs/*.md cite this repository's code in two
 ways, and both are checked here:
 
 * a path ending in ``.py`` (``node/net/host.py``, ``bench/swarm_bench.py``,
-  ``tests/node/mine/test_step_plan.py``), anywhere in the text. A path with a
+  ``tests/proof_of_learning/test_step_plan.py``), anywhere in the text. A path with a
   folder must be a file of the repository; a bare file name
   (``test_quant.py``) must be the name of some ``.py`` file in it. A test
   named after it (``test_quant.py::test_zero_and_constant_blocks``, or

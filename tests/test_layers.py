@@ -1,4 +1,4 @@
-"""The import layers of DESIGN.md section 2, enforced on every module.
+"""The import layers of ARCHITECTURE.md, enforced on every module.
 
 Every import statement (also those inside functions and under
 TYPE_CHECKING) of every module under the five packages is checked against
@@ -24,19 +24,21 @@ PURE_CORE = {
     "ledger/codec.py", "ledger/crypto.py", "ledger/merkle.py", "ledger/types.py",
     "ledger/state.py", "ledger/schedule.py", "ledger/rules.py", "ledger/transition.py",
     "ledger/errors.py", "ledger/proofs.py", "compute/partition.py", "proof_of_learning/certificate.py",
-    "wallet/route.py", "node/serve/placement.py", "ledger/genesis.py", "ledger/tab.py",
-    "ledger/tabrules.py", "ledger/accounts.py", "ledger/jobrules.py",
+    "wallet/client/route.py", "node/serve/placement.py", "ledger/genesis.py", "ledger/tab.py",
+    "ledger/tabrules.py", "ledger/accounts.py", "ledger/jobrules.py", "proof_of_learning/kinds.py",
 }
 PURE_FORBIDDEN = {
     "time", "datetime", "random", "secrets", "socket", "os", "pathlib", "io", "shutil",
     "tempfile", "subprocess", "threading", "multiprocessing", "asyncio", "trio", "libp2p",
     "plyvel", "click", "rich", "torch", "ledger.store", "ledger.chaindb", "ledger.schema",
 }
+# The unit of work and its verification (proof_of_learning): pure but for torch.
+POL_FORBIDDEN = PURE_FORBIDDEN - {"torch"}
 STORAGE = {"ledger/store.py", "ledger/chaindb.py", "ledger/schema.py"}
 NETWORK = {"trio", "libp2p", "socket", "click"}
 CLI_MODULES = {"wallet/cli.py"}  # and every module under node/cli/
 
-# Between packages (DESIGN.md section 2).
+# Between packages (ARCHITECTURE.md, the layers).
 PACKAGE_FORBIDDEN = {
     "ledger": {"compute", "proof_of_learning", "node", "wallet"},
     "compute": {"ledger", "proof_of_learning", "node", "wallet"},
@@ -63,17 +65,20 @@ NODE_ALLOWED = {
     "node.chain": {"node.net", "node.wire", "node.keys", "node.datadir"},
     "node.serve": {"node.net", "node.wire", "node.torch_thread", "node.keys"},
     "node.mine": {"node.net", "node.wire", "node.chain", "node.torch_thread"},
-    "node.pol": {"node.net", "node.wire", "node.chain", "node.torch_thread", "node.mine"},
+    "node.pol": {"node.net", "node.wire", "node.chain", "node.torch_thread"},
     "node.mining": {"node.mine", "node.pol", "node.chain", "node.wire"},
     "node.node": ALL_OF_NODE,
     "node.control": ALL_OF_NODE,
     "node.cli": ALL_OF_NODE,
-    "wallet": {"node.net", "node.wire", "node.keys", "node.torch_thread", "node.serve"},
+    "wallet": {"node.net", "node.wire", "node.keys"},
+    "wallet.client": {"node.net", "node.wire", "node.keys", "node.torch_thread", "node.serve"},
     "wallet.cli": {"node.net", "node.wire", "node.keys", "node.torch_thread", "node.serve",
                    "node.control", "node.datadir", "node.cli.common"},
 }
 # The read-only swarm view: all the wallet may take of node.serve.
 SWARM_VIEW = {"SwarmView", "fetch_view", "announce_peer"}
+# The inference protocol's messages: only wallet.client speaks them on the wallet's side.
+INFERENCE_WIRE = "node.wire.serve"
 # Modules another unit may import by their own name, not through a package's __init__.
 DEEP_IMPORTS_ALLOWED = {"node.cli.common"}
 # What a unit may not import from outside the project.
@@ -113,7 +118,9 @@ def unit_of(module: str) -> str:
     if parts[0] == "node" and len(parts) > 2 and parts[1] in NODE_SUBPACKAGES:
         return f"node.{parts[1]}"
     if parts[0] == "wallet":
-        return "wallet.cli" if module == "wallet.cli" else "wallet"
+        if module == "wallet.cli":
+            return "wallet.cli"
+        return "wallet.client" if module.startswith("wallet.client") else "wallet"
     return module
 
 
@@ -137,6 +144,8 @@ def node_violations(relpath: str, module: str, names: set[str]) -> list[str]:
     for name in sorted(names):
         if under(name, UNIT_FORBIDDEN.get(unit, set())):
             found.append(f"{relpath}: {unit} may not import {name}")
+        if unit == "wallet" and speaks_inference(name):
+            found.append(f"{relpath}: only wallet.client speaks the inference protocol ({name})")
         if not name.startswith("node.") or under(name, {unit}):
             continue
         target = unit_of(name)
@@ -151,6 +160,14 @@ def node_violations(relpath: str, module: str, names: set[str]) -> list[str]:
                 found.append(f"{relpath}: the wallet takes only the swarm view of node.serve, "
                              f"not {name}")
     return found
+
+
+def speaks_inference(name: str) -> bool:
+    """Whether importing ``name`` takes the inference protocol's messages."""
+    if under(name, {INFERENCE_WIRE}):
+        return True
+    package, _, attribute = name.rpartition(".")
+    return package == "node.wire" and lazy_homes("node.wire").get(attribute) == INFERENCE_WIRE
 
 
 def violations(relpath: str, source: str) -> list[str]:
@@ -169,6 +186,8 @@ def violations(relpath: str, source: str) -> list[str]:
             found.append(f"{relpath}: package {package} may not import {name}")
         if relpath in PURE_CORE and hits(PURE_FORBIDDEN):
             found.append(f"{relpath}: pure core may not import {name}")
+        if package == "proof_of_learning" and hits(POL_FORBIDDEN):
+            found.append(f"{relpath}: proof_of_learning is pure and may not import {name}")
         if relpath in STORAGE and hits(NETWORK | {"rich"}):
             found.append(f"{relpath}: storage layer may not import {name}")
         if package == "compute" and hits(NETWORK | {"plyvel"}):
@@ -271,6 +290,16 @@ def test_module_respects_the_layers(path):
     ("compute/model.py", "from ..ledger import types"),
     ("compute/model.py", "import trio"),
     ("proof_of_learning/verify.py", "from node import host"),
+    ("proof_of_learning/judge.py", "from node.pol.fetch import PolFetcher"),
+    ("proof_of_learning/judge.py", "import trio"),
+    ("proof_of_learning/step_plan.py", "import time"),
+    ("proof_of_learning/replay.py", "from pathlib import Path"),
+    ("proof_of_learning/kinds.py", "import torch"),
+    ("node/pol/verifier.py", "from node.mine.miner import Miner"),
+    ("node/pol/window.py", "from node.mine import job_to_mine"),
+    ("wallet/payer.py", "from node.wire import OpenSession"),
+    ("wallet/light.py", "from node.wire.serve import Step"),
+    ("wallet/registry.py", "from node.serve import SwarmView"),
     ("node/serve/layer_server.py", "import click"),
     ("node/node.py", "from wallet import remote"),
     # node's sub-package table
@@ -295,11 +324,11 @@ def test_module_respects_the_layers(path):
     ("node/datadir.py", "from node.chain import ChainService"),
     ("node/node.py", "from node.chain.sync import ChainService"),
     ("node/node.py", "from .chain.sync import ChainService"),
-    ("wallet/session.py", "from node.net.host import Host"),
-    ("wallet/remote.py", "from node.chain import ChainService"),
-    ("wallet/remote.py", "from node.serve import LayerServer"),
-    ("wallet/remote.py", "from node.control import control_call"),
-    ("wallet/remote.py", "import node.cli.common"),
+    ("wallet/client/session.py", "from node.net.host import Host"),
+    ("wallet/client/remote.py", "from node.chain import ChainService"),
+    ("wallet/client/remote.py", "from node.serve import LayerServer"),
+    ("wallet/client/remote.py", "from node.control import control_call"),
+    ("wallet/client/remote.py", "import node.cli.common"),
     ("wallet/cli.py", "from node.mine import Miner"),
     ("wallet/cli.py", "from node.node import Node"),
     ("node/newthing.py", "import os"),
@@ -312,6 +341,10 @@ def test_checker_allows_the_permitted():
     assert violations("ledger/state.py", "from ledger import merkle\nimport msgpack") == []
     assert violations("node/cli/pnode.py", "import click\nfrom ledger import chaindb") == []
     assert violations("proof_of_learning/verify.py", "from compute import model") == []
+    assert violations("proof_of_learning/judge.py", "import torch\nfrom ledger.types import unit_id") == []
+    assert violations("node/pol/verifier.py", "from proof_of_learning.judge import judge") == []
+    assert violations("wallet/client/hop.py", "from node.wire import OpenSession, Step") == []
+    assert violations("wallet/payer.py", "from node.wire import ServerInfo") == []
     assert violations("node/node.py", "from node.chain import ChainService\n"
                       "from node.serve import LayerServer\nfrom node.mine import Miner") == []
     assert violations("node/cli/pnode.py", "from node.mine import devnet_job") == []
@@ -322,7 +355,7 @@ def test_checker_allows_the_permitted():
     assert violations("node/chain/sync.py", "from node.datadir import DataDir") == []
     assert violations("node/datadir.py", "from node.keys import read_seed_file") == []
     assert violations("node/net/host.py", "from node.errors import NodeError") == []
-    assert violations("wallet/remote.py", "from node.serve import SwarmView, fetch_view") == []
+    assert violations("wallet/client/remote.py", "from node.serve import SwarmView, fetch_view") == []
     assert violations("wallet/cli.py", "import node.cli.common as c\n"
                       "from node.control import control_call") == []
 

@@ -399,7 +399,7 @@ def _payer(data_dir: str, wallet_name: str | None, passphrase_file: str | None,
 def _infer_remote(request, peers, trusted, registered, wire, push, model_file, show,
                   checks: dict | None = None, payer=None) -> dict:
     """Run the generation over the swarm; the JSON fields it adds."""
-    from wallet import remote
+    from wallet.client import remote
 
     _quiet_libp2p()
     parts = remote.load_client_parts(model_file)

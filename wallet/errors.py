@@ -112,7 +112,7 @@ class HopFailed(RemoteError):
     """One server of the route failed (dead, stalled, refused or garbled).
 
     Attributes:
-        session: the failed hop's session (a `wallet.session.HopSession`),
+        session: the failed hop's session (a `wallet.client.session.HopSession`),
             when known; typed loosely so that this module stays a leaf.
     """
 

@@ -31,7 +31,7 @@ from ledger.tab import MAX_LANES, Lane, OpenTab, Voucher, sign_voucher
 from ledger.types import ZERO_SIG, sign, tx_hash
 from node.wire import ServerInfo
 from wallet.errors import WalletError
-from wallet.route import Hop
+from wallet.client.route import Hop
 
 __all__ = ["ClientTab", "InsufficientFunds", "PaymentRefused", "Payer", "need"]
 

@@ -4,7 +4,7 @@ Owns `RegisteredNode` (one node registered and bonded on the chain the
 client follows) and `registry_from_view`, which reads the answer of the
 node's ``registry`` control op, or of `node.chain.registry_view` on a
 stopped node's store (specs/network.md, "Control socket"), into the mapping
-`wallet.directory.SwarmDirectory` filters servers by (peer id -> node). The
+`wallet.client.directory.SwarmDirectory` filters servers by (peer id -> node). The
 CLI does the reading (`pwallet infer`); the library only takes the mapping,
 so tests and embedders choose their own registry, or none.
 """

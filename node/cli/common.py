@@ -419,7 +419,7 @@ def read_job_file(path: str | None, option: str):
     """
     from compute.data import JobConfig  # torch loads with it
     from compute.errors import ComputeError
-    from node.mine import config_from_json
+    from compute.jobfile import config_from_json
 
     if path is None:
         return JobConfig()

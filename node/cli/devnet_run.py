@@ -29,7 +29,8 @@ from node.control import ControlError, NodeNotRunning, control_call
 from node.datadir import DataDir
 from node.errors import NodeError
 from node.keys import read_public_key
-from node.mine import BOND, DevnetKeys, config_json, devnet_genesis, devnet_job
+from node.mine import BOND, DevnetKeys, devnet_genesis, devnet_job
+from compute.jobfile import config_json
 from node.node import ADDR_FILE, TRAIN_LOG
 
 _ROOT = Path(__file__).resolve().parents[2]  # the repository root (node/cli/ is two down)

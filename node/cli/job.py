@@ -66,7 +66,7 @@ def template(steps, model) -> None:
     """
     from dataclasses import replace
 
-    from node.mine import config_json
+    from compute.jobfile import config_json
 
     if model not in ("tiny", "smollm2") and not model.endswith((".gguf", ".safetensors")):
         raise click.BadParameter(f"{model!r}: expected tiny, smollm2, a .gguf file or a job's "
@@ -127,7 +127,7 @@ def submit(job_file, deposit, wallet_name, init_file, data_dir, passphrase_file,
       pnode job submit my-job.json --deposit 500 --wallet carol --json
       pnode job submit more.json --init-file tuned.gguf   # continued training of an export
     """
-    from node.mine import job_plan, job_tx
+    from proof_of_learning.units import job_plan, job_tx
 
     config = common.read_job_file(job_file, "JOB_FILE")
     dd = DataDir(data_dir)

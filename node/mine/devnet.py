@@ -17,7 +17,7 @@ from compute.data import JobConfig, make_model
 from ledger.crypto import SigningKey, libp2p_peer_id
 from ledger.genesis import DEVNET_PARAMS, chain_params, new_genesis, node_registration
 from ledger.types import COIN, Genesis
-from node.mine.jobs import job_tx
+from proof_of_learning.units import job_tx
 
 __all__ = ["BOND", "DEVNET_PARAMS", "DevnetKeys", "devnet_genesis", "devnet_job", "devnet_spans"]
 

@@ -9,7 +9,7 @@ runs each unit of it (the longest-wait rule, `ledger.rules`). The miner:
    registered span covers, plus the client part (embedding, final norm,
    head), which every miner holds;
 2. for each unit of the open step assigned to it, phase by phase
-   (`node.mine.step_plan`: a unit of whole layers is one phase, a piece of a split
+   (`proof_of_learning.step_plan`: a unit of whole layers is one phase, a piece of a split
    layer runs half by half): waits for the phase's inputs, runs it
    (`compute.blocks`), pushes its outputs to every node that could need
    them (`node.wire.train`: to every holder of the consuming sections,
@@ -65,10 +65,11 @@ from node import torch_thread
 from node.chain import ChainService, TxGossip
 from node.errors import BadPush, MinerError
 from node.mine.averaging import Averager
-from node.mine.jobs import commitments, job_units, matches, step_workers
+from proof_of_learning.units import commitments, job_units, matches
+from node.mine.jobs import step_workers
 from node.mine.state_sync import StateSync
-from node.mine.phases import Phase, PhaseResult
-from node.mine.step_plan import StepPlan
+from proof_of_learning.phases import Phase, PhaseResult
+from proof_of_learning.step_plan import StepPlan
 from node.mine.transfer import Transfer
 from node.wire import CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, TRAIN_PROTOCOL
 

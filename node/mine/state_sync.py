@@ -24,7 +24,7 @@ from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError
 from node import torch_thread
-from node.mine.phases import Tensors
+from proof_of_learning.phases import Tensors
 from node.net import Host, RequestError
 from node.wire import (
     CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, NamedTensor, StateReply, StateRequest,

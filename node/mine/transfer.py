@@ -27,7 +27,8 @@ from libp2p.peer.id import ID
 from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node.errors import BadPush
-from node.mine.phases import Key, Push, Tensors
+from proof_of_learning.errors import NoSuchPush
+from proof_of_learning.phases import Key, Push, Tensors
 from node.net import Host, read_frame, write_frame
 from node.wire import CLIENT, MAX_TRAIN_FRAME, TRAIN_PROTOCOL, WHATS, NamedTensor, StepTensors
 
@@ -249,7 +250,10 @@ class Transfer:
         """
         if msg.replica >= self.replicas:
             raise BadPush(f"replica {msg.replica} of a job with {self.replicas}")
-        expect = self.expected(msg.what, msg.section)
+        try:
+            expect = self.expected(msg.what, msg.section)
+        except NoSuchPush as exc:
+            raise BadPush(str(exc)) from None
         tensors = {}
         for item in msg.tensors:
             shape = expect.get(item.name)

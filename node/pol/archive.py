@@ -10,7 +10,7 @@ update), so it can judge a worker's `weights_hash` against weights of its
 own rather than the worker's word. At the steps the job's ``state_every``
 divides, a miner also keeps the full state (weights and AdamW moments) of
 every part it holds, the newest `KEEP_STATES` of them, from which a joining
-node replays windows of the chain's training (`node.pol.joinaudit`).
+node replays windows of the chain's training (`proof_of_learning.joinaudit`).
 
 Everything is stamped with a step and dropped by `prune`; tensors are kept
 once per digest (a forward and a backward of one section read the same
@@ -27,7 +27,7 @@ import torch
 from ledger.codec import encode
 from ledger.crypto import H_POL_STATE, domain_hash
 from ledger.types import tx_hash
-from node.mine import named_digest, tensor_digest
+from proof_of_learning.units import named_digest, tensor_digest
 from proof_of_learning.certificate import Evidence, UnitCert, cert_hash, evidence_hash
 
 __all__ = ["AUDITED_KEEP_STEPS", "KEEP_STATES", "KEEP_STEPS", "PolArchive", "RING", "state_key"]
@@ -104,7 +104,7 @@ class PolArchive:
         Args:
             step: the unit's step.
             cert: its certificate.
-            results: its phases' `node.mine.phases.PhaseResult`s (their ``kept``
+            results: its phases' `proof_of_learning.phases.PhaseResult`s (their ``kept``
                 tensors, ``weights`` and ``grads`` digests).
             receipt: the `Receipt` that commits it (see `forget`).
         """

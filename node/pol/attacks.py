@@ -34,7 +34,8 @@ from collections.abc import Collection
 
 import torch
 
-from node.mine import Phase, PhaseResult, Push, StepPlan, input_name
+from proof_of_learning.phases import Phase, PhaseResult, Push, input_name
+from proof_of_learning.step_plan import StepPlan
 from node.wire import ATTN_PARTIAL, CLIENT, MLP_PARTIAL
 from proof_of_learning.certificate import (
     EXACT, OUTPUT_MISMATCH, PASS, Digest, Evidence, UnitCert,

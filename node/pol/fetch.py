@@ -5,7 +5,7 @@ the verifier's side (specs/pol.md 8). Every reply is checked against the
 hash asked for: a certificate must hash to its `cert_hash`, a tensor to its
 digest, a named set to its `tensors_digest` (a part's full state, which
 nothing commits as a whole, only for its form: its caller checks it by the
-weights it gives, `node.pol.joinaudit`); a reply that does not is
+weights it gives, `proof_of_learning.joinaudit`); a reply that does not is
 discarded (the peer is marked) and the next holder is asked. A fetcher
 that runs out of holders returns None, which the verifier turns into
 `UNAVAILABLE`, never a fail.
@@ -23,7 +23,7 @@ from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger import crypto
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError
-from node.mine import named_digest, tensor_digest
+from proof_of_learning.units import named_digest, tensor_digest
 from node.net import Host, RequestError
 from node.pol.archive import PolArchive, state_key
 from node.wire import (
@@ -139,7 +139,7 @@ class PolFetcher:
 
         Nothing on chain commits a state as a whole: the caller checks its
         weights against the receipts of ``step`` and its moments by what
-        they lead to (`node.pol.joinaudit`). Here only its form is checked.
+        they lead to (`proof_of_learning.joinaudit`). Here only its form is checked.
         """
         def check(reply: PolReply) -> dict[str, torch.Tensor]:
             named = {t.name: decode_tensor(t.data) for t in reply.tensors}

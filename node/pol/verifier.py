@@ -4,7 +4,7 @@ Owns `Verifier`, which a mining node runs beside its `Miner`. After each
 new tip it lists the `Pending` receipts that are sampled (or whose pass is
 re-checked), name this node's key as their verifier and have no verdict
 from it yet (`ledger.audit`), judges each
-(`node.pol.judge.judge`: fetch, check, re-execute, compare), keeps the
+(`proof_of_learning.judge.judge`: fetch, check, re-execute, compare), keeps the
 evidence where `/pnode/pol/1.0.0` serves it, and submits a signed
 `Verdict` naming the evidence's hash.
 
@@ -31,13 +31,13 @@ from ledger.state import JOB, NODE, PENDING, Overlay
 from ledger.types import ZERO_SIG, Receipt, Verdict, sign, tx_hash, unit_id
 from node import torch_thread
 from node.chain import ChainService, TxGossip
-from node.mine import matches
+from proof_of_learning.units import matches
 from node.pol.archive import KEEP_STATES, PolArchive, state_key
 from node.pol.fetch import PolFetcher
-from node.pol.joinaudit import ReplayReport, replay_window, windows_of
-from node.pol.judge import Case, judge
-from node.pol.reexecute import Reexecutor
-from node.pol.replay import Replayer
+from proof_of_learning.joinaudit import ReplayReport, replay_window, windows_of
+from proof_of_learning.judge import Case, judge
+from proof_of_learning.reexecute import Reexecutor
+from proof_of_learning.replay import Replayer
 from proof_of_learning.certificate import FAILING, REASONS
 from proof_of_learning.errors import PolError
 
@@ -98,7 +98,7 @@ class Verifier:
     async def _judge_and_send(self, case: Case) -> None:
         try:
             judgement = await judge(case, self.fetcher, self.reexecutor, self.archive,
-                                   me=self.key.public)
+                                   run_sync=torch_thread.run_sync, me=self.key.public)
         except Exception:  # a bug here must not take the node down; the chain strikes silence
             log.exception("judging receipt %s..", case.receipt_hash.hex()[:16])
             self.judged.add(case.receipt_hash)
@@ -233,7 +233,7 @@ class Verifier:
         rows = []
         for case in chosen:
             j = await judge(case, self.fetcher, self.reexecutor, self.archive,
-                            me=self.key.public)
+                            run_sync=torch_thread.run_sync, me=self.key.public)
             rows.append({"receipt": case.receipt_hash.hex(), "height": case.height,
                          "worker": case.receipt.node_key.hex(), "step": j.step,
                          "index": j.index, "reason": REASONS[j.reason], "detail": j.detail})
@@ -248,7 +248,7 @@ class Verifier:
     async def replay(self, windows: int, everything: bool) -> list[dict]:
         """Replay ``windows`` windows of the job's closed steps, drawn with this node's own
         randomness, or (``everything``) every closed step from the initial model
-        (`node.pol.joinaudit`); each window's report as JSON.
+        (`proof_of_learning.joinaudit`); each window's report as JSON.
 
         Only windows that can start are drawn: the one from the initial model, and
         those whose first step's states miners still keep (the newest `KEEP_STATES`

@@ -4,7 +4,7 @@ Owns `export_window` (what `pnode pol export` asks a running node for: its
 `PolArchive`'s units of steps [first, first + K) with every certificate and
 tensor they name, as one `PolWindow`) and `verify_window` (what `pnode
 verify cert FILE` does: judge every unit of the file with the verifier's
-own procedure, `node.pol.judge.judge`, through an `ArchiveFetcher` over the
+own procedure, `proof_of_learning.judge.judge`, through an `ArchiveFetcher` over the
 file, step by step). Anyone can so re-check a worker's units after their
 windows closed, and refute a verifier that failed them (specs/pol.md 6.6).
 """
@@ -23,11 +23,12 @@ from ledger import merkle
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError
 from ledger.types import Receipt, signature_ok, tx_hash, unit_id
-from node.mine import config_from_json, named_digest
+from compute.jobfile import config_from_json
+from proof_of_learning.units import named_digest
 from node.pol.archive import PolArchive
 from node.pol.fetch import ArchiveFetcher
-from node.pol.judge import Case, Judgement, judge
-from node.pol.reexecute import Reexecutor
+from proof_of_learning.judge import Case, Judgement, judge, run_inline
+from proof_of_learning.reexecute import Reexecutor
 from node.wire import MAX_POL_FRAME, NamedSet, NamedTensor, PolWindow
 from proof_of_learning.certificate import (
     PASS, REASONS, bits_float, cert_hash, decode_cert, digest_map,
@@ -152,16 +153,11 @@ def verify_window(window: PolWindow, progress: Callable[[int, int], None] = lamb
     fetcher = ArchiveFetcher({_FILE: archive})
     for n, (receipt, h) in enumerate(zip(receipts, hashes)):
         case = Case(h, receipt, units, 0, (_FILE,), _receipt_lookup(by_unit, units, window))
-        j: Judgement = trio.run(functools.partial(judge, run_sync=_inline), case, fetcher, rx,
+        j: Judgement = trio.run(functools.partial(judge, run_sync=run_inline), case, fetcher, rx,
                                 PolArchive())
         report.units.append(_row(j, receipt, h, archive))
         progress(n + 1, len(receipts))
     return report
-
-
-async def _inline(fn, *args):
-    """Offline there is no torch thread to keep free: run the re-execution here."""
-    return fn(*args)
 
 
 def _receipt_lookup(by_unit: dict, units, window: PolWindow):

@@ -1,7 +1,7 @@
 """`ServerInfo`: one server's span as servers and clients reason about it (after Petals' own).
 
 A signed `node.wire.serve.Announce` is what travels; `ServerInfo` is what
-layer placement (`node.serve.placement`) and route planning (`wallet.route`)
+layer placement (`node.serve.placement`) and route planning (`wallet.client.route`)
 read from it: the peer, the layers [start, end) it holds, its measured
 throughput, its load, its price and its position caps. One record for both sides, so a field
 added to the announcement reaches both the same way.

@@ -14,24 +14,15 @@ from dataclasses import dataclass
 
 from ledger.codec import U8, U32, U64, Hash32, wire
 from node.wire.averaging import Named
+from proof_of_learning.kinds import (  # noqa: F401  (the field's values, re-exported)
+    ACTIVATION, ATTN_PARTIAL, ATTN_SHARE, CLIENT, EMBED_GRADS, GRADIENT, HEAD_GRADS,
+    MLP_PARTIAL, MLP_SHARE, SECTION_GRADS, WHATS,
+)
 
 TRAIN_PROTOCOL = "/pnode/train/1.0.0"
 #: One frame: a section's weight gradients of a small job fit with room.
 MAX_TRAIN_FRAME = 512 * 1024 * 1024
 
-#: ``StepTensors.what``: the states entering the stage whose first section is
-#: ``section`` (named "h"), dL/d(states leaving that stage) (named "g"), the
-#: weight gradients of ``section``'s backward unit, and the client part's
-#: gradients from the head (loss) and from the embedding (``section`` is
-#: `CLIENT` for those two). For a layer split into pieces (node/mine/step_plan.py):
-#: a piece's attention and MLP partials ("h"), and its shares of dL/dh_mid
-#: (MLP half) and of dL/dh (attention half) ("g") with its half's weight
-#: gradients (full-shaped, by parameter name).
-(ACTIVATION, GRADIENT, SECTION_GRADS, HEAD_GRADS, EMBED_GRADS,
- ATTN_PARTIAL, MLP_PARTIAL, MLP_SHARE, ATTN_SHARE) = range(9)
-WHATS = ("activation", "gradient", "section grads", "head grads", "embedding grads",
-         "attention partial", "MLP partial", "MLP share", "attention share")
-CLIENT = 0xFFFF_FFFF
 
 
 @wire(69, 2)
@@ -42,7 +33,7 @@ class StepTensors:
     job_id: Hash32
     step: U64
     replica: U32
-    what: U8
+    what: U8  # one of proof_of_learning.kinds
     section: U32
     tensors: Named
 

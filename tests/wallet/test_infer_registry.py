@@ -1,7 +1,7 @@
 """`pwallet infer` routes only through servers registered on the chain of --data-dir.
 
 The library side (real hosts, a stranger claiming a huge throughput):
-tests/wallet/test_remote_registry.py.
+tests/wallet/client/test_remote_registry.py.
 """
 
 from __future__ import annotations

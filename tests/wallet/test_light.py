@@ -16,12 +16,12 @@ from node.wire import WALLET_PROTOCOL
 from tests.ledger.chainkit import balance
 from tests.node.netkit import run
 from tests.wallet.paidkit import paid_swarm
-from tests.wallet.test_remote import PROMPT, local_tokens, parts  # noqa: F401 (fixtures)
+from tests.wallet.client.test_remote import PROMPT, local_tokens, parts  # noqa: F401 (fixtures)
 from wallet.client import InferRequest
 from wallet.light import TxRefused, light_peer
 from wallet.payer import Payer
 from wallet.registry import registry_from_view
-from wallet.remote import ClientConfig, open_remote
+from wallet.client.remote import ClientConfig, open_remote
 
 
 def test_a_wallet_without_a_node_reads_submits_and_pays(tmp_path, gguf_reader, parts,

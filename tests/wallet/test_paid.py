@@ -22,13 +22,13 @@ from tests.ledger.chainkit import balance
 from tests.node.netkit import eventually, run
 from node.serve import SessionConfig
 from tests.wallet.paidkit import paid_swarm
-from tests.wallet.test_remote import PROMPT, local_tokens, parts  # noqa: F401 (fixtures)
+from tests.wallet.client.test_remote import PROMPT, local_tokens, parts  # noqa: F401 (fixtures)
 from wallet.client import InferRequest
 from wallet.errors import RemoteError, TooExpensive
-from wallet.generation import Generation
+from wallet.client.generation import Generation
 from wallet.payer import ClientTab, InsufficientFunds, Payer, PaymentRefused
-from wallet.remote import ClientConfig, open_remote
-from wallet.session import RouteRun
+from wallet.client.remote import ClientConfig, open_remote
+from wallet.client.session import RouteRun
 
 NO_CHECKS = ClientConfig(spot_check_rate=0.0)
 

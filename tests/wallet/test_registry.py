@@ -1,8 +1,8 @@
 """Routing only through servers registered on the chain (issue 15): the directory's filter.
 
 No network: announcements are signed here and put in the directory's view
-directly (as in tests/wallet/test_directory.py). The same over real hosts
-and the real model: tests/wallet/test_remote_registry.py.
+directly (as in tests/wallet/client/test_directory.py). The same over real hosts
+and the real model: tests/wallet/client/test_remote_registry.py.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import trio
 from node.clock import now_ms
 from node.wire.serve import sign_announce
 from tests.node.netkit import ident
-from tests.wallet.test_directory import MODEL, announce, in_trio, peer
-from wallet.directory import SwarmDirectory
+from tests.wallet.client.test_directory import MODEL, announce, in_trio, peer
+from wallet.client.directory import SwarmDirectory
 from wallet.errors import NoRoute, WalletError
 from wallet.registry import RegisteredNode, RegistryError, registry_from_view
-from wallet.route import Hop
+from wallet.client.route import Hop
 
 UNREGISTERED = ("layer {} is served only by servers not registered on the chain; "
                 "pass --allow-unregistered for a private swarm")

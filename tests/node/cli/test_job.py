@@ -80,7 +80,7 @@ def _export_beats_the_initial_model(pnode, d, tmp_path, job_id):
 
     from compute.data import batch, make_model
     from compute.model import Transformer
-    from node.mine import config_from_json
+    from compute.jobfile import config_from_json
 
     out = tmp_path / "model.safetensors"
     r = pnode("job", "export", job_id[:12], "--out", str(out), "--data-dir", str(d), "--json")
@@ -246,7 +246,7 @@ def test_a_job_on_a_data_file_names_it_by_hash_and_is_mined(tmp_path, pnode, spa
                               read(d / "train.jsonl").splitlines()]
     from compute.data import batch
     from compute.export import load_export
-    from node.mine import config_from_json
+    from compute.jobfile import config_from_json
 
     model, _ = load_export(out_file)
     ids, targets = batch(config_from_json(json.dumps(again)), 0)
@@ -266,7 +266,7 @@ def test_a_job_whose_hashes_lie_is_not_mined_and_the_node_goes_on(tmp_path, pnod
     from ledger.types import sign
     from node.datadir import DataDir
     from node.keys import read_key_file
-    from node.mine import job_tx
+    from proof_of_learning.units import job_tx
 
     d = tmp_path / "n"
     assert pnode("init", "--no-job", "--data-dir", str(d), "--chain-id", "t-lie",

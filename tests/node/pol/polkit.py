@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from ledger.crypto import SigningKey
 from ledger.types import ZERO_SIG, Receipt, sign, tx_hash
 from node.mine.devnet import devnet_job
-from node.mine.step_plan import StepPlan
+from proof_of_learning.step_plan import StepPlan
 from node.pol.archive import PolArchive
-from node.pol.judge import Case
-from node.pol.replay import Replayer
+from proof_of_learning.judge import Case
+from proof_of_learning.replay import Replayer
 
 JOB = b"j" * 32
 KEY = SigningKey(b"\x05" * 32)  # the worker's node key: it signs its receipts

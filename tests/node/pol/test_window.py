@@ -13,7 +13,7 @@ import pytest
 
 from ledger.codec import decode, encode
 from ledger.types import Receipt
-from node.mine import config_json
+from compute.jobfile import config_json
 from node.pol.attacks import WorkerAttack
 from node.pol.window import (
     WindowError, export_window, read_window, verify_window, write_window,

@@ -21,7 +21,7 @@ from compute.generate import generate
 from tests.node.netkit import run
 from tests.node.prockit import live_status, node_addr, wait_for
 from wallet.client import InferRequest
-from wallet.remote import ClientParts, open_remote
+from wallet.client.remote import ClientParts, open_remote
 
 PROMPT = "Write a short poem about the sea."
 ROOT = Path(__file__).resolve().parents[3]

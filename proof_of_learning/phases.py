@@ -1,6 +1,6 @@
 """The vocabulary of a step's phases: message keys, `Phase`, `PhaseResult`, certificate names.
 
-Owns what `node.mine.step_plan` (which plans and runs the phases) and its
+Owns what `proof_of_learning.step_plan` (which plans and runs the phases) and its
 readers (the transfer of pushed tensors, the miner, the verifier in
 `node.pol`) share: a pushed message's `Key`, one `Phase` of a unit, the
 `PhaseResult` a phase returns (its pushes and every digest its unit's
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ledger.crypto import ZERO32
-from node.mine.jobs import tensor_digest
-from node.wire import ACTIVATION, ATTN_PARTIAL, ATTN_SHARE, MLP_PARTIAL, MLP_SHARE, WHATS
+from proof_of_learning.units import tensor_digest
+from proof_of_learning.kinds import ACTIVATION, ATTN_PARTIAL, ATTN_SHARE, MLP_PARTIAL, MLP_SHARE, WHATS
 
 Key = tuple[int, int, int, int]  # (step, replica, what, section): one pushed message
 StepReplica = tuple[int, int]  # (step, replica): the key prefix of a phase's messages

@@ -1,46 +1,23 @@
-"""Inference for a wallet's user: a prompt in, a stream of tokens out.
+"""The whole model in this process: ``pwallet infer --local``.
 
-``LocalModel`` runs the whole model in this process (``pwallet infer
---local``). The networked client of the swarm issue keeps the same request
-and the same stream of ``Token`` events, so the CLI, its flags and its JSON
-do not change when the model is spread over servers.
+Owns `LocalModel` and `exported_model` (a job's .safetensors export and its
+tokenizer). It takes the same `InferRequest` and yields the same `Token`
+events as the swarm's `RemoteModel`, so the CLI, its flags and its JSON do
+not change when the model is spread over servers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from compute.generate import Sampling, stream
+from compute.generate import stream
 from compute.gguf import load_gguf, open_gguf
 from compute.model import Transformer
 from compute.tokenizer import ByteTokenizer, Tokenizer
+from wallet.client.prompt import InferRequest, Token, prompt_ids
 
-
-@dataclass(frozen=True, slots=True)
-class InferRequest:
-    """What the user asked for.
-
-    prompt: the user's text.
-    raw: feed the text as is; otherwise render it as one user turn of the
-        model's own chat template (what an instruct model was trained on).
-    max_tokens: most new tokens to generate.
-    sampling: greedy, or temperature / top-p with a seed.
-    """
-
-    prompt: str
-    raw: bool = False
-    max_tokens: int = 64
-    sampling: Sampling = Sampling()
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    """One generated token and the text it completes ('' mid-character)."""
-
-    id: int
-    text: str
+__all__ = ["LocalModel", "exported_model"]
 
 
 class LocalModel:
@@ -71,9 +48,7 @@ class LocalModel:
 
     def prompt_ids(self, request: InferRequest) -> list[int]:
         """The token ids the model is fed for ``request``."""
-        if request.raw:
-            return self.tokenizer.encode(request.prompt)
-        return self.tokenizer.encode_chat([{"role": "user", "content": request.prompt}])
+        return prompt_ids(self.tokenizer, request)
 
     def generate(self, request: InferRequest) -> Iterator[Token]:
         """Yield tokens as they are generated; stops after an end-of-turn token.

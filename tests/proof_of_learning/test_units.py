@@ -9,7 +9,7 @@ import pytest
 from compute.partition import KINDS, model_units, partition
 from ledger import types as T
 from ledger.types import UNIT_KINDS, unit_id
-from node.mine.jobs import job_units
+from proof_of_learning.units import job_units
 from tests.ledger.chainkit import make_net, new_db, next_block
 
 SMOL = dict(n_layers=30, dim=576, n_heads=9, n_kv_heads=3, ffn_dim=1536, vocab_size=49152)

@@ -4,7 +4,7 @@ Owns `HopSession` (one open session on one server for one hop of a route)
 and `open_hop`, which dials the server, sends `OpenSession` (with the
 tab and bid when the hop is paid, specs/network.md section 9.6) and reads
 its answer: accepted, busy (with the least bid it would admit) or refused.
-`wallet.session.RouteRun` drives the steps; it reads every hop's frames.
+`wallet.client.session.RouteRun` drives the steps; it reads every hop's frames.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from node.net import DialError, FrameReader, FramingError, Host, RequestError, r
 from node.wire import (
     INFERENCE_PROTOCOL, Busy, OpenSession, SessionAccepted, SessionError, Settle, StepResult,
 )
-from wallet.directory import SwarmDirectory
+from wallet.client.directory import SwarmDirectory
 from wallet.errors import HopFailed, ServerBusy
-from wallet.generation import ClientConfig, Served
+from wallet.client.generation import ClientConfig, Served
 from wallet.payer import ClientTab, PaymentRefused
-from wallet.route import Hop
+from wallet.client.route import Hop
 
 
 class HopSession:

@@ -16,11 +16,11 @@ import torch
 from compute.quant import decode_tensor, encode_tensor
 from node.wire import ServerInfo
 from tests.node.netkit import run
-from tests.wallet.test_remote import PROMPT, local_tokens, parts, swarm  # noqa: F401 (fixtures)
+from tests.wallet.client.test_remote import PROMPT, local_tokens, parts, swarm  # noqa: F401 (fixtures)
 from wallet.client import InferRequest
-from wallet.remote import ClientConfig, open_remote
-from wallet.route import cap_throughput, plan_route
-from wallet.spotcheck import TOLERANCE, agree, load_evidence
+from wallet.client.remote import ClientConfig, open_remote
+from wallet.client.route import cap_throughput, plan_route
+from wallet.client.spotcheck import TOLERANCE, agree, load_evidence
 
 
 def lie(server, shift: float = 0.05) -> None:
@@ -114,7 +114,7 @@ def test_honest_servers_agree_at_every_step_and_rate_0_checks_nothing(
 def test_the_draw_is_the_first_step_and_a_seeded_share():
     import random
 
-    from wallet.spotcheck import SpotChecker
+    from wallet.client.spotcheck import SpotChecker
 
     class Run:  # what SpotChecker reads of a RouteRun at construction
         config = ClientConfig(spot_check_rate=0.25)
@@ -161,7 +161,7 @@ def test_a_server_announcing_a_huge_throughput_stops_attracting_routes_once_meas
 
 
 def test_the_directory_measures_step_times_net_of_the_round_trip():
-    from wallet.directory import SwarmDirectory
+    from wallet.client.directory import SwarmDirectory
 
     directory = SwarmDirectory(None, "m")
     directory.rtt["L"] = 0.01

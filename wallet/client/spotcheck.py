@@ -7,7 +7,7 @@ client draws (the first step always, then each with probability
 ``ClientConfig.spot_check_rate``, from an RNG the caller passes in):
 
 1. **Route check.** The first hop's inputs since position 0 are kept in
-   every mode (`wallet.session.RouteRun`), so the client can rerun the
+   every mode (`wallet.client.session.RouteRun`), so the client can rerun the
    whole history on a *checker chain*: for each hop, other servers that
    cover its span (the hop's own server where there is none), fed the
    history in one forward call (a prefill: one pass, not one per token),
@@ -53,9 +53,9 @@ from ledger.codec import decode, encode
 from node.clock import now_ms
 from node.wire import SignedAnswer, SpotEvidence, Step, step_claim
 from wallet.errors import HopFailed, NoRoute, RemoteError, ServerBusy
-from wallet.generation import SpotReport
-from wallet.route import Hop
-from wallet.session import HopSession, RouteRun
+from wallet.client.generation import SpotReport
+from wallet.client.route import Hop
+from wallet.client.session import HopSession, RouteRun
 
 #: Per wire codec: the most a row may differ, relative to the row's largest |value|.
 TOLERANCE = {"raw": 1e-3, "fp16": 1e-2, "bf16": 5e-2, "int8": 1e-1}

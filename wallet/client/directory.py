@@ -6,8 +6,8 @@ its peers (`SwarmResponse`, specs/network.md section 9.4), the round trip it
 measured to each, the peers it excluded for the generation under way, the
 trusted peers (an allow-list), the registered peers (the chain's bonded
 nodes) and the announced addresses of each server. From these it plans
-routes (`wallet.route.plan_route`). It opens no inference session:
-`wallet.session` does, asking the directory whom to use.
+routes (`wallet.client.route.plan_route`). It opens no inference session:
+`wallet.client.session` does, asking the directory whom to use.
 
 Attack note: anyone can run a libp2p host, announce every layer with a huge
 throughput and answer garbage; the cheapest route would run through it. So
@@ -35,7 +35,7 @@ from node.net import DialError, Host, RequestError
 from node.serve import SwarmView, announce_peer, fetch_view
 from node.wire import Announce, ServerInfo, SpanError
 from wallet.errors import NoRoute, RemoteError, TooExpensive
-from wallet.route import Hop, cap_throughput, plan_route
+from wallet.client.route import Hop, cap_throughput, plan_route
 
 #: Recent decode steps per server whose median is its measured speed.
 MEASURED_STEPS = 8
@@ -218,7 +218,7 @@ class SwarmDirectory:
                 route would cost once they have room: the payment preflight).
 
         Returns:
-            The hops, as `wallet.route.plan_route` chooses them.
+            The hops, as `wallet.client.route.plan_route` chooses them.
 
         Raises:
             SessionTooLong: every known server of some layer has smaller caps.

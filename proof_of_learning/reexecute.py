@@ -18,10 +18,10 @@ import torch
 from compute.blocks import model_partition
 from compute.data import JobConfig, batch, job_corpus, make_model
 from compute.train import make_sections
-from node.mine import (
-    Key, PhaseResult, StepPlan, Tensors, input_name, job_units, message_tensor,
-)
-from node.wire import ACTIVATION, GRADIENT
+from proof_of_learning.phases import Key, PhaseResult, Tensors, input_name, message_tensor
+from proof_of_learning.step_plan import StepPlan
+from proof_of_learning.units import job_units
+from proof_of_learning.kinds import ACTIVATION, GRADIENT
 from proof_of_learning.certificate import UnitCert
 
 __all__ = ["Rerun", "Reexecutor", "WeightsMismatch"]

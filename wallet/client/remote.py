@@ -5,9 +5,9 @@ section 9.4), after Petals:
 
 1. discovery: dial the given peers and ask each for its view of the swarm
    (`SwarmResponse`: signed announcements), timing each request as the RTT
-   (kept in a `wallet.directory.SwarmDirectory`);
+   (kept in a `wallet.client.directory.SwarmDirectory`);
 2. route: the cheapest chain of servers covering every layer
-   (`wallet.route.plan_route`: announced throughput and load, measured RTT),
+   (`wallet.client.route.plan_route`: announced throughput and load, measured RTT),
    only trusted peers when an allow-list is given, only registered ones
    when a registry is given (`pwallet infer` gives the chain's);
 3. one session per hop (the server keeps the KV cache); each step sends the
@@ -21,25 +21,25 @@ section 9.4), after Petals:
    hop's only). When a hop fails (its connection drops, it answers an
    error, or a step takes longer than ``step_timeout``), the hop's peer is
    excluded, the hop's span is planned again over the other servers
-   (`wallet.route.plan_route` over that span; the hops before and after
+   (`wallet.client.route.plan_route` over that span; the hops before and after
    keep their sessions), and the new hops replay the hop's inputs in the
    original chunks (prompt, then one token per step) so their KV caches are
    bit-identical to the lost one; pushed, those inputs are first rebuilt
    by replaying the first hop's through the hops before it. The generation
    goes on; greedy output does not change. A failure unlinks the route:
    the rest of the generation is driven by the client.
-6. spot checks (`wallet.spotcheck`): the first step and a drawn share of
+6. spot checks (`wallet.client.spotcheck`): the first step and a drawn share of
    the others are rerun by other servers; a server whose answer the
    majority rejects is banned for the client's lifetime and replaced, and
    the signed answers are kept as evidence.
 
 `RemoteModel` composes the parts, as Petals' client composes its sequence
 manager and its inference sessions: it holds the embeddings and head, the
-host and a `wallet.directory.SwarmDirectory` (the swarm view, exclusions and
+host and a `wallet.client.directory.SwarmDirectory` (the swarm view, exclusions and
 route planning), and runs each generation's hops through a
-`wallet.session.RouteRun` (sessions, push links and failover), which is
+`wallet.client.session.RouteRun` (sessions, push links and failover), which is
 given the directory, never the model. The client's tunables and results live
-in `wallet.generation` (re-exported here). Torch work (embedding, head, wire
+in `wallet.client.generation` (re-exported here). Torch work (embedding, head, wire
 encoding) runs on the process's one torch thread (`node.torch_thread`), never
 on the trio loop, except a few rows' embedding or wire coding, which
 `node.torch_thread.tensor_work` runs inline (cheaper than the thread hop).
@@ -64,14 +64,14 @@ from node import torch_thread
 from node.net import Host, PeerIdentity, open_host
 from node.torch_thread import tensor_work
 from node.wire import Announce, ServerInfo
-from wallet.client import InferRequest, Token
-from wallet.directory import SwarmDirectory
+from wallet.client.prompt import InferRequest, Token, prompt_ids
+from wallet.client.directory import SwarmDirectory
 from wallet.errors import HopFailed, RemoteError, RouteError, ServerBusy  # noqa: F401
-from wallet.generation import ClientConfig, Generation, Served  # noqa: F401
+from wallet.client.generation import ClientConfig, Generation, Served
 from wallet.payer import InsufficientFunds, Payer, need
-from wallet.route import Hop
-from wallet.session import RouteRun
-from wallet.spotcheck import SpotChecker
+from wallet.client.route import Hop
+from wallet.client.session import RouteRun
+from wallet.client.spotcheck import SpotChecker
 
 
 class RemoteModel:
@@ -137,8 +137,7 @@ class RemoteModel:
                 refused the request itself (e.g. too long for its budget).
         """
         cfg = self.ends.config
-        ids = (self.tokenizer.encode(request.prompt) if request.raw else
-               self.tokenizer.encode_chat([{"role": "user", "content": request.prompt}]))
+        ids = prompt_ids(self.tokenizer, request)
         max_len = len(ids) + max(request.max_tokens - 1, 0)
         if max_len > cfg.max_seq_len:
             raise RemoteError(f"prompt of {len(ids)} + {request.max_tokens} tokens exceeds the "

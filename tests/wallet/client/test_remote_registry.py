@@ -23,12 +23,12 @@ from node.net.host import open_host
 from node.serve.layer_server import LayerServer, ServeConfig
 from node.serve.swarm import Announcer
 from tests.node.netkit import ident, run
-from tests.wallet.test_remote import PROMPT, local_tokens, parts  # noqa: F401 (fixtures)
+from tests.wallet.client.test_remote import PROMPT, local_tokens, parts  # noqa: F401 (fixtures)
 from wallet.client import InferRequest
 from wallet.errors import NoRoute
 from wallet.registry import registry_from_view
-from wallet.remote import open_remote
-from wallet.route import Hop
+from wallet.client.remote import open_remote
+from wallet.client.route import Hop
 
 UNREGISTERED = ("layer 0 is served only by servers not registered on the chain; "
                 "pass --allow-unregistered for a private swarm")

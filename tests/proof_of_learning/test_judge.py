@@ -1,4 +1,4 @@
-"""node.pol.judge: honest units pass bit-exactly; each cheat gets its failing reason.
+"""proof_of_learning.judge: honest units pass bit-exactly; each cheat gets its failing reason.
 
 One process runs a worker's steps (tests/node/pol/polkit.py) and a verifier
 with its own `Reexecutor` judges the archived units through `ArchiveFetcher`.
@@ -15,8 +15,8 @@ import trio
 
 from node.pol import ArchiveFetcher, PolArchive
 from node.pol.attacks import WorkerAttack
-from node.pol.judge import judge
-from node.pol.reexecute import Reexecutor
+from proof_of_learning.judge import judge, run_inline
+from proof_of_learning.reexecute import Reexecutor
 from proof_of_learning.certificate import (
     EXACT, GRADIENT_MISMATCH, MALFORMED, OUTPUT_MISMATCH, PASS, TOLERANCE, UNAVAILABLE,
     UNCHAINED_INPUT, WRONG_DATA, check_evidence, decode_cert,
@@ -31,7 +31,7 @@ def judge_all(w, t, verifier_archive=None, receipts=None, me=b""):
     for (step, index) in sorted(w.receipts):
         if step != t:
             continue
-        j = trio.run(functools.partial(judge, me=me), case_of(w, t, index, receipts), fetcher,
+        j = trio.run(functools.partial(judge, me=me, run_sync=run_inline), case_of(w, t, index, receipts), fetcher,
                      rx, verifier_archive or PolArchive())
         check_evidence(j.evidence)  # whatever the verdict, its evidence is well-formed
         out[index] = j

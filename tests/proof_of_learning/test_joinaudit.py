@@ -1,4 +1,4 @@
-"""The join-time audit's window replays (node/pol/joinaudit.py, specs/pol.md 10.3).
+"""The join-time audit's window replays (proof_of_learning/joinaudit.py, specs/pol.md 10.3).
 
 A worker runs a job's steps in-process and keeps its checkpoints as a miner
 does (`polkit`); a second, scratch `Replayer` replays windows of its
@@ -14,12 +14,12 @@ import trio
 
 from node.pol.archive import state_key
 from node.pol.attacks import WorkerAttack
-from node.pol.joinaudit import (
+from proof_of_learning.joinaudit import (
     INPUT, MATCH, MISSING, OUTPUT, WEIGHTS, check_step, replay_window, windows_of,
 )
-from node.pol.replay import Replayer
+from proof_of_learning.replay import Replayer
 
-from .polkit import JOB, make_worker, run_step
+from tests.node.pol.polkit import JOB, make_worker, run_step
 
 EVERY = 2  # checkpoints at steps 2, 4, ...
 

@@ -7,7 +7,7 @@ pure), `windows_of` (a job's closed steps cut at its checkpoints, pure) and
 initial model (s = 0) or from the full state of every part at step s,
 kept by the miners (`PolArchive.keep_state`) and fetched over
 `/pnode/pol/1.0.0`. It then replays each step with the miners' own code
-(`node.pol.replay.Replayer`) and compares every unit's four receipt
+(`proof_of_learning.replay.Replayer`) and compares every unit's four receipt
 hashes, bit for bit.
 
 No chain commitment covers a state as a whole, so a fetched state is
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from compute.errors import OptimizerStateError
 from ledger.types import Receipt
-from node.pol.replay import Hashes, Replayer
+from proof_of_learning.replay import Hashes, Replayer
 
 __all__ = ["FAULTS", "STATUSES", "ReplayReport", "UnitCheck", "check_step", "replay_window",
            "windows_of"]

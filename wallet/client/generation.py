@@ -2,7 +2,7 @@
 
 Owns `ClientConfig` (the client's tunables), `Served` (one server's part in
 a generation) and `Generation` (the tokens, the route that served them and
-its failovers), shared by `wallet.remote` and `wallet.session`.
+its failovers), shared by `wallet.client.remote` and `wallet.client.session`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class ClientConfig:
     codec: wire encoding of hidden states both ways ("raw" keeps the output
         bit-identical to a local run; "fp16" halves the bytes).
     push: link the hops so that each pushes its outputs to the next
-        (`wallet.remote`'s module docstring, step 4; the default: faster
+        (`wallet.client.remote`'s module docstring, step 4; the default: faster
         on loopback, where the hops share cores, and on a real network two
         one-way latencies per token fewer over three hops).
     step_timeout: seconds a step may take, plus ``step_timeout_per_token``
@@ -83,7 +83,7 @@ class SpotReport:
 
     run: steps checked; skipped: steps drawn but not checked (no other
     server holds the layers); mismatches: one dict per disagreement
-    (`wallet.spotcheck.Mismatch.as_json`).
+    (`wallet.client.spotcheck.Mismatch.as_json`).
     """
 
     run: int = 0

@@ -55,12 +55,12 @@ from compute.train import (
     Sections, average_replicas, embed_backward, head_loss_block, stages,
 )
 from ledger.crypto import ZERO32
-from node.errors import BadPush
-from node.mine.jobs import named_digest, tensor_digest, tensors_digest
-from node.mine.phases import (
+from proof_of_learning.errors import NoSuchPush
+from proof_of_learning.units import named_digest, tensor_digest, tensors_digest
+from proof_of_learning.phases import (
     HALF_OF, Key, Phase, PhaseResult, StepReplica, Tensors, input_name, message_tensor,
 )
-from node.wire import (
+from proof_of_learning.kinds import (
     ACTIVATION, ATTN_PARTIAL, ATTN_SHARE, CLIENT, EMBED_GRADS, GRADIENT, HEAD_GRADS, MLP_PARTIAL,
     MLP_SHARE, SECTION_GRADS, WHATS,
 )
@@ -211,7 +211,7 @@ class StepPlan:
         """Names and shapes a push of ``what`` for ``section`` must hold.
 
         Raises:
-            BadPush: no such push exists in this job.
+            NoSuchPush: no such push exists in this job.
         """
         name = WHATS[what] if what < len(WHATS) else f"kind {what}"
         firsts = {stage[0]: i for i, stage in enumerate(self.stages)}
@@ -237,7 +237,7 @@ class StepPlan:
             head = "tok_emb.weight" if self.model.config.tie_embeddings else "lm_head.weight"
             names = ("norm.weight", head) if what == HEAD_GRADS else ("tok_emb.weight",)
             return {n: shapes[n] for n in names}
-        raise BadPush(f"a {name} push for section {section} does not fit this job")
+        raise NoSuchPush(f"a {name} push for section {section} does not fit this job")
 
     # -- running a phase (on the torch thread) ----------------------------------------
 

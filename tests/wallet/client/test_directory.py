@@ -1,4 +1,4 @@
-"""wallet.directory: the client's swarm view, its exclusions, addresses and routes.
+"""wallet.client.directory: the client's swarm view, its exclusions, addresses and routes.
 
 No network: announcements are signed here and put in the directory's view
 directly, as `SwarmDirectory.refresh` would after asking a peer.
@@ -12,9 +12,9 @@ import trio
 from node.clock import now_ms
 from node.wire.serve import Announce, sign_announce
 from tests.node.netkit import ident
-from wallet.directory import SwarmDirectory
+from wallet.client.directory import SwarmDirectory
 from wallet.errors import NoRoute
-from wallet.route import Hop
+from wallet.client.route import Hop
 
 MODEL = "model"
 

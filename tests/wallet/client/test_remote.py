@@ -1,4 +1,4 @@
-"""wallet.remote over real hosts on 127.0.0.1, serving the real SmolLM2 in parts.
+"""wallet.client.remote over real hosts on 127.0.0.1, serving the real SmolLM2 in parts.
 
 Servers run in this process (each holds only its layers); the reference is
 the whole model run locally. Process-level runs (kill -9) are in
@@ -22,9 +22,9 @@ from node.serve.swarm import Announcer
 from tests.node.netkit import ident, run
 from wallet.client import InferRequest
 from wallet.errors import NoRoute, RouteBusy, SessionTooLong
-from wallet.generation import Generation
-from wallet.remote import ClientConfig, ClientParts, RemoteError, open_remote
-from wallet.session import RouteRun
+from wallet.client.generation import Generation
+from wallet.client.remote import ClientConfig, ClientParts, RemoteError, open_remote
+from wallet.client.session import RouteRun
 
 PROMPT = "What is the capital of France?"
 LONG_PROMPT = "Write a short poem about the sea."
@@ -143,7 +143,7 @@ async def generate_losing_a_hop(entry: str, parts, hosts, *, at: int, start: int
     """A pushed generation of ``tokens`` whose hop for layer ``start`` stops after ``at``.
 
     Spot checks off: their checker sessions would add forward calls that
-    the callers count (tests/wallet/test_spotcheck.py covers them).
+    the callers count (tests/wallet/client/test_spotcheck.py covers them).
     """
     async with open_remote([entry], parts,
                            config=ClientConfig(push=True, spot_check_rate=0.0)) as client:

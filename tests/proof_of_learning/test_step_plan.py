@@ -1,4 +1,4 @@
-"""node.mine.step_plan: a step's units run phase by phase equal the local decomposed step.
+"""proof_of_learning.step_plan: a step's units run phase by phase equal the local decomposed step.
 
 No network here: one process plays every node, running all phases of a step
 in `Phase.order` and delivering each push to an inbox, which checks the
@@ -15,9 +15,9 @@ import torch
 from compute.blocks import add_grads
 from compute.data import batch, load_corpus, make_model
 from compute.train import average_replicas, make_sections, train_step_replicas
-from node.errors import BadPush
+from proof_of_learning.errors import NoSuchPush
 from node.mine.devnet import devnet_job
-from node.mine.step_plan import StepPlan
+from proof_of_learning.step_plan import StepPlan
 from node.wire.train import ACTIVATION, ATTN_SHARE, CLIENT, GRADIENT, MLP_PARTIAL
 
 JOB, UNIT = b"j" * 32, b"u" * 32  # a job and unit id for certificates built outside a miner
@@ -81,7 +81,7 @@ def test_pushes_that_do_not_exist_in_the_job_are_refused():
     assert plan.stages == [(0, 1), (2,), (3,), (4,)]
     for what, section in [(ACTIVATION, 0), (ACTIVATION, 1), (GRADIENT, 1), (MLP_PARTIAL, 2),
                           (ATTN_SHARE, 1), (ACTIVATION, CLIENT), (99, 0)]:
-        with pytest.raises(BadPush):
+        with pytest.raises(NoSuchPush):
             plan.expected(what, section)
 
 
@@ -154,7 +154,7 @@ def test_a_step_on_the_gpu_matches_the_cpu():
 @pytest.mark.parametrize("k", [2, 6])
 def test_weights_hash_names_what_each_unit_read_and_is_taken_before_the_update(k):
     """A unit's weights_hash is the digest of the union of its phases' read sets, as they ran."""
-    from node.mine.jobs import tensors_digest
+    from proof_of_learning.units import tensors_digest
 
     config, model, sections, plan = plan_for(k)
     corpus = load_corpus(config.data)
@@ -220,7 +220,7 @@ def test_every_unit_commits_a_well_formed_certificate_of_what_it_read_and_produc
         NONE_BITS, check_cert, cert_hash, digest_map, float32_bits,
     )
     from ledger.crypto import ZERO32
-    from node.mine.jobs import tensor_digest, tensors_digest
+    from proof_of_learning.units import tensor_digest, tensors_digest
     from node.wire.train import EMBED_GRADS, HEAD_GRADS, SECTION_GRADS, WHATS
 
     plan, results, loss, inbox = certify_step(k)

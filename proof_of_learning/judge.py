@@ -20,27 +20,62 @@ gradients and norm, by digest (all equal: `PASS`, exact) or by distance
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from ledger.types import Receipt, UnitTemplate, unit_id
-from node import torch_thread
-from node.mine import HALF_OF, named_digest
-from node.pol.archive import PolArchive
-from node.pol.fetch import PolFetcher
-from node.pol.reexecute import Reexecutor, WeightsMismatch
-from node.wire import WHATS
 from proof_of_learning.certificate import (
     EXACT, GRADIENT_MISMATCH, INF_BITS, MALFORMED, OUTPUT_MISMATCH, PASS, THRESHOLD, TOLERANCE,
     UNAVAILABLE, UNCHAINED_INPUT, WRONG_DATA, Distance, Evidence, UnitCert, bits_float,
     decode_cert, digest_map, digests, distance, float32_bits, passes, rel_max_err,
 )
 from proof_of_learning.errors import PolError
+from proof_of_learning.kinds import WHATS
+from proof_of_learning.phases import HALF_OF
+from proof_of_learning.reexecute import Reexecutor, WeightsMismatch
+from proof_of_learning.units import named_digest
 
-__all__ = ["Case", "Judgement", "judge"]
+__all__ = ["Case", "Fetcher", "Judgement", "OwnWeights", "RunSync", "judge", "run_inline"]
+
+
+class Fetcher(Protocol):
+    """What the judge asks of the network: bytes by hash from the unit's peers.
+
+    Each method returns None when no peer served a well-formed answer
+    (`UNAVAILABLE`, never a fail); what it returns hashes to ``key``.
+    Implemented by `node.pol.PolFetcher` (over `/pnode/pol/1.0.0`) and
+    `node.pol.ArchiveFetcher` (a window file).
+    """
+
+    async def cert_bytes(self, peers: Sequence[str], job_id: bytes, key: bytes
+                         ) -> bytes | None: ...
+
+    async def tensor(self, peers: Sequence[str], job_id: bytes, digest: bytes
+                     ) -> torch.Tensor | None: ...
+
+    async def named(self, peers: Sequence[str], job_id: bytes, key: bytes
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, bytes]] | None: ...
+
+
+class OwnWeights(Protocol):
+    """The judging node's own weights of the job, by version (`node.pol.PolArchive`)."""
+
+    def version_digests(self, version: int) -> dict[str, bytes]: ...
+
+    def tensor(self, digest: bytes) -> torch.Tensor | None: ...
+
+
+#: Runs a blocking function and awaits its result (the node's torch thread; inline offline).
+RunSync = Callable[..., Awaitable]
+
+
+async def run_inline(fn: Callable, *args):
+    """A `RunSync` for offline use, with no torch thread to keep free: runs ``fn`` here."""
+    return fn(*args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +145,8 @@ def receipt_problem(cert: UnitCert, receipt: Receipt, units, rx: Reexecutor) -> 
     return None
 
 
-async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArchive, *,
-                run_sync: Callable[..., Awaitable] = torch_thread.run_sync,
+async def judge(case: Case, fetcher: Fetcher, rx: Reexecutor, archive: OwnWeights, *,
+                run_sync: RunSync,
                 me: bytes = b"") -> Judgement:
     """The verifier's procedure on one receipt (module docstring); never raises for bad peers.
 
@@ -167,7 +202,7 @@ async def judge(case: Case, fetcher: PolFetcher, rx: Reexecutor, archive: PolArc
     return await _compare(case, cert, run, fetcher)
 
 
-async def _unchained(case: Case, cert: UnitCert, rx: Reexecutor, fetcher: PolFetcher,
+async def _unchained(case: Case, cert: UnitCert, rx: Reexecutor, fetcher: Fetcher,
                      needed: dict) -> str | None:
     """Why an input is not what its producer committed (specs/pol.md 7.1 step 3), or None.
 
@@ -213,7 +248,7 @@ async def _unchained(case: Case, cert: UnitCert, rx: Reexecutor, fetcher: PolFet
     return None
 
 
-def _own_weights(archive: PolArchive, cert: UnitCert, rx: Reexecutor
+def _own_weights(archive: OwnWeights, cert: UnitCert, rx: Reexecutor
                  ) -> tuple[dict[str, torch.Tensor], dict[str, bytes]] | None:
     """The unit's weights from this node's own ring when they are exactly the committed
     ones (a holder of its layers, as the draw prefers): nothing to fetch or hash."""
@@ -228,7 +263,7 @@ def _own_weights(archive: PolArchive, cert: UnitCert, rx: Reexecutor
     return None if any(t is None for t in weights.values()) else (weights, digests)
 
 
-def _stale(weights: dict[str, torch.Tensor], digests: dict[str, bytes], archive: PolArchive,
+def _stale(weights: dict[str, torch.Tensor], digests: dict[str, bytes], archive: OwnWeights,
            step: int) -> tuple[str | None, set[str]]:
     """(how the first tensor the unit read beyond the threshold from this node's own at
     that step is, every such tensor's name); (None, empty) when none is or this node
@@ -249,7 +284,7 @@ def _stale(weights: dict[str, torch.Tensor], digests: dict[str, bytes], archive:
     return detail, differing
 
 
-async def _skipped_update(case: Case, cert: UnitCert, rx: Reexecutor, archive: PolArchive
+async def _skipped_update(case: Case, cert: UnitCert, rx: Reexecutor, archive: OwnWeights
                           ) -> str | None:
     """Why the unit read step t − 1's weights again (a skipped update), or None
     (specs/pol.md 7.1 step 2).
@@ -278,7 +313,7 @@ async def _skipped_update(case: Case, cert: UnitCert, rx: Reexecutor, archive: P
     return None
 
 
-async def _corroborated(case: Case, cert: UnitCert, rx: Reexecutor, archive: PolArchive,
+async def _corroborated(case: Case, cert: UnitCert, rx: Reexecutor, archive: OwnWeights,
                         differing: set[str], me: bytes) -> bool:
     """Whether another account's receipt of the step commits this node's own weights of
     the ``differing`` tensors (specs/pol.md 7.1 step 2).
@@ -306,7 +341,7 @@ async def _corroborated(case: Case, cert: UnitCert, rx: Reexecutor, archive: Pol
     return False
 
 
-async def _compare(case: Case, cert: UnitCert, run, fetcher: PolFetcher) -> Judgement:
+async def _compare(case: Case, cert: UnitCert, run, fetcher: Fetcher) -> Judgement:
     """Steps 2, 3 (what the re-run derived) and 4, 5 of specs/pol.md 7.1."""
     mine = run.cert
     outputs, my_outputs = digest_map(cert.outputs), digest_map(mine.outputs)

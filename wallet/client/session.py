@@ -10,8 +10,8 @@ routing, replacing a failed hop by replaying the inputs it was sent (rebuilt
 first when they were pushed) chunk by chunk, so the rebuilt KV caches are
 bit-identical, and settling the paid sessions at the end.
 
-A run is given the swarm's `wallet.directory.SwarmDirectory`, the client's
-host and its `ClientConfig`; it never sees the model (`wallet.remote`)."""
+A run is given the swarm's `wallet.client.directory.SwarmDirectory`, the client's
+host and its `ClientConfig`; it never sees the model (`wallet.client.remote`)."""
 
 from __future__ import annotations
 
@@ -29,14 +29,14 @@ from node.wire import (
     MAX_INFERENCE_FRAME, MAX_POSITIONS, Link, Linked, SessionError, Settle, Settled, Step,
     StepResult,
 )
-from wallet.directory import SwarmDirectory
+from wallet.client.directory import SwarmDirectory
 from wallet.errors import HopFailed, NoRoute, RemoteError, RouteBusy, ServerBusy, SessionTooLong
-from wallet.generation import ClientConfig, Generation
-from wallet.hop import (
+from wallet.client.generation import ClientConfig, Generation
+from wallet.client.hop import (
     HopSession, chained_timeout, count_delivered, open_all, open_hop, step_timeout,
 )
 from wallet.payer import ClientTab, Payer
-from wallet.route import Hop
+from wallet.client.route import Hop
 
 
 #: Frames a run's readers may hold before they wait for the client to take them.
@@ -377,7 +377,7 @@ class RouteRun:
 
     async def _open(self, hop: Hop, tab: ClientTab | None = None) -> HopSession:
         """A session on ``hop`` (paid from ``tab``, else from a tab of its own when the
-        run pays), its reader started. Raises as `wallet.hop.open_hop`."""
+        run pays), its reader started. Raises as `wallet.client.hop.open_hop`."""
         if self.payer is not None and tab is None:
             tab = self.payer.open_tab([hop], self.directory.server_map(), self.max_len)
         session = await open_hop(self.host, self.directory, hop, self.config, self.max_len, tab)
@@ -484,7 +484,7 @@ class RouteRun:
 
     def _delivered(self, session: HopSession, pos: int) -> None:
         """``session`` answered the step at ``pos``: it, and the hops before it that pushed
-        the step there, delivered it (`wallet.hop.count_delivered`), awaited or not."""
+        the step there, delivered it (`wallet.client.hop.count_delivered`), awaited or not."""
         count_delivered(self.sessions[: self.sessions.index(session) + 1]
                         if session in self.sessions else [session], pos)
 

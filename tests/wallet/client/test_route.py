@@ -1,4 +1,4 @@
-"""wallet.route: hop cost, cheapest route over servers, and repair after a failure."""
+"""wallet.client.route: hop cost, cheapest route over servers, and repair after a failure."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from node.wire import ServerInfo, SpanError
 from wallet.errors import NoRoute, RemoteError, RouteError, SessionTooLong, WalletError
-from wallet.route import Hop, hop_cost, plan_route, replan
+from wallet.client.route import Hop, hop_cost, plan_route, replan
 
 A = ServerInfo("A", 0, 10, 10.0)
 B = ServerInfo("B", 10, 20, 10.0)

@@ -10,7 +10,7 @@ swarm on the same build and the replay agree bit for bit, and a replay from
 the job's committed initial model (or from the full state of every part at
 a checkpoint step) recomputes every receipt the chain holds.
 
-Runs on the torch thread; `node.pol.joinaudit` drives it.
+Runs on the torch thread; `proof_of_learning.joinaudit` drives it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import torch
 
 from compute.data import batch
 from ledger.types import unit_id
-from node.mine import Phase, PhaseResult, tensors_digest
-from node.pol.reexecute import Reexecutor
-from node.wire import CLIENT
+from proof_of_learning.phases import Phase, PhaseResult
+from proof_of_learning.units import tensors_digest
+from proof_of_learning.reexecute import Reexecutor
+from proof_of_learning.kinds import CLIENT
 
 __all__ = ["Hashes", "Replayer"]
 
