@@ -31,17 +31,18 @@ import numpy as np
 from ledger import crypto
 from ledger.codec import U8, U32, U64, Hash32, MaxLen, decode, encode, wire
 from ledger.errors import DecodeError
+from ledger.types import (  # the reason codes, re-exported (see constants)
+    FAILING_REASONS as FAILING, GRADIENT_MISMATCH, MALFORMED, OUTPUT_MISMATCH, PASS,
+    UNAVAILABLE, UNCHAINED_INPUT, VERDICT_REASONS as REASONS, WRONG_DATA,
+)
 from proof_of_learning.errors import MalformedCertificate, MalformedEvidence
 
 # -- constants ------------------------------------------------------------------
 
-#: `Verdict.reason` / `Evidence.reason` codes (specs/pol.md section 4.1).
-PASS, OUTPUT_MISMATCH, GRADIENT_MISMATCH, UNCHAINED_INPUT, WRONG_DATA, UNAVAILABLE, MALFORMED = \
-    range(7)
-REASONS = ("pass", "output mismatch", "gradient mismatch", "unchained input", "wrong data",
-           "unavailable", "malformed")
-#: Reasons that fail the worker: the verdict slashes and needs evidence.
-FAILING = frozenset({OUTPUT_MISMATCH, GRADIENT_MISMATCH, UNCHAINED_INPUT, WRONG_DATA, MALFORMED})
+#: `Verdict.reason` / `Evidence.reason` codes (specs/pol.md section 4.1): one definition,
+#: the ledger's, which the chain's rules read (the ledger may not import this package).
+#: ``FAILING``: the reasons that fail the worker (the verdict slashes and needs evidence).
+
 #: Reasons decided by comparing digests only, never by a tolerance.
 _DIGEST_REASONS = frozenset({UNCHAINED_INPUT, WRONG_DATA, UNAVAILABLE, MALFORMED})
 
