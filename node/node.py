@@ -19,7 +19,7 @@ and the control socket, under one nursery.
    (atomically: temp file + ``os.replace``), once listening and serving;
 6. once the first syncs are over and the miner is set up (``network.catch_up_s``
    at most), the `Producer` if ``produce.enabled`` and, with ``mine``, the
-   `JobRunner` (`node.mining`: the chain's jobs, one after another).
+   `JobRunner` (`node.mine.runner`: the chain's jobs, one after another).
 
 Cancelling `run` (SIGINT/SIGTERM) stops the host, removes ``node.addr`` and
 ``node.sock`` and closes the store. A block is reported, gossiped or served
@@ -54,7 +54,7 @@ from node.clock import Clock
 from node.control import BadRequest, ControlOp, ControlServer, socket_path
 from node.datadir import DataDir
 from node.errors import ChainLockedError, NodeError
-from node.keys import read_public_key, write_private
+from node.datadir import read_public_key, write_private
 from node.mine import DataShelf
 from node.net import DialError, PeerIdentity, open_host
 from node.serve import Announcer, Cashier, LayerServer, ServeConfig, announce_peer
@@ -174,7 +174,7 @@ class Node:
         self.server: LayerServer | None = None
         self.wallet_key, self.bond = wallet_key, bond
         self.registrar: Registrar | None = None
-        self.jobs = None  # the mining node's `node.mining.JobRunner`
+        self.jobs = None  # the mining node's `node.mine.JobRunner`
         self.archive = None  # what the miner keeps for its verifiers (node.pol.PolArchive)
         self.addr: str | None = None
         self.service: ChainService | None = None
@@ -374,7 +374,7 @@ class Node:
         return {"txid": txid.hex()}
 
     def _jobs_op(self, name: str) -> ControlOp:
-        """The `JobRunner` op ``name`` (`node.mining`), refused while the node mines no job."""
+        """The `JobRunner` op ``name`` (`node.mine.runner`), refused while the node mines no job."""
         async def op(args: dict[str, Any]) -> dict[str, Any]:
             if self.jobs is None:
                 raise BadRequest("this node mines no job")
@@ -438,8 +438,8 @@ class Node:
         await self.registrar.run()
 
     async def _mine_after(self, joined: trio.Event, key) -> None:
-        """Mine and verify the chain's jobs (`node.mining`) once the first syncs are over."""
-        from node.mining import JobRunner  # torch loads with it
+        """Mine and verify the chain's jobs (`node.mine.runner`) once the first syncs are over."""
+        from node.mine import JobRunner  # torch loads with it
         from node.pol import PolArchive, PolFetcher, serve_pol
         from node.wire import MAX_POL_REQUEST, POL_PROTOCOL
 

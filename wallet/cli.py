@@ -30,7 +30,7 @@ from node.cli.common import (
     in_coins, parse_peer_addr, passphrase_option, read_peer_list, read_view,
 )
 from node.datadir import DataDir
-from node.keys import read_key_file, read_public_key, write_key_file
+from node.datadir import read_key_file, read_public_key, write_key_file
 from wallet.errors import WalletError
 
 wallet_option = click.option("--wallet", "wallet_name", metavar="NAME",

@@ -28,7 +28,7 @@ from node.clock import now_ms
 from node.control import ControlError, NodeNotRunning, control_call
 from node.datadir import DataDir
 from node.errors import NodeError
-from node.keys import read_public_key
+from node.datadir import read_public_key
 from node.mine import BOND, DevnetKeys, devnet_genesis, devnet_job
 from compute.jobfile import config_json
 from node.node import ADDR_FILE, TRAIN_LOG

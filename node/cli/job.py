@@ -22,7 +22,7 @@ from node.cli.common import (
     account_info, data_dir_option, emit, format_coins, json_option, passphrase_option, read_view,
 )
 from node.datadir import DataDir
-from node.keys import read_key_file
+from node.datadir import read_key_file
 
 
 @click.group()

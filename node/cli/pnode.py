@@ -33,7 +33,7 @@ from node.cli.verify import proof, verify
 from node.clock import now_ms
 from node.datadir import DataDir, read_genesis_file
 from node.errors import DataDirError
-from node.keys import read_public_key
+from node.datadir import read_public_key
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -18,7 +18,7 @@ from node.cli.common import (
 from node.clock import now_ms
 from node.datadir import DataDir
 from node.errors import ChainLockedError, DataDirError
-from node.keys import read_key_file
+from node.datadir import read_key_file
 
 
 @click.command()

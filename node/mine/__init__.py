@@ -1,7 +1,8 @@
 """Mining: the miner loop, step plans, job records, replica averaging, the devnet's chain.
 
-Sub-modules: `miner` (`Miner`: runs the units the chain assigns this node,
-signs receipts), `transfer` (the step tensors' inbox, pushes and checks of
+Sub-modules: `runner` (`JobRunner`: the chain's jobs in turn, each with a
+`Miner` and a `node.pol.Verifier`), `miner` (`Miner`: runs the units the
+chain assigns this node, signs receipts), `transfer` (the step tensors' inbox, pushes and checks of
 what others push), `state_sync` (catching up from a holder's state, and
 serving it), `jobs` (the job to mine, the workers of a closed step), `averaging`
 (`Averager`, `/pnode/averaging`), `data` (`DataShelf`: job data files by
@@ -15,6 +16,7 @@ from node.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.mine.miner": ("Miner",),
+    "node.mine.runner": ("JobRunner",),
     "node.mine.jobs": ("STEP_SEARCH_BACK", "job_to_mine", "step_workers"),
     "node.mine.averaging": ("Averager",),
     "node.mine.data": ("DataShelf", "file_sha256"),

@@ -355,7 +355,7 @@ class Miner:
                                     accepts=self.state_check)
         # Only now: a push that comes earlier fails, and its sender tries again.
         self.host.set_handler(TRAIN_PROTOCOL, self.transfer.receive)
-        if self.serve_state is not None:  # one handler routes every job's (node.mining)
+        if self.serve_state is not None:  # one handler routes every job's (node.mine.runner)
             self.serve_state(self.job_id, self.state_sync.serve)
         else:
             self.host.set_request_handler(STATE_PROTOCOL, self.state_sync.serve,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from node.cli.common import registry_info
 from node.datadir import DataDir
-from node.keys import read_public_key
+from node.datadir import read_public_key
 from tests.node.prockit import live_status, node_addr, read, stop, wait_for
 
 

@@ -265,7 +265,7 @@ def test_a_job_whose_hashes_lie_is_not_mined_and_the_node_goes_on(tmp_path, pnod
     from ledger.crypto import SigningKey
     from ledger.types import sign
     from node.datadir import DataDir
-    from node.keys import read_key_file
+    from node.datadir import read_key_file
     from proof_of_learning.units import job_tx
 
     d = tmp_path / "n"

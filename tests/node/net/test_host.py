@@ -19,7 +19,7 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID, Ya
 
 from ledger.crypto import SigningKey, libp2p_peer_id
 from node.errors import DataDirError, NodeError
-from node.keys import read_seed_file, write_seed_file
+from node.datadir import read_seed_file, write_seed_file
 from node.net.framing import FrameEOF, FramingError, iter_frames, read_frame, write_frame
 from node.net.host import (
     DialError, GossipError, HostConfig, HostError, PeerIdentity, RequestError, RequestTimeout,

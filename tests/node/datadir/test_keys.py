@@ -1,4 +1,4 @@
-"""Tests for node.keys: round trips, tampering, malformed input, files.
+"""Tests for node.datadir.keys: round trips, tampering, malformed input, files.
 
 Which error tampering gives: a field that still parses (same-length hex,
 valid cost) but was changed — ciphertext, nonce, salt, n, public_key — fails
@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.errors import KeyFileError, WrongPassphraseError
-from node.keys import (
+from node.datadir.keys import (
     _parse, decrypt_seed, encrypt_seed, read_key_file, read_public_key, write_key_file,
 )
 

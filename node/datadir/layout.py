@@ -5,7 +5,7 @@
     D/chain.tip        the last tip the running node stored: {"height", "hash"}
     D/node.key         the node key (hex seed, mode 0600): signs blocks and receipts
     D/peer.key         the libp2p identity key (hex seed, mode 0600)
-    D/wallet.json      the default wallet key, encrypted (node.keys)
+    D/wallet.json      the default wallet key, encrypted (node.datadir.keys)
     D/wallets/N.json   further wallet keys made by ``pwallet create --name N``
 
 The node key is hot (the node signs with it unattended) but cannot spend:
@@ -27,7 +27,7 @@ from ledger.errors import DecodeError, LedgerError, StoreCorruptError, StoreLock
 from ledger.store import LevelDBStore
 from ledger.types import Genesis
 from node.errors import ChainCorruptError, ChainLockedError, DataDirError
-from node.keys import read_seed_file, write_key_file, write_private, write_seed_file
+from node.datadir.keys import read_seed_file, write_key_file, write_private, write_seed_file
 
 log = logging.getLogger(__name__)
 

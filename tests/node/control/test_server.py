@@ -25,7 +25,7 @@ from node.control import (
 )
 from node.datadir import DataDir
 from node.errors import DataDirError
-from node.keys import read_key_file
+from node.datadir import read_key_file
 from node.net.framing import read_frame, write_frame
 from node.node import Node, ProduceConfig
 from tests.node.netkit import run
