@@ -31,7 +31,8 @@ from typing import Any
 from ledger.accounts import U64_MAX, check_nonce, credit, mint
 from ledger.errors import BadJob, InsufficientFunds
 from ledger.state import JOB, PENDING, UNIT, Overlay
-from ledger.types import UNIT_KINDS, Job, JobRecord, Params, tx_hash, unit_id
+from ledger.types import UNIT_KINDS, Job, Params, tx_hash, unit_id
+from ledger.records import JobRecord
 
 __all__ = ["apply_job", "give_up_stalled", "job_cost", "job_queue", "pay_work", "refund_finished"]
 

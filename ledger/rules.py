@@ -26,10 +26,10 @@ from ledger.tabrules import apply_claim, apply_open_tab
 from ledger.state import JAIL, JOB, NODE, PENDING, UNIT, KEY_LOG, KEY_SUPPLY, Overlay
 from ledger.crypto import ZERO32
 from ledger.types import (
-    BACKWARD, FAILING_REASONS, FORWARD, PASS, UNAVAILABLE, VERDICT_REASONS, Account,
-    Assignment, Jail, Job, JobRecord, NodeRecord, Pending, Receipt, Register, Transfer,
-    UnitTemplate, Verdict, binding_ok, peer_binding_ok, signature_ok, tx_hash, unit_id,
+    BACKWARD, FAILING_REASONS, FORWARD, PASS, UNAVAILABLE, VERDICT_REASONS, Job, Receipt, Register,
+    Transfer, UnitTemplate, Verdict, binding_ok, peer_binding_ok, signature_ok, tx_hash, unit_id,
 )
+from ledger.records import Account, Assignment, Jail, JobRecord, NodeRecord, Pending
 
 #: A jail term is ``unit_timeout << min(strikes - 1, MAX_JAIL_DOUBLINGS)`` blocks.
 MAX_JAIL_DOUBLINGS = 6

@@ -23,9 +23,10 @@ from ledger import merkle
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError, SupplyMismatch
 from ledger.tab import TabRecord, locked
-from ledger.types import (
-    Account, Assignment, Jail, JobRecord, LogState, NodeRecord, Params, Pending, Supply,
+from ledger.records import (
+    Account, Assignment, Jail, JobRecord, LogState, NodeRecord, Pending, Supply,
 )
+from ledger.types import Params
 
 ACCOUNT, NODE, JOB, UNIT, PENDING, META = b"A", b"N", b"J", b"U", b"P", b"M"
 JAIL, TAB = b"X", b"T"

@@ -43,9 +43,9 @@ from ledger.state import (
     state_root,
 )
 from ledger.types import (
-    MAX_BLOCK_BYTES, ZERO_SIG, Block, Genesis, Header, LogState, Supply, block_hash, sign,
-    signature_ok,
+    MAX_BLOCK_BYTES, ZERO_SIG, Block, Genesis, Header, block_hash, sign, signature_ok,
 )
+from ledger.records import LogState, Supply
 
 
 @dataclass(slots=True)

@@ -8,10 +8,12 @@ and the control socket, under one nursery.
 2. opens the host on ``network.listen`` (``network.trusted``: an allow-list),
    starts `ChainService`, `TxGossip`, the `WalletDesk` (light clients), the
    `DataShelf` (job data), the `ControlServer` on ``D/node.sock`` (the CLIs'
-   way in while the node holds the store) and the `Announcer`;
+   way in while the node holds the store; its ops are `node.control.NodeOps`)
+   and the `Announcer`;
 3. dials each of ``network.peers`` and syncs from it; a peer that cannot be
    reached is logged and retried with backoff, never fatal; every
-   ``network.resync_s`` it syncs again from every connected (trusted) peer;
+   ``network.resync_s`` it syncs again from every connected (trusted) peer
+   (`node.net.PeerKeeper`);
 4. with ``serve``, starts the `LayerServer` (after the first joins when it
    places itself) and its `Cashier` (paid sessions' tabs and claims, kept
    in ``D/tabs``): loads its layers, serves sessions, announces them;
@@ -31,7 +33,6 @@ damaged store is served to no peer (after Bitcoin Core's AbortNode).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -42,21 +43,18 @@ from typing import Any
 import trio
 from libp2p.peer.id import ID
 
-from ledger.codec import decode
 from ledger.crypto import SigningKey
 from ledger.errors import StoreError, StoreFailedError
-from ledger.types import TX_TYPES
 from node.chain import (
     ChainService, ChainTabs, Producer, Registrar, SyncError, SyncResult, TxGossip, WalletDesk,
-    LOCAL_ONLY, account_view, node_status_view, read_views,
 )
 from node.clock import Clock
-from node.control import BadRequest, ControlOp, ControlServer, socket_path
+from node.control import ControlOp, ControlServer, NodeOps, socket_path
 from node.datadir import DataDir
 from node.errors import ChainLockedError, NodeError
 from node.datadir import read_public_key, write_private
 from node.mine import DataShelf
-from node.net import DialError, PeerIdentity, open_host
+from node.net import PeerIdentity, PeerKeeper, open_host
 from node.serve import Announcer, Cashier, LayerServer, ServeConfig, announce_peer
 
 log = logging.getLogger(__name__)
@@ -243,8 +241,12 @@ class Node:
             await nursery.start(ControlServer(self.sock_file, self.control_ops()).run)
             self.announcer = await nursery.start(
                 Announcer(host, self.clock, allowed=self.trusted).run)
+            peers = PeerKeeper(host, self._sync, peers=self.network.peers,
+                               dial_attempts=self.network.dial_attempts,
+                               first_backoff_s=self.network.first_backoff_s,
+                               resync_s=self.network.resync_s, report=self.report)
             joined = trio.Event()
-            nursery.start_soon(self._join_all, joined)
+            nursery.start_soon(peers.join_all, joined)
             if self.serve is not None:
                 await self._start_serving(nursery, host, identity, joined)
             self.addr = host.addrs[0]
@@ -258,7 +260,7 @@ class Node:
                     nursery.start_soon(self._register_after, joined, key, identity)
                 if self.mine is not None:
                     nursery.start_soon(self._mine_after, joined, key)
-                nursery.start_soon(self._follow)
+                nursery.start_soon(peers.follow)
                 await trio.sleep_forever()
             finally:
                 self.addr_file.unlink(missing_ok=True)
@@ -285,10 +287,8 @@ class Node:
     # -- hooks --------------------------------------------------------------------------
 
     def control_ops(self) -> dict[str, ControlOp]:
-        """The control socket's ops (a subclass or a later component may add some)."""
-        return {"status": self.status, "account": self.account, "submit_tx": self.submit_tx,
-                "hold_production": self.hold_production, "view": self.view,
-                **{op: self._jobs_op(op) for op in ("pol_export", "pol_audit", "export_job")}}
+        """The control socket's ops (`node.control.NodeOps`; a subclass may add some)."""
+        return NodeOps(self).table()
 
     def extra_status(self) -> dict[str, Any]:  # serving: span, sessions, the swarm seen
         info: dict[str, Any] = self.server.status() if self.server else {
@@ -303,107 +303,7 @@ class Node:
         info["trusted_peers"] = None if self.trusted is None else sorted(map(str, self.trusted))
         return info
 
-    # -- control ops ----------------------------------------------------------------------
-
-    async def status(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The ``status`` op: chain tip, peers, this node's registration and wallet."""
-        service = self._running()
-        host = service.host
-        info = await service.call(self._chain_status)
-        info.update(
-            pid=os.getpid(), peer_id=str(host.peer_id), listen=self.addr,
-            peers=sorted(str(p) for p in host.connected_peers()),
-            misbehaving={str(p): n for p, n in host.misbehaving.items()},
-            producing=bool(self.producer and self.producer.eligible),
-            blocks_produced=len(self.producer.made) if self.producer else 0)
-        info.update(self.extra_status())
-        return info
-
-    async def hold_production(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The ``hold_production`` op: seal no more blocks, keep following the chain.
-
-        A devnet winding down holds every producer, lets the last block
-        spread, and only then stops the nodes: they end on one tip.
-        """
-        self._running()
-        self.production_held = True
-        if self.producer is not None:
-            self.producer.hold()
-        return {"held": True}
-
-    async def account(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The ``account`` op: ``address`` (hex) -> balance, bond, nonce, queued txs."""
-        text = args.get("address")
-        try:
-            account_id = bytes.fromhex(text) if isinstance(text, str) else b""
-        except ValueError:
-            account_id = b""
-        if len(account_id) != 32:
-            raise BadRequest('"address" must be an account id: 64 hex digits')
-        return await self._running().call(self._account, account_id)
-
-    async def view(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The ``view`` op: ``name`` of a `read_views` view, ``args`` -> ``view``: its answer."""
-        views = read_views()
-        fn, kwargs = views.get(args.get("name")), args.get("args", {})
-        if fn is None:
-            raise BadRequest(f'"name" must be one of {", ".join(sorted(views))}')
-        allowed = [p for p in list(inspect.signature(fn).parameters)[1:] if p not in LOCAL_ONLY]
-        if not isinstance(kwargs, dict) or not set(kwargs) <= set(allowed):
-            raise BadRequest(f'"args" of view {args["name"]} are among '
-                             f'{", ".join(allowed) or "none"}')
-        service = self._running()
-        return {"view": await service.call(lambda: fn(service.chain, **kwargs))}
-
-    async def submit_tx(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The ``submit_tx`` op: ``tx`` (hex of ``encode(tx)``) -> admitted and gossiped.
-
-        Raises:
-            BadRequest: ``tx`` is not hex.
-            DecodeError, ValidationError: not a transaction, or it does not fit.
-        """
-        text = args.get("tx")
-        try:
-            raw = bytes.fromhex(text) if isinstance(text, str) else None
-        except ValueError:
-            raw = None
-        if raw is None:
-            raise BadRequest('"tx" must be the hex of an encoded transaction')
-        self._running()
-        txid = await self.txs.submit(decode(raw, TX_TYPES))
-        return {"txid": txid.hex()}
-
-    def _jobs_op(self, name: str) -> ControlOp:
-        """The `JobRunner` op ``name`` (`node.mine.runner`), refused while the node mines no job."""
-        async def op(args: dict[str, Any]) -> dict[str, Any]:
-            if self.jobs is None:
-                raise BadRequest("this node mines no job")
-            return await getattr(self.jobs, name)(args)
-        return op
-
-    def _running(self) -> ChainService:  # the chain service, unless the node is stopping
-        if self.service is None or self.txs is None:
-            raise BadRequest("the node is stopping")
-        return self.service
-
-    def _chain_status(self) -> dict[str, Any]:
-        """Chain fields of ``status`` (on the chain service's thread)."""
-        return node_status_view(self.service.chain, self.address, self.node_key)
-
-    def _account(self, account_id: bytes) -> dict[str, Any]:
-        """The ``account`` op's answer (on the chain service's thread)."""
-        return account_view(self.service.chain, account_id)
-
     # -- peers and production -----------------------------------------------------------
-
-    async def _join_all(self, done: trio.Event) -> None:
-        """Join every ``peers`` address (dial and first sync); then set ``done``."""
-        try:
-            async with trio.open_nursery() as joins:
-                for peer in self.network.peers:
-                    joins.start_soon(self._join, peer)
-        finally:
-            done.set()
 
     async def _produce_after(self, joined: trio.Event, key, host) -> None:
         """Produce once the first syncs are over (or after ``catch_up_s``).
@@ -453,30 +353,6 @@ class Node:
                               archive=archive, fetcher=PolFetcher(self.service.host),
                               shelf=self.shelf)
         await self.jobs.run()
-
-    async def _join(self, addr: str) -> None:  # dial (with backoff), sync once
-        delay = self.network.first_backoff_s
-        for attempt in range(1, self.network.dial_attempts + 1):
-            try:
-                peer = await self.service.host.connect(addr)
-                break
-            except DialError as exc:
-                log.warning("peer %s unreachable (try %d of %d): %s",
-                            addr, attempt, self.network.dial_attempts, exc)
-                if attempt == self.network.dial_attempts:
-                    self.report(f"giving up on peer {addr}")
-                    return
-                await trio.sleep(delay)
-                delay *= 2
-        await self._sync(peer)
-
-    async def _follow(self) -> None:
-        """Sync again from every connected peer now and then (missed gossip)."""
-        while True:
-            await trio.sleep(self.network.resync_s)
-            for peer in self.service.host.connected_peers():
-                if self.service.host.is_trusted(peer):
-                    await self._sync(peer)
 
     async def _sync(self, peer) -> SyncResult | None:
         try:

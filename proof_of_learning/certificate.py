@@ -31,7 +31,7 @@ import numpy as np
 from ledger import crypto
 from ledger.codec import U8, U32, U64, Hash32, MaxLen, decode, encode, wire
 from ledger.errors import DecodeError
-from ledger.types import (  # the reason codes, re-exported (see constants)
+from ledger.types import (  # noqa: F401 (the reason codes, re-exported: see constants)
     FAILING_REASONS as FAILING, GRADIENT_MISMATCH, MALFORMED, OUTPUT_MISMATCH, PASS,
     UNAVAILABLE, UNCHAINED_INPUT, VERDICT_REASONS as REASONS, WRONG_DATA,
 )

@@ -46,7 +46,8 @@ from typing import Sequence
 import torch
 
 from compute.blocks import (
-    HALF_PARAMS, Partial, add_grads, aggregate_grads, aggregate_heads, aggregate_mlp, backward_block,
+    HALF_PARAMS, Partial, add_grads, aggregate_grads, aggregate_heads, aggregate_mlp,
+    backward_block,
     forward_block, piece_of,
 )
 from compute.device import pinned_threads

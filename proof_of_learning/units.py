@@ -73,7 +73,7 @@ def commitments(config: JobConfig) -> tuple[bytes, bytes, bytes]:
     model = make_model(config)
     model_hash = tensors_digest(dict(model.state_dict()))
     data_hash = bytes.fromhex(load_corpus(config.data).sha256)  # the text's, tokens aside
-    return model_hash, data_hash, hashlib.sha256(config_json(config).encode()).digest()
+    return model_hash, data_hash, hyper_hash(config)
 
 
 def job_tx(config: JobConfig, chain_id: str, creator: SigningKey, nonce: int,
@@ -114,6 +114,11 @@ def config_of(job: Job) -> JobConfig:
     return config
 
 
+def hyper_hash(config: JobConfig) -> bytes:
+    """The ``hyper_hash`` a job of ``config`` commits to (module docstring)."""
+    return hashlib.sha256(config_json(config).encode()).digest()
+
+
 def matches(job: Job, config: JobConfig) -> bool:
     """Whether an on-chain job is ``config`` (its hyperparameters' hash; cheap)."""
-    return job.hyper_hash == hashlib.sha256(config_json(config).encode()).digest()
+    return job.hyper_hash == hyper_hash(config)

@@ -23,7 +23,8 @@ PACKAGES = ("ledger", "compute", "proof_of_learning", "node", "wallet")
 PURE_CORE = {
     "ledger/codec.py", "ledger/crypto.py", "ledger/merkle.py", "ledger/types.py",
     "ledger/state.py", "ledger/schedule.py", "ledger/rules.py", "ledger/transition.py",
-    "ledger/errors.py", "ledger/proofs.py", "compute/partition.py", "proof_of_learning/certificate.py",
+    "ledger/errors.py", "ledger/proofs.py", "compute/partition.py",
+    "proof_of_learning/certificate.py",
     "wallet/client/route.py", "node/serve/placement.py", "ledger/genesis.py", "ledger/tab.py",
     "ledger/tabrules.py", "ledger/accounts.py", "ledger/jobrules.py", "proof_of_learning/kinds.py",
 }

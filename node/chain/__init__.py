@@ -6,7 +6,8 @@ peers), `txgossip`, `producer` (blocks in this node's slots), `registrar`
 tab admission and lookups, for its cashier), `desk` (the wallet desk: light
 clients' accounts, registry and submissions), `views` (an account and a
 node's status and the registered nodes as the CLIs show them), `jobviews`
-(the chain's jobs). No torch here.
+(the chain's jobs), `work` (a job's miners and receipts: the one place
+blocks are scanned for receipts). No torch here.
 """
 
 from node.lazy import lazy_exports
@@ -22,4 +23,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
                          "read_views", "receipts_view", "registry_view"),
     "node.chain.history": ("history_rows",),
     "node.chain.jobviews": ("find_job", "job_view", "jobs_view"),
+    "node.chain.work": ("AROUND_RECEIPT_BLOCKS", "CLOSED_STEP_BLOCKS", "bonded_peers",
+                        "job_named", "receipt_at", "receipts_between", "step_receipts",
+                        "unit_receipt"),
 })

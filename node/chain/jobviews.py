@@ -15,7 +15,8 @@ from typing import Any
 from ledger.chaindb import ChainDB
 from ledger.jobrules import job_cost, job_queue
 from ledger.state import JOB, NODE, PENDING, UNIT, Overlay
-from ledger.types import Job, JobRecord, format_coins, tx_hash, unit_id
+from ledger.types import Job, format_coins, tx_hash, unit_id
+from ledger.records import JobRecord
 from node.errors import NodeError
 
 __all__ = ["jobs_view", "job_view", "find_job"]

@@ -4,7 +4,8 @@ Sub-modules: `runner` (`JobRunner`: the chain's jobs in turn, each with a
 `Miner` and a `node.pol.Verifier`), `miner` (`Miner`: runs the units the
 chain assigns this node, signs receipts), `transfer` (the step tensors' inbox, pushes and checks of
 what others push), `state_sync` (catching up from a holder's state, and
-serving it), `jobs` (the job to mine, the workers of a closed step), `averaging`
+serving it), `jobs` (what a miner reads of the chain: the job to mine, its
+view of it, the workers of a closed step), `averaging`
 (`Averager`, `/pnode/averaging`), `data` (`DataShelf`: job data files by
 hash, `/pnode/data/1.0.0`), `devnet` (the keys, genesis and job of a
 local devnet). Never imports the serving side. The unit of work itself (a
@@ -17,7 +18,8 @@ from node.lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.mine.miner": ("Miner",),
     "node.mine.runner": ("JobRunner",),
-    "node.mine.jobs": ("STEP_SEARCH_BACK", "job_to_mine", "step_workers"),
+    "node.mine.jobs": ("MinerView", "check_job", "job_to_mine", "miner_view", "step_workers",
+                       "unauditable"),
     "node.mine.averaging": ("Averager",),
     "node.mine.data": ("DataShelf", "file_sha256"),
     "node.mine.devnet": ("BOND", "DEVNET_PARAMS", "DevnetKeys", "devnet_genesis", "devnet_job"),

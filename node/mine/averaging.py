@@ -207,3 +207,15 @@ def _decode(named, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if set(out) != set(like):
         raise AveragingError(f"missing tensors {sorted(set(like) - set(out))[:4]}")
     return out
+
+
+async def average_round(averagers: dict[int, Averager], groups: dict[int, Collection[str]],
+                        me: str, version: int) -> None:
+    """One averaging round per section in ``averagers`` with the other peers of its group
+    (its holders; the client part's: every miner), at update ``version``."""
+    for s, averager in averagers.items():
+        neighbours = [p for p in groups[s] if p != me]
+        if neighbours:
+            result = await averager.average(neighbours, round=version)
+            if result.missed:
+                log.info("averaging section %s at %d left out %s", s, version, result.missed)

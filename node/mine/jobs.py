@@ -1,4 +1,4 @@
-"""Which job a miner runs, and who did a closed step's units: reads of the chain's state.
+"""What a miner reads of the chain: which job to run, its view of it, who did a step's units.
 
 The pure side of a job (its units, commitments and `Job` transaction) is
 `proof_of_learning.units`; this module only reads the chain for the miner.
@@ -6,17 +6,22 @@ The pure side of a job (its units, commitments and `Job` transaction) is
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from libp2p.peer.id import ID
 
 from compute.data import JobConfig
 from compute.errors import ComputeError
 from ledger.jobrules import job_queue
-from ledger.state import JOB, NODE, Overlay
-from ledger.types import Receipt, unit_id
-from node.errors import NothingToMine
-from proof_of_learning.units import config_of, matches
+from ledger.rules import candidates
+from ledger.state import JOB, NODE, PENDING, UNIT, Overlay
+from ledger.types import Job, unit_id
+from node.chain import CLOSED_STEP_BLOCKS, step_receipts
+from node.errors import MinerError, NothingToMine
+from node.wire import MAX_TRAIN_FRAME
+from proof_of_learning.units import config_of, job_units, matches
 
-__all__ = ["STEP_SEARCH_BACK", "job_to_mine", "step_workers"]
+__all__ = ["MinerView", "check_job", "job_to_mine", "miner_view", "step_workers", "unauditable"]
 
 
 def job_to_mine(state, wanted: JobConfig | None) -> tuple[bytes, JobConfig]:
@@ -50,13 +55,9 @@ def job_to_mine(state, wanted: JobConfig | None) -> tuple[bytes, JobConfig]:
                             f"{exc}") from None
 
 
-#: How many blocks back from the tip `step_workers` looks for a closed step's receipts.
-STEP_SEARCH_BACK = 256
-
-
 def step_workers(chain, job_id: bytes, step: int) -> dict[int, str]:
     """Unit index -> the peer id of the worker whose receipt the chain took, for a closed
-    ``step`` of ``job_id`` (the last `STEP_SEARCH_BACK` blocks; chain thread).
+    ``step`` of ``job_id`` (the last `CLOSED_STEP_BLOCKS` blocks; chain thread).
 
     Only that worker's pushes of the step are its update: a unit reassigned
     after a timeout was pushed by its former assignee too, and a cheat's late
@@ -66,14 +67,87 @@ def step_workers(chain, job_id: bytes, step: int) -> dict[int, str]:
     record = st.get(JOB + job_id)
     if record is None:
         return {}
-    index = {unit_id(job_id, step, t): i for i, t in enumerate(record.job.units)}
-    found: dict[int, str] = {}
-    for h in range(chain.height, max(0, chain.height - STEP_SEARCH_BACK), -1):
-        for tx in chain.block_at(h).txs:
-            if isinstance(tx, Receipt) and tx.unit_id in index:
-                node = st.get(NODE + tx.node_key)
-                if node is not None:
-                    found.setdefault(index[tx.unit_id], str(ID(node.peer_id)))
-        if len(found) == len(index):
-            break
-    return found
+    found = step_receipts(chain, job_id, record.job.units, [step], back=CLOSED_STEP_BLOCKS)
+    workers = {index: st.get(NODE + r.node_key) for (_, index), r in found.items()}
+    return {index: str(ID(n.peer_id)) for index, n in workers.items() if n is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class MinerView:
+    """What the chain says about a miner's job now (read in the chain thread)."""
+
+    tip: bytes
+    job_id: bytes | None
+    step: int
+    steps: int
+    mine: tuple[int, ...]  # unit indices of the open step assigned to this node, not done
+    holders: tuple[tuple[str, ...], ...]  # per section: peer ids of the nodes covering it
+    assignees: dict[int, str]  # unit index of the open step: the peer id it is assigned to
+    miners: tuple[str, ...]  # every registered node's peer id
+    span: tuple[int, int] | None  # this node's registered layers
+
+
+def miner_view(chain, job_id: bytes | None, me: bytes) -> MinerView:
+    """The chain's view of job ``job_id`` (`node.chain.job_named`) for the node key ``me``.
+
+    Holders are the nodes the longest-wait rule may pick: registered and bonded.
+    """
+    st = chain.state
+    bonded = [c.node_key for c in candidates(Overlay(st))]
+    nodes = [st.get(NODE + k) for k in bonded]
+    miners = tuple(sorted(str(ID(n.peer_id)) for n in nodes))
+    mine_rec = dict(zip(bonded, nodes)).get(me)
+    span = (mine_rec.layer_start, mine_rec.layer_end) if mine_rec else None
+    if job_id is None:
+        return MinerView(chain.tip_hash, None, 0, 0, (), (), {}, miners, span)
+    record = st.get(JOB + job_id)
+    units = record.job.units
+    holders = tuple(tuple(sorted(str(ID(n.peer_id)) for n in nodes
+                                 if n.layer_start <= t.layer_start and t.layer_end <= n.layer_end))
+                    for t in units[:len(units) // 2])
+    mine, assignees = [], {}
+    if record.step < record.job.steps:
+        for i, t in enumerate(units):
+            a = st.get(UNIT + unit_id(job_id, record.step, t))
+            if a is None:
+                continue
+            if a.node_key == me and not a.done:
+                mine.append(i)
+            node = st.get(NODE + a.node_key)
+            if node is not None:
+                assignees[i] = str(ID(node.peer_id))
+    return MinerView(chain.tip_hash, job_id, record.step, record.job.steps,
+                     tuple(mine), holders, assignees, miners, span)
+
+
+def unauditable(state, kept: dict[bytes, int], step: int) -> tuple[set[bytes], set[bytes]]:
+    """Of ``kept`` (receipt hash: step): those no audit can come for (no `Pending` left,
+    of a step before ``step``: past their window, judged or replaced), and those drawn
+    for an audit now (`Pending` with a verifier)."""
+    pending = {h: state.get(PENDING + h) for h in kept}
+    return ({h for h, t in kept.items() if t < step and pending[h] is None},
+            {h for h, p in pending.items() if p is not None and p.verifier != bytes(32)})
+
+
+def check_job(job: Job, built: tuple[bytes, bytes, bytes], sections, replicas: int) -> None:
+    """Check an on-chain job against the model a miner built from its config.
+
+    Args:
+        built: the built model's (model, data, hyper) hashes
+            (`proof_of_learning.units.commitments`).
+        sections: the built model's `compute.train.Sections`.
+
+    Raises:
+        MinerError: the job's hashes or units are not this config's, or a
+            section's state would not fit one state frame.
+    """
+    if (job.model_hash, job.data_hash, job.hyper_hash) != built:
+        raise MinerError("the job on chain does not commit to this config's initial "
+                         "weights and data")
+    if job.units != job_units(sections.partition, replicas):
+        raise MinerError("the job's units are not this config's partition")
+    for opt in (*sections.optimizers, sections.client):  # weights + 2 AdamW moments
+        size = 3 * 4 * opt.numel()
+        if size > MAX_TRAIN_FRAME - (1 << 20):
+            raise MinerError(f"a section's state ({size} bytes) does not fit one "
+                             f"{MAX_TRAIN_FRAME}-byte frame: use more sections (k)")

@@ -46,56 +46,38 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import trio
-from libp2p.peer.id import ID
 
 from compute.data import JobConfig, batch, job_corpus, make_model
 from compute.quant import WireTensorError
 from compute.train import make_sections
 from ledger.crypto import SigningKey
 from ledger.errors import ValidationError
-from ledger.rules import candidates
-from ledger.state import JOB, NODE, PENDING, UNIT, Overlay
+from ledger.state import JOB
 from ledger.types import ZERO_SIG, Receipt, sign, unit_id
 from node import torch_thread
-from node.chain import ChainService, TxGossip
+from node.chain import ChainService, TxGossip, job_named
 from node.errors import BadPush, MinerError
-from node.mine.averaging import Averager
-from proof_of_learning.units import commitments, job_units, matches
-from node.mine.jobs import step_workers
+from node.mine.averaging import Averager, average_round
+from node.mine.jobs import MinerView, check_job, miner_view, step_workers, unauditable
+from node.mine.parts import ServeState, StateAccepts, Tamper, UnitArchive
 from node.mine.state_sync import StateSync
+from node.mine.transfer import Transfer
+from node.wire import CLIENT, STATE_PROTOCOL, TRAIN_PROTOCOL
 from proof_of_learning.phases import Phase, PhaseResult
 from proof_of_learning.step_plan import StepPlan
-from node.mine.transfer import Transfer
-from node.wire import CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, TRAIN_PROTOCOL
+from proof_of_learning.units import commitments, hyper_hash
 
 log = logging.getLogger(__name__)
-
 
 __all__ = ["BadPush", "Miner", "MinerError"]
 
 #: Most seconds a miner waits, once its job is finished, for the updates it has not applied
 #: (a given-up job's never come).
 FINAL_UPDATE_WAIT_S = 120.0
-
-
-@dataclass(frozen=True, slots=True)
-class _View:
-    """What the chain says about the job now (read in a worker thread)."""
-
-    tip: bytes
-    job_id: bytes | None
-    step: int
-    steps: int
-    mine: tuple[int, ...]  # unit indices of the open step assigned to this node, not done
-    holders: tuple[tuple[str, ...], ...]  # per section: peer ids of the nodes covering it
-    assignees: dict[int, str]  # unit index of the open step: the peer id it is assigned to
-    miners: tuple[str, ...]  # every registered node's peer id
-    span: tuple[int, int] | None  # this node's registered layers
 
 
 class Miner:
@@ -112,13 +94,13 @@ class Miner:
         device: where the model, its optimizers and the step's tensors live
             ("cpu", or "cuda:N" for `pnode start --gpu N`); what goes on the
             wire and into hashes is moved to the CPU first.
-        archive: a `node.pol.archive.PolArchive` (None: keep nothing): each
-            unit's certificate and tensors, kept for its verifier, and this
-            node's own weight versions, kept to judge others'.
-        tamper: test-only (`node.pol.attacks`): a cheating worker's phase
-            runner, update rule, certificates and pushes.
+        archive: each unit's certificate and tensors, kept for its verifier,
+            and this node's own weight versions, kept to judge others'
+            (`node.mine.parts.UnitArchive`; None: keep nothing).
+        tamper: test-only (`node.mine.parts.Tamper`): a cheating worker's
+            phase runner, update rule, certificates and pushes.
         state_check: whether to take a holder's state when catching up
-            (`node.pol.catchup.StateCheck`; None: the first that fits).
+            (`node.mine.parts.StateAccepts`; None: the first that fits).
         job_id: the on-chain job to mine (None: the first whose spec is
             ``config``).
         serve_state: ``serve_state(job_id, handler)`` registers the job's
@@ -129,10 +111,12 @@ class Miner:
     def __init__(self, service: ChainService, txs: TxGossip, node_key: SigningKey,
                  config: JobConfig, *, log_file: Path | None = None, average_every: int = 10,
                  wait_s: float = 20.0, report: Callable[[str], None] = lambda line: None,
-                 device: str = "cpu", archive=None, tamper=None, state_check=None,
-                 job_id: bytes | None = None, serve_state=None):
+                 device: str = "cpu", archive: UnitArchive | None = None,
+                 tamper: Tamper | None = None, state_check: StateAccepts | None = None,
+                 job_id: bytes | None = None, serve_state: ServeState | None = None):
         self.service, self.txs, self.key, self.config = service, txs, node_key, config
         self.wanted, self.serve_state = job_id, serve_state
+        self.hyper = hyper_hash(config)
         self.host = service.host
         self.log_file, self.average_every, self.wait_s = log_file, average_every, wait_s
         self.report, self.device = report, torch.device(device)
@@ -151,7 +135,7 @@ class Miner:
         self._receipts: dict[tuple[int, int], Receipt] = {}
         # Phases run of units not yet signed, by (step, unit index): their results.
         self._phases: dict[tuple[int, int], dict[str, PhaseResult]] = {}
-        self._view: _View | None = None
+        self._view: MinerView | None = None
         # Set once this node could take a unit (set up for the job, or sure it has none).
         self.ready = trio.Event()
         self._said: str | None = None
@@ -183,7 +167,7 @@ class Miner:
         while True:
             view = self._view = await self.service.call(self._look)
             if self.archive is not None and view.job_id is not None:
-                done, audited = await self.service.call(self._unauditable,
+                done, audited = await self.service.call(unauditable, self.service.chain.state,
                                                         self.archive.receipts(), view.step)
                 self.archive.mark_audited(audited)
                 self.archive.forget(done, view.step)
@@ -217,7 +201,7 @@ class Miner:
                 await self._submit(self._receipts[(view.step, index)])
             await self.service.wait_tip_change(view.tip)
 
-    async def _ready(self, view: _View) -> bool:
+    async def _ready(self, view: MinerView) -> bool:
         """Set up for the job and catch up with the open step; False: nothing to do now."""
         if view.job_id is None:
             self._say("mining: no job on the chain matches this node's job config")
@@ -251,51 +235,9 @@ class Miner:
             self._said = line
             self.report(line)
 
-    # -- the chain's view ------------------------------------------------------------
-
-    def _look(self) -> _View:
+    def _look(self) -> MinerView:  # the chain's view (chain thread)
         chain = self.service.chain
-        st = chain.state
-        job_id = self.wanted or next(
-            (j for j in st.ids(JOB) if matches(st.get(JOB + j).job, self.config)), None)
-        if job_id is not None and st.get(JOB + job_id) is None:
-            job_id = None  # not on this chain (yet)
-        # Holders are the nodes the longest-wait rule may pick: registered and bonded.
-        bonded = [c.node_key for c in candidates(Overlay(st))]
-        nodes = [st.get(NODE + k) for k in bonded]
-        by_key = dict(zip(bonded, nodes))
-        miners = tuple(sorted(str(ID(n.peer_id)) for n in nodes))
-        mine_rec = by_key.get(self.key.public)
-        span = (mine_rec.layer_start, mine_rec.layer_end) if mine_rec else None
-        if job_id is None:
-            return _View(chain.tip_hash, None, 0, 0, (), (), {}, miners, span)
-        record = st.get(JOB + job_id)
-        units = record.job.units
-        holders = tuple(tuple(sorted(str(ID(n.peer_id)) for n in nodes
-                                     if n.layer_start <= t.layer_start and t.layer_end <= n.layer_end))
-                        for t in units[:len(units) // 2])
-        mine, assignees = [], {}
-        if record.step < record.job.steps:
-            for i, t in enumerate(units):
-                a = st.get(UNIT + unit_id(job_id, record.step, t))
-                if a is None:
-                    continue
-                if a.node_key == self.key.public and not a.done:
-                    mine.append(i)
-                node = st.get(NODE + a.node_key)
-                if node is not None:
-                    assignees[i] = str(ID(node.peer_id))
-        return _View(chain.tip_hash, job_id, record.step, record.job.steps,
-                     tuple(mine), holders, assignees, miners, span)
-
-    def _unauditable(self, kept: dict[bytes, int], step: int) -> tuple[set[bytes], set[bytes]]:
-        """Of ``kept`` (receipt hash: step): those no audit can come for (no `Pending` left,
-        of a step before ``step``: past their window, judged or replaced), and those drawn
-        for an audit now (`Pending` with a verifier)."""
-        st = self.service.chain.state
-        pending = {h: st.get(PENDING + h) for h in kept}
-        return ({h for h, t in kept.items() if t < step and pending[h] is None},
-                {h for h, p in pending.items() if p is not None and p.verifier != bytes(32)})
+        return miner_view(chain, job_named(chain.state, self.hyper, self.wanted), self.key.public)
 
     async def _keep_version(self) -> None:
         """Record this node's own weights at ``version`` (what it judges others' against)."""
@@ -315,7 +257,7 @@ class Miner:
         names += ["tok_emb.weight", "norm.weight", head]
         return {n: params[n] for n in dict.fromkeys(names)}
 
-    async def _setup(self, view: _View) -> None:
+    async def _setup(self, view: MinerView) -> None:
         """Build the job's model and check it against the chain's commitments.
 
         Raises:
@@ -323,16 +265,7 @@ class Miner:
         """
         job = await self.service.call(lambda: self.service.chain.state.get(JOB + view.job_id).job)
         built = await torch_thread.run_sync(self._build)
-        if (job.model_hash, job.data_hash, job.hyper_hash) != built["commitments"]:
-            raise MinerError("the job on chain does not commit to this config's initial "
-                             "weights and data")
-        if job.units != job_units(self.sections.partition, self.config.replicas):
-            raise MinerError("the job's units are not this config's partition")
-        for opt in (*self.sections.optimizers, self.sections.client):  # weights + 2 AdamW moments
-            size = 3 * 4 * opt.numel()
-            if size > MAX_TRAIN_FRAME - (1 << 20):
-                raise MinerError(f"a section's state ({size} bytes) does not fit one "
-                                 f"{MAX_TRAIN_FRAME}-byte frame: use more sections (k)")
+        check_job(job, built["commitments"], self.sections, self.config.replicas)
         self.job_id, self.units = view.job_id, job.units
         lo, hi = view.span
         self.held = [s for s, spec in enumerate(self.sections.forward)
@@ -389,7 +322,7 @@ class Miner:
 
     # -- units --------------------------------------------------------------------------
 
-    async def _run_phase(self, view: _View, phase: Phase) -> None:
+    async def _run_phase(self, view: MinerView, phase: Phase) -> None:
         """Run one phase of a unit once its inputs are here and push its outputs.
 
         After the unit's last phase, sign its receipt and submit it.
@@ -549,18 +482,12 @@ class Miner:
     async def _average(self) -> None:
         """One averaging round per held section (and the client part) with the other holders."""
         view = self._view
-        for s, averager in self._averagers.items():
-            group = view.miners if s == CLIENT else view.holders[s]
-            neighbours = [p for p in group if p != self.me]
-            if neighbours:
-                result = await averager.average(neighbours, round=self.version)
-                if result.missed:
-                    log.info("averaging section %s at %d left out %s", s, self.version,
-                             result.missed)
+        groups = {s: view.miners if s == CLIENT else view.holders[s] for s in self._averagers}
+        await average_round(self._averagers, groups, self.me, self.version)
 
     # -- catching up: the state of a holder ---------------------------------------------
 
-    async def _fetch_state(self, view: _View) -> bool:
+    async def _fetch_state(self, view: MinerView) -> bool:
         """Take every held part's weights and AdamW state from holders at the open step."""
         if not await self.state_sync.fetch(job_id=view.job_id, step=view.step,
                                            miners=view.miners, holders=view.holders):

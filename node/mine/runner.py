@@ -19,8 +19,9 @@ from pathlib import Path
 import trio
 
 from ledger.codec import decode, encode
-from node.errors import BadQuery, DataUnavailable, MinerError, NothingToMine
-from node.mine import Miner, job_to_mine
+from node.errors import DataUnavailable, MinerError, NothingToMine
+from node.mine.jobs import job_to_mine
+from node.mine.miner import Miner
 from node.wire import STATE_PROTOCOL, StateReply, StateRequest
 
 __all__ = ["JobRunner"]
@@ -134,64 +135,6 @@ class JobRunner:
         serve = self._states.get(decode(request, StateRequest).job_id)
         return await serve(peer, request) if serve else encode(StateReply(0, ()))
 
-    async def pol_export(self, args: dict) -> dict:
-        """The ``pol_export`` op: a window file of the kept units (`node.pol.export_op`)."""
-        from compute.jobfile import config_json
-        from node.pol import export_op
-
-        miner = self.miner
-        return await _pol_refusal(export_op(self.archive, config_json(miner.config) if miner
-                                            else "", miner.job_id if miner else None, args))
-
-    async def pol_audit(self, args: dict) -> dict:
-        """The ``pol_audit`` op: judge recent receipts, replay windows (`Verifier.audit`)."""
-        if self.verifier is None:
-            raise BadQuery("this node runs no verifier yet (it has no job to mine)")
-        return await _pol_refusal(self.verifier.audit(args))
-
-    async def export_job(self, args: dict) -> dict:
-        """The ``export_job`` op: write a job's whole model (`Miner.export_weights`) to ``out``.
-
-        Args (of the op): ``job`` (an id or hex prefix of a job this node
-        mined), ``out`` (an absolute path ending in .safetensors or .gguf,
-        `compute.export`).
-
-        Returns:
-            job (id), step (updates in the weights), out, format, bytes,
-            tensors, parameters and sha256 (of the file).
-
-        Raises:
-            BadQuery: no such job mined here, a path it cannot write, or a
-                format the job's model cannot take.
-            MinerError: the weights cannot be gathered (see `Miner.export_weights`).
-        """
-        from compute.errors import ModelFileError
-        from compute.export import FORMATS, save_export
-        from compute.hashing import file_sha256
-        from compute.jobfile import config_json
-
-        text, out = str(args.get("job") or "").lower(), args.get("out")
-        found = [j for j in self.miners if j.hex().startswith(text)] if text else []
-        if len(found) != 1:
-            raise BadQuery(f"this node mined no job with an id starting {text!r}" if not found
-                           else f"{len(found)} jobs mined here start with {text!r}")
-        if not isinstance(out, str) or not out.startswith("/") or \
-                not out.endswith(FORMATS):
-            raise BadQuery(f'"out" must be an absolute path ending in {" or ".join(FORMATS)}')
-        miner, path = self.miners[found[0]], Path(out)
-        version, weights = await miner.export_weights()
-        try:
-            await trio.to_thread.run_sync(save_export, path, weights, config_json(miner.config),
-                                          found[0].hex(), version)
-        except ModelFileError as exc:
-            raise BadQuery(str(exc)) from None
-        except OSError as exc:
-            raise BadQuery(f"cannot write {out}: {exc.strerror}") from None
-        return {"job": found[0].hex(), "step": version, "out": out, "format": path.suffix[1:],
-                "bytes": path.stat().st_size, "tensors": len(weights),
-                "parameters": sum(t.numel() for t in weights.values()),
-                "sha256": await trio.to_thread.run_sync(file_sha256, path)}
-
     def _choose(self):
         """(tip, (job id, config) or why there is nothing to mine) (chain thread)."""
         chain = self.service.chain
@@ -216,12 +159,3 @@ def _first_leaf(group: BaseException) -> BaseException:
         group = group.exceptions[0]
     return group
 
-
-async def _pol_refusal(call):
-    """``await call``, a `PolError` (a bad window, a bad request) turned into a refusal."""
-    from proof_of_learning.errors import PolError
-
-    try:
-        return await call
-    except PolError as exc:
-        raise BadQuery(str(exc)) from None

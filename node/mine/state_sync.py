@@ -24,11 +24,12 @@ from compute.quant import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError
 from node import torch_thread
-from proof_of_learning.phases import Tensors
+from node.mine.parts import StateAccepts
 from node.net import Host, RequestError
 from node.wire import (
     CLIENT, MAX_TRAIN_FRAME, STATE_PROTOCOL, NamedTensor, StateReply, StateRequest,
 )
+from proof_of_learning.phases import Tensors
 
 if TYPE_CHECKING:
     from compute.optim import SliceAdamW
@@ -64,7 +65,8 @@ class StateSync:
     def __init__(self, host: Host, *, job_id: bytes, held: Sequence[int],
                  optimizer: Callable[[int], SliceAdamW],
                  registered: Callable[[], Collection[str] | None],
-                 version: Callable[[], int], wait_s: float = 20.0, accepts=None):
+                 version: Callable[[], int], wait_s: float = 20.0,
+                 accepts: StateAccepts | None = None):
         self.host, self.me = host, str(host.peer_id)
         self.accepts = accepts
         self.job_id, self.held, self.optimizer = job_id, list(held), optimizer

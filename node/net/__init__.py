@@ -1,8 +1,11 @@
 """The transport: a libp2p host on trio with Noise, pnode's yamux, gossipsub and length framing.
 
-Sub-modules: `host` (`Host`, `open_host`: dial, listen, request/response,
-gossip), `identity` (`PeerIdentity`), `listen` (a taken port is an error),
-`framing` (length-prefixed frames on a stream), `yamux` (the muxer).
+Sub-modules: `host` (`Host`, `open_host`: dial, listen, request/response),
+`gossip` (the host's topics: join, subscribe, publish, validators), `bans`
+(misbehaviour points and bans), `peers` (`PeerKeeper`: joining a node's
+peers, syncing again now and then), `identity` (`PeerIdentity`), `listen`
+(a taken port is an error), `framing` (length-prefixed frames on a
+stream), `yamux` (the muxer).
 Nothing here knows the chain, the model or the node's other parts.
 """
 
@@ -14,9 +17,10 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "FrameTooLarge", "FramingError", "read_frame", "write_frame",
     ),
     "node.net.host": (
-        "DialError", "GossipError", "Host", "LocalFault", "RequestError", "ResponseTooLarge",
-        "open_host",
+        "DialError", "Host", "LocalFault", "RequestError", "ResponseTooLarge", "open_host",
     ),
+    "node.net.gossip": ("GossipError",),
     "node.net.identity": ("HostError", "PeerIdentity"),
+    "node.net.peers": ("PeerKeeper",),
     "node.net.listen": ("AddressInUse", "check_port_free"),
 })

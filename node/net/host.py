@@ -1,15 +1,17 @@
 """The node's libp2p host: identity, transport security, streams and gossip.
 
-Owns all use of py-libp2p 0.8.1 (DESIGN.md section 7; its traps are listed in
-specs/network.md) but the identity (`node.net.identity.PeerIdentity`, re-exported
-here): `open_host`, a `Host` with TCP, Noise the *only* security protocol,
-pnode's yamux (`node.net.yamux.conn`), pubsub + gossipsub started before any
-connection; one-frame request/response streams (`node.net.framing`) where an
-error closes only that stream and scores its peer (`Host.penalize`); gossip
-with a size limit checked at publish, the rate limit raised, and per-topic
-validators that run before gossipsub relays a message (`Host.set_validator`). A peer whose score
-reaches ``HostConfig.ban_threshold`` is disconnected and refused (inbound and
-outbound, streams and gossip) for ``ban_seconds``.
+Owns all use of py-libp2p 0.8.1 (ARCHITECTURE.md, the network; its traps are
+listed in specs/network.md) but the identity (`node.net.identity.PeerIdentity`,
+re-exported here): `open_host`, a `Host` with TCP, Noise the *only* security
+protocol, pnode's yamux (`node.net.yamux.conn`), pubsub + gossipsub started
+before any connection; one-frame request/response streams (`node.net.framing`)
+where an error closes only that stream and scores its peer (`Host.penalize`).
+Two parts of the host live in their own modules: gossip (`node.net.gossip`:
+a size limit checked at publish, the rate limit raised, per-topic validators
+that run before gossipsub relays a message) and misbehaviour
+(`node.net.bans`: a peer whose score reaches ``HostConfig.ban_threshold`` is
+disconnected and refused, inbound and outbound, streams and gossip, for
+``ban_seconds``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 import multiaddr
 import trio
 from libp2p import new_host
-from libp2p.abc import INetConn, INetStream, INetwork, INotifee
+from libp2p.abc import INetStream
 from libp2p.crypto.x25519 import create_new_key_pair as create_noise_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
@@ -39,6 +41,8 @@ from node.net.framing import (
     DEFAULT_MAX_FRAME_SIZE as MAX_FRAME, FrameStreamError, FrameTooLarge, FramingError, read_frame,
     write_frame,
 )
+from node.net.bans import BanGate, BanMixin
+from node.net.gossip import GossipError, GossipMixin
 from node.net.identity import HostError, PeerIdentity
 from node.net.listen import check_port_free, keep_addrs_while_closing
 
@@ -46,12 +50,9 @@ __all__ = ["DialError", "GossipError", "Host", "HostConfig", "HostError", "Local
            "PeerIdentity", "RequestError", "RequestTimeout", "ResponseTooLarge", "open_host"]
 
 log = logging.getLogger(__name__)
-_QUEUE_HIGH_WATER = 8  # of py-libp2p's 32-RPC per-peer outbound gossip queue
 
 StreamHandler = Callable[[INetStream, ID], Awaitable[None]]
 RequestHandler = Callable[[ID, bytes], Awaitable[bytes]]
-#: ``await validator(origin, data, forwarder) -> relay?`` of one gossip topic.
-GossipValidator = Callable[[ID, bytes, ID], Awaitable[bool]]
 
 
 class DialError(HostError):
@@ -68,10 +69,6 @@ class RequestTimeout(RequestError):
 
 class ResponseTooLarge(RequestError):
     """An answer longer than the requester allows (the answering peer is at fault)."""
-
-
-class GossipError(HostError):
-    """A publish refused: too large for gossipsub, or the host not running."""
 
 
 async def _no_auto_connect() -> None:
@@ -106,7 +103,7 @@ class HostConfig:
     ban_seconds: float = 600.0  # how long a banned peer stays disconnected and refused
 
 
-class Host:
+class Host(BanMixin, GossipMixin):
     """A running libp2p node; made by `open_host` (or `run` in a nursery)."""
 
     def __init__(self, identity: PeerIdentity, listen: str = "/ip4/127.0.0.1/tcp/0", *,
@@ -138,7 +135,7 @@ class Host:
         # Pubsub registers its notifee and stream handlers on the host here.
         self._pubsub = Pubsub(self._host, self._gossipsub,
                               validation_timeout=config.validation_timeout)
-        self._host.get_network().register_notifee(_BanGate(self))
+        self._host.get_network().register_notifee(BanGate(self))
         self.misbehaving: dict[ID, int] = {}  # points per peer, see `penalize`
         self._banned: dict[ID, float] = {}  # peer -> trio time its ban ends
         self._listeners: dict[str, set[trio.MemorySendChannel[tuple[ID, bytes]]]] = defaultdict(set)
@@ -244,52 +241,6 @@ class Host:
                 except MuxedStreamError as exc:
                     raise HostError(f"ping to {peer}: {exc}") from None
         raise HostError(f"no open connection to {peer} to ping")
-
-    # -- misbehaviour ---------------------------------------------------------------------
-
-    def penalize(self, peer: ID, points: int = 1, reason: str = "") -> None:
-        """Score ``points`` of misbehaviour against ``peer`` (`misbehaving`).
-
-        At ``config.ban_threshold`` points the peer is banned: disconnected,
-        its gossip dropped, its streams reset and its connections refused for
-        ``config.ban_seconds``. When the ban ends its score starts from 0.
-        """
-        score = self.misbehaving.get(peer, 0) + points
-        self.misbehaving[peer] = score
-        log.warning("peer %s misbehaved (%d points): %s", peer, score, reason or "no reason given")
-        if score >= self.config.ban_threshold and not self.is_banned(peer):
-            self._banned[peer] = trio.current_time() + self.config.ban_seconds
-            log.warning("peer %s banned for %s s", peer, self.config.ban_seconds)
-            self._pubsub.blacklisted_peers.add(peer)  # drops its messages and relays
-            self._drop_soon(peer)
-
-    def is_trusted(self, peer: ID) -> bool:
-        """Whether ``peer`` is on the allow-list (every peer is, without one)."""
-        return self.trusted is None or peer in self.trusted
-
-    def is_banned(self, peer: ID) -> bool:
-        """Whether ``peer`` is banned now (an ended ban is lifted here)."""
-        until = self._banned.get(peer)
-        if until is None:
-            return False
-        if trio.current_time() < until:
-            return True
-        del self._banned[peer]
-        self.misbehaving.pop(peer, None)
-        self._pubsub.remove_from_blacklist(peer)
-        return False
-
-    def _drop_soon(self, peer: ID) -> None:
-        """Close every connection to ``peer`` in the background."""
-        if self._nursery is not None:
-            self._nursery.start_soon(self._drop, peer)
-
-    async def _drop(self, peer: ID) -> None:
-        with trio.move_on_after(5.0):
-            try:
-                await self._host.get_network().close_peer(peer)
-            except Exception as exc:
-                log.debug("closing banned peer %s: %s", peer, exc)
 
     async def connect(self, addr: str) -> ID:
         """Connect to the peer at a full multiaddr (``.../p2p/<id>``).
@@ -469,137 +420,6 @@ class Host:
         await _quietly(stream.close)
         return response
 
-    async def join(self, topic: str) -> None:
-        """Subscribe this host to ``topic`` (idempotent)."""
-        if topic in self._joined:
-            await self._joined[topic].wait()
-            return
-        if self._nursery is None:
-            raise GossipError("the host is not running")
-        self._joined[topic] = joined = trio.Event()
-        if self.trusted is not None and topic not in self._validated:
-            self.set_validator(topic, _accept)  # its wrapper drops untrusted gossip
-        subscription = await self._pubsub.subscribe(topic)
-        self._nursery.start_soon(self._pump, topic, subscription)
-        joined.set()
-
-    def subscribe(self, topic: str) -> trio.MemoryReceiveChannel[tuple[ID, bytes]]:
-        """A new channel of ``topic``'s messages as ``(origin peer id, data)``.
-
-        Joins the topic (in the background) if need be. Messages this host
-        published are left out; a subscriber ``config.subscription_buffer``
-        messages behind loses the next ones. Close the channel when done.
-
-        Raises:
-            GossipError: the host is not running.
-        """
-        if self._nursery is None:
-            raise GossipError("the host is not running")
-        send, receive = trio.open_memory_channel[tuple[ID, bytes]](self.config.subscription_buffer)
-        self._listeners[topic].add(send)
-        if topic not in self._joined:
-            self._nursery.start_soon(self.join, topic)
-        return receive
-
-    async def publish(self, topic: str, data: bytes) -> None:
-        """Gossip ``data`` on ``topic`` (subscribed or not).
-
-        Waits (up to ``config.publish_backpressure`` s) while a peer's outbound
-        queue fills: py-libp2p's holds 32 RPCs and silently drops the rest.
-
-        Raises:
-            GossipError: ``data`` is over ``config.gossip_max_message`` bytes
-                (send it over a stream instead), or the host is not running.
-        """
-        if len(data) > self.config.gossip_max_message:
-            raise GossipError(f"{len(data)}-byte gossip message exceeds "
-                              f"{self.config.gossip_max_message} bytes: use a stream")
-        if self._nursery is None:
-            raise GossipError("the host is not running")
-        with trio.move_on_after(self.config.publish_backpressure):
-            while any(len(q) >= _QUEUE_HIGH_WATER for q in self._pubsub.peer_queues.values()):
-                await trio.sleep(0.001)
-        await self._pubsub.publish(topic, bytes(data))
-
-    def set_validator(self, topic: str, validator: GossipValidator | None) -> None:
-        """Check ``topic``'s messages before gossipsub delivers or relays them.
-
-        ``await validator(origin, data, forwarder)`` runs for every message
-        heard on the topic (``origin``: its signed author; ``forwarder``: the
-        neighbour it came from); only if it returns True is the message
-        relayed to the mesh and handed to `subscribe` channels. It is not run
-        for this host's own publishes (the publisher checked them). A message
-        from or through a banned peer, a validator that raises, or one slower
-        than ``config.validation_timeout`` counts as False. One validator per
-        topic; None removes it.
-        """
-        if validator is None:
-            self._validated.discard(topic)
-            self._pubsub.remove_topic_validator(topic)
-            return
-        self._validated.add(topic)
-        me = self.peer_id
-
-        async def check(forwarder: ID, msg) -> bool:
-            if forwarder == me:
-                return True
-            origin = ID(msg.from_id)
-            if self.is_banned(origin) or self.is_banned(forwarder):
-                return False
-            if not (self.is_trusted(origin) and self.is_trusted(forwarder)):
-                return False
-            try:
-                return bool(await validator(origin, bytes(msg.data), forwarder))
-            except Exception as exc:
-                log.warning("validator of %s failed on a message from %s: %s: %s",
-                            topic, origin, type(exc).__name__, exc)
-                return False
-
-        self._pubsub.set_topic_validator(topic, check, True)
-
-    def mesh_peers(self, topic: str) -> set[ID]:
-        """The peers in this host's gossipsub mesh for ``topic``."""
-        return set(self._gossipsub.mesh.get(topic, ()))
-
-    def topic_peers(self, topic: str) -> set[ID]:
-        """The connected peers known to be subscribed to ``topic``."""
-        return set(self._pubsub.peer_topics.get(topic, ()))
-
-    async def _pump(self, topic: str, subscription: AsyncIterator) -> None:
-        """Fan one pubsub subscription out to every `subscribe` channel of the topic."""
-        me = self.peer_id.to_bytes()
-        async for msg in subscription:
-            if msg.from_id == me:
-                continue
-            item = (ID(msg.from_id), msg.data)
-            for ch in list(self._listeners[topic]):
-                try:
-                    ch.send_nowait(item)
-                except trio.WouldBlock:
-                    log.warning("subscriber of %s is full: dropped a message", topic)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    self._listeners[topic].discard(ch)
-
-
-class _BanGate(INotifee):
-    """Closes every new connection of a banned peer (py-libp2p has no peer gate)."""
-
-    def __init__(self, host: Host):
-        self._owner = host
-
-    async def connected(self, network: INetwork, conn: INetConn) -> None:
-        peer = conn.muxed_conn.peer_id
-        if self._owner.is_banned(peer):
-            log.info("refused a connection of banned peer %s", peer)
-            self._owner._drop_soon(peer)
-
-    # The other events are of no interest here.
-    async def disconnected(self, network: INetwork, conn: INetConn) -> None: ...
-    async def opened_stream(self, network: INetwork, stream: INetStream) -> None: ...
-    async def closed_stream(self, network: INetwork, stream: INetStream) -> None: ...
-    async def listen(self, network: INetwork, multiaddr) -> None: ...
-    async def listen_close(self, network: INetwork, multiaddr) -> None: ...
-
 
 @asynccontextmanager
 async def open_host(identity: PeerIdentity, listen: str = "/ip4/127.0.0.1/tcp/0", *,
@@ -628,10 +448,6 @@ async def open_host(identity: PeerIdentity, listen: str = "/ip4/127.0.0.1/tcp/0"
             nursery.cancel_scope.deadline = trio.current_time() + 10.0  # a stuck close
     if failure is not None:
         raise failure
-
-
-async def _accept(origin: ID, data: bytes, forwarder: ID) -> bool:
-    return True
 
 
 async def _quietly(action: Callable[[], Awaitable[None]]) -> None:

@@ -26,12 +26,14 @@ from compute.data import JobConfig
 from ledger import audit
 from ledger.crypto import SigningKey
 from ledger.errors import ValidationError
-from ledger.rules import candidates
-from ledger.state import JOB, NODE, PENDING, Overlay
-from ledger.types import ZERO_SIG, Receipt, Verdict, sign, tx_hash, unit_id
+from ledger.state import JOB, NODE, PENDING
+from ledger.types import ZERO_SIG, Receipt, Verdict, sign, tx_hash
 from node import torch_thread
-from node.chain import ChainService, TxGossip
-from proof_of_learning.units import matches
+from node.chain import (
+    CLOSED_STEP_BLOCKS, ChainService, TxGossip, bonded_peers, job_named, receipt_at,
+    receipts_between, step_receipts, unit_receipt,
+)
+from proof_of_learning.units import hyper_hash
 from node.pol.archive import KEEP_STATES, PolArchive, state_key
 from node.pol.fetch import PolFetcher
 from proof_of_learning.joinaudit import ReplayReport, replay_window, windows_of
@@ -44,10 +46,6 @@ from proof_of_learning.errors import PolError
 log = logging.getLogger(__name__)
 
 __all__ = ["Verifier"]
-
-#: Blocks before a receipt's to search for its producers' and its forward's receipts.
-SEARCH_BACK = 64
-
 
 class Verifier:
     """Judges this node's sampled receipts of ``config``'s job (module docstring).
@@ -125,7 +123,7 @@ class Verifier:
 
     def _receipt_lookup(self, job_id: bytes, units, height: int):
         async def receipt_of(step: int, index: int) -> Receipt | None:
-            return await self.service.call(_receipt_of, self.service.chain, job_id, units,
+            return await self.service.call(unit_receipt, self.service.chain, job_id, units,
                                            step, index, height)
         return receipt_of
 
@@ -146,7 +144,7 @@ class Verifier:
             if pending.status not in (audit.SAMPLED, audit.RECHECKING) \
                     or pending.verifier != me or rh in self.judged:
                 continue
-            receipt = _receipt_in(chain, pending.height, rh)
+            receipt = receipt_at(chain, pending.height, rh)
             if receipt is not None and receipt.job_id == job_id:
                 accounts = accounts if accounts is not None else self._accounts()
                 cases.append(self._case(receipt, rh, pending.height, job_id, peers, accounts))
@@ -155,10 +153,7 @@ class Verifier:
     def _job_and_peers(self) -> tuple[bytes | None, list[str]]:
         """The job this node can judge, and every bonded node's peer id (chain thread)."""
         st = self.service.chain.state
-        job_id = self.wanted or next(
-            (j for j in st.ids(JOB) if matches(st.get(JOB + j).job, self.config)), None)
-        peers = [str(ID(st.get(NODE + c.node_key).peer_id)) for c in candidates(Overlay(st))]
-        return job_id, peers
+        return job_named(st, hyper_hash(self.config), self.wanted), bonded_peers(st)
 
     def _accounts(self) -> dict[bytes, bytes]:
         """Every registered node key's account (chain thread)."""
@@ -168,14 +163,16 @@ class Verifier:
     def _case(self, receipt: Receipt, rh: bytes, height: int, job_id: bytes,
               peers: list[str], accounts: dict[bytes, bytes]) -> Case:
         """A receipt's `Case`: its worker asked first, then every other bonded node."""
-        st = self.service.chain.state
-        node = st.get(NODE + receipt.node_key)
-        worker = str(ID(node.peer_id)) if node is not None else None
-        units = st.get(JOB + job_id).job.units
+        units = self.service.chain.state.get(JOB + job_id).job.units
         return Case(receipt_hash=rh, receipt=receipt, units=units, height=height,
-                    peers=tuple([worker] * (worker is not None) + [p for p in peers
-                                                                   if p != worker]),
+                    peers=self._worker_first(receipt, peers),
                     receipt_of=self._receipt_lookup(job_id, units, height), accounts=accounts)
+
+    def _worker_first(self, receipt: Receipt, peers: list[str]) -> tuple[str, ...]:
+        """Whom to ask for a receipt's tensors: its worker, then every other bonded node."""
+        node = self.service.chain.state.get(NODE + receipt.node_key)
+        worker = str(ID(node.peer_id)) if node is not None else None
+        return tuple([worker] * (worker is not None) + [p for p in peers if p != worker])
 
     def _recent_cases(self, blocks: int) -> list[Case]:
         """Every receipt of this node's job in the last ``blocks`` blocks (chain thread)."""
@@ -185,20 +182,21 @@ class Verifier:
             return []
         accounts = self._accounts()
         return [self._case(tx, tx_hash(tx), h, job_id, peers, accounts)
-                for h in range(max(1, chain.height - blocks + 1), chain.height + 1)
-                for tx in chain.block_at(h).txs
-                if isinstance(tx, Receipt) and tx.job_id == job_id]
+                for h, tx in receipts_between(chain, chain.height - blocks + 1)
+                if tx.job_id == job_id]
 
     async def receipts_of(self, job_id: bytes, step: int) -> list[tuple[Receipt, tuple[str, ...]]]:
         """The included receipts of ``step`` of ``job_id``, each with whom to ask (its worker
         first): what `node.pol.catchup.StateCheck` compares a holder's state with."""
         def scan() -> list[tuple[Receipt, tuple[str, ...]]]:
-            record = self.service.chain.state.get(JOB + job_id)
+            chain = self.service.chain
+            record = chain.state.get(JOB + job_id)
             if record is None:
                 return []
-            wanted = {unit_id(job_id, step, t) for t in record.job.units}
-            return [(c.receipt, c.peers) for c in self._recent_cases(SEARCH_BACK)
-                    if c.receipt.job_id == job_id and c.receipt.unit_id in wanted]
+            peers = bonded_peers(chain.state)
+            found = step_receipts(chain, job_id, record.job.units, [step],
+                                  back=CLOSED_STEP_BLOCKS)
+            return [(r, self._worker_first(r, peers)) for _, r in sorted(found.items())]
         return await self.service.call(scan)
 
     # -- the join-time audit (`pnode verify pol`) ---------------------------------------
@@ -287,11 +285,7 @@ class Verifier:
             return None, (), 0, {}, peers
         record = chain.state.get(JOB + job_id)
         units, closed = record.job.units, min(record.step, record.job.steps)
-        wanted = {unit_id(job_id, t, u): (t, i) for t in range(closed)
-                  for i, u in enumerate(units)}
-        receipts = {wanted[tx.unit_id]: tx for h in range(1, chain.height + 1)
-                    for tx in chain.block_at(h).txs
-                    if isinstance(tx, Receipt) and tx.unit_id in wanted}
+        receipts = step_receipts(chain, job_id, units, range(closed))  # the whole chain
         return job_id, units, closed, receipts, peers
 
     def _state_source(self, job_id: bytes, peers: list[str]):
@@ -307,26 +301,3 @@ class Verifier:
             return await self.fetcher.state([others[n - 1]], job_id, step, part) or {}
         return source
 
-
-def _receipt_in(chain, height: int, receipt_hash: bytes) -> Receipt | None:
-    """The receipt with that hash in the main-chain block at ``height``."""
-    if height > chain.height:
-        return None
-    for tx in chain.block_at(height).txs:
-        if isinstance(tx, Receipt) and tx_hash(tx) == receipt_hash:
-            return tx
-    return None
-
-
-def _receipt_of(chain, job_id: bytes, units, step: int, index: int,
-                height: int) -> Receipt | None:
-    """The accepted receipt of unit ``index`` at ``step``, searched in the main chain's
-    blocks from ``SEARCH_BACK`` before ``height`` to the tip (chain thread)."""
-    if index >= len(units):
-        return None
-    wanted = unit_id(job_id, step, units[index])
-    for h in range(max(1, height - SEARCH_BACK), chain.height + 1):
-        for tx in chain.block_at(h).txs:
-            if isinstance(tx, Receipt) and tx.unit_id == wanted:
-                return tx
-    return None

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import hashlib
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from ledger import merkle
 from ledger.chaindb import ChainDB
+from ledger.codec import encode
 from ledger.crypto import SigningKey
 from ledger.genesis import TEST_PARAMS, chain_params, new_genesis, node_registration
 from ledger.state import ACCOUNT, UNIT
 from ledger.store import MemoryStore
-from ledger.transition import producer_rank
+from ledger.transition import producer_rank, validate_block
 from ledger.types import (
-    BACKWARD, COIN, FORWARD, ZERO_SIG, Genesis, Job, Params, Receipt, Register, Transfer,
+    BACKWARD, COIN, FORWARD, ZERO_SIG, Block, Genesis, Job, Params, Receipt, Register, Transfer,
     UnitTemplate, sign,
 )
 
@@ -147,3 +149,19 @@ def receipts_due(db: ChainDB, net: Net) -> list[Receipt]:
             out.append(sign(Receipt(CHAIN, k.public, a.job_id, uid, bytes(32), bytes(32),
                                     bytes(32), bytes(32), ZERO_SIG), k))
     return out
+
+
+def check_block(db: ChainDB, block, now: int | None = None):
+    """`validate_block` of ``block`` on ``db``'s tip, at ``now`` (default: the block's time)."""
+    return validate_block(db.state, db.tip, block, now if now is not None else block.header.time_ms)
+
+
+def resign(block: Block, net, **fields) -> Block:
+    """The block with header fields changed and the header signed again."""
+    header = replace(block.header, **fields)
+    return replace(block, header=sign(header, net.node_key(header.producer)))
+
+
+def with_txs(block: Block, net, txs) -> Block:
+    root = merkle.merkle_root([encode(t) for t in txs])
+    return resign(replace(block, txs=tuple(txs)), net, txs_root=root)

@@ -11,7 +11,8 @@ from ledger.chaindb import EXTENDED, KNOWN, REORG, SIDE, ChainDB
 from ledger.codec import decode, encode
 from ledger.state import ACCOUNT, state_root
 from ledger.store import LevelDBStore, MemoryStore
-from ledger.types import COIN, Account, Receipt, tx_hash
+from ledger.types import COIN, Receipt, tx_hash
+from ledger.records import Account
 from tests.ledger.chainkit import (
     balance, copy_chain, grow, make_net, new_db, next_block, receipts_due,
 )

@@ -11,7 +11,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ledger.state import ACCOUNT, KEY_SUPPLY, MemoryState, check_supply, state_root
-from ledger.types import COIN, Account
+from ledger.types import COIN
+from ledger.records import Account
 from tests.ledger.chainkit import make_net, new_db, next_block, receipts_due
 
 ops = st.lists(
