@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     add = parser.add_argument
     add("--tokens", type=int, default=DEFAULT_TOKENS, help="tokens T of the (1, T, C) tensor")
     add("--dim", type=int, default=DEFAULT_DIM, help="hidden size C")
-    add("--threads", type=int, default=1, help="torch threads (DESIGN.md: a fixed count)")
+    add("--threads", type=int, default=1, help="torch threads (a fixed count, ARCHITECTURE.md)")
     add("--json", action="store_true", help="print a JSON object instead of a table")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -1,4 +1,4 @@
-"""Block executors: forward, backward and attention-head blocks (DESIGN.md section 5).
+"""Block executors: forward, backward and attention-head blocks (ARCHITECTURE.md, compute).
 
 Owns how one compute block of a training step (a `BlockSpec` of
 compute/partition.py) runs: pure functions of (weights, inputs) that keep no

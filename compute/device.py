@@ -7,7 +7,7 @@ Owns three things:
   and not there is an error (`DeviceUnavailableError`) that names what
   torch does see, never a silent fall back to the CPU: a node that was told
   to mine on GPU 1 must not quietly mine on its CPU at a fraction of the speed.
-- `deterministic`: the numeric settings of DESIGN.md section 5 (float32,
+- `deterministic`: the numeric settings of ARCHITECTURE.md, compute (float32,
   fixed thread count, TF32 off), so a verifier's re-execution of a block
   lands within the tolerances the specs state.
 - `pinned_threads`: a block run at a job's intra-op thread count, so every

@@ -21,8 +21,8 @@ Head pieces add up to the attention output (the W^O aggregation), slice
 pieces to the MLP output; MLP pieces need the whole attention sum first, so
 a layer's pieces run side by side within each half, and the halves in order.
 
-Embedding, final norm and LM head stay with the client (DESIGN.md section 7,
-as in Petals): `client_params` counts them (a tied head once); no section
+Embedding, final norm and LM head stay with the client (ARCHITECTURE.md,
+compute; as in Petals): `client_params` counts them (a tied head once); no section
 holds them, and the mean section is the layer parameters over k.
 
 Sections. Each section is either a run of whole layers or a run of slots of

@@ -1,6 +1,6 @@
 """Wire tensors: how hidden states and gradients travel between nodes.
 
-Owns the codecs a request may choose (DESIGN.md section 5) and the
+Owns the codecs a request may choose (ARCHITECTURE.md, compute) and the
 self-describing byte format that carries them, so a receiver decodes with
 no side information:
 

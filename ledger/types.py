@@ -31,7 +31,7 @@ def format_coins(units: int) -> str:
     return f"{whole}.{frac:06d}".rstrip("0").rstrip(".")
 PeerId = Annotated[bytes, MaxLen(64)]
 
-# Compute-block kinds (DESIGN.md section 4).
+# Compute-block kinds (ARCHITECTURE.md, compute).
 FORWARD, BACKWARD, ATTENTION_HEADS = 0, 1, 2
 UNIT_KINDS = (FORWARD, BACKWARD, ATTENTION_HEADS)
 

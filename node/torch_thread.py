@@ -20,8 +20,8 @@ hands each call to whichever thread its cache holds, which left servers
 with a second team for seconds at a time (a 10-layer forward 1.46x slower;
 specs/network.md section 9.3a, measured in BENCHMARKS.md). So forwards,
 loading, training units, averaging and a client's head all run here, off
-the event loop as DESIGN.md section 2 asks. A job is a plain function that
-never waits on another job, so the queue cannot deadlock.
+the event loop (ARCHITECTURE.md, threads and task groups). A job is a plain
+function that never waits on another job, so the queue cannot deadlock.
 """
 
 from __future__ import annotations

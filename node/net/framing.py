@@ -1,9 +1,9 @@
 """Length-framed messages over a byte stream (a libp2p stream, usually).
 
 This module owns the wire framing of every request/response protocol of the
-node (``/pnode/<name>/1.0.0``, DESIGN.md section 7): one frame is a 4-byte
-big-endian unsigned length followed by that many payload bytes. Tensors and
-other large payloads travel this way, never over gossipsub.
+node (``/pnode/<name>/1.0.0``; ARCHITECTURE.md, the network): one frame is a
+4-byte big-endian unsigned length followed by that many payload bytes.
+Tensors and other large payloads travel this way, never over gossipsub.
 
 Reading is defensive, since the other end is untrusted:
 
