@@ -54,8 +54,8 @@ import trio
 from libp2p.peer.id import ID
 
 from compute.data import JobConfig, batch, job_corpus, make_model
-from compute.quant import WireTensorError
 from compute.train import make_sections
+from compute.wiretensor import WireTensorError
 from ledger.crypto import SigningKey
 from ledger.errors import ValidationError
 from ledger.rules import candidates

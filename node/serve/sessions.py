@@ -51,7 +51,7 @@ from libp2p.peer.id import ID
 from compute.codecs import CODECS
 from compute.kvcache import KVCache
 from compute.model import Transformer
-from compute.quant import WireTensorError, decode_tensor, encode_tensor
+from compute.wiretensor import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node import torch_thread
 from node.net import FrameEOF, FrameReader, FrameTimeout, Host, write_frame

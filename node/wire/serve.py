@@ -190,7 +190,7 @@ class Busy:
 class Step:
     """Hidden states entering the session's first layer at positions ``pos ..``.
 
-    hidden: a wire tensor (compute/quant.py) of shape (1, T, dim).
+    hidden: a wire tensor (compute/wiretensor.py) of shape (1, T, dim).
     chunks: how the server must split the T positions into consecutive
         forward calls (a replay repeats the original prefill and decode
         steps, so the rebuilt KV cache is bit-identical); () means one call.

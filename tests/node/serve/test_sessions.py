@@ -13,7 +13,7 @@ import torch
 import trio
 
 from compute.kvcache import KVCache
-from compute.quant import decode_tensor, encode_tensor
+from compute.wiretensor import decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node.net.framing import FrameEOF, FramingError, read_frame, write_frame
 from node.serve.sessions import InferenceServer, SessionConfig

@@ -1,4 +1,4 @@
-"""compute.quant: codec error bounds, sizes, the wire header, and refusal of bad input."""
+"""compute.wiretensor: codec error bounds, sizes, the wire header, and refusal of bad input."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compute.errors import ComputeError
-from compute.quant import (
+from compute.wiretensor import (
     BLOCK,
     CODECS,
     MAX_ELEMENTS,
