@@ -35,8 +35,8 @@ class PlacementError(NodeError, ValueError):
     """An input span placement cannot use: a layer count, span length or gain out of range."""
 
 
-class BadQuery(NodeError):
-    """A chain view's argument it cannot use (answered as a refusal over the control socket)."""
+class BadRequest(NodeError):
+    """Arguments a control op or a chain view cannot use (the control socket answers its text)."""
 
 
 class MinerError(NodeError):
