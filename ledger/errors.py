@@ -80,6 +80,14 @@ class BadNonce(ValidationError):
     """A replayed or out-of-order account nonce."""
 
 
+class NonceReplayed(BadNonce):
+    """A nonce below the account's next: a transaction with that nonce was applied already."""
+
+
+class NonceAhead(BadNonce):
+    """A nonce above the account's next: its predecessors have not been applied yet."""
+
+
 class InsufficientFunds(ValidationError):
     """A spend (or bond) larger than the balance (covers double spends)."""
 

@@ -27,12 +27,24 @@ from ledger.errors import DecodeError
 from ledger.tab import OpenTab, Voucher, voucher_ok
 from ledger.types import signature_ok, tx_hash
 from node.errors import NodeError
+from node.wire import TAB_REFUSED
 
-__all__ = ["Bill", "PaymentError", "check_tab", "cost"]
+__all__ = ["Bill", "PaymentError", "TabRefused", "check_tab", "cost"]
 
 
 class PaymentError(NodeError):
     """A paid session the server will not go on with; the message is the client's reason."""
+
+
+class TabRefused(PaymentError):
+    """The node's chain refuses a session's tab (funds, nonce, lanes, expiry).
+
+    Its text starts with `node.wire.TAB_REFUSED`: the wire carries only the
+    text, and a client reads that prefix as "no server's chain would take it".
+    """
+
+    def __init__(self, why: str):
+        super().__init__(f"{TAB_REFUSED}: {why}")
 
 
 def cost(positions: int, layers: int, bid: int) -> int:

@@ -40,10 +40,10 @@ import trio
 
 from ledger.codec import U32, MaxLen, decode, encode, wire
 from ledger.crypto import SigningKey
-from ledger.errors import BadNonce, DecodeError, ValidationError
+from ledger.errors import BadNonce, DecodeError, NonceAhead, ValidationError
 from ledger.tab import Claim, OpenTab, Voucher
 from ledger.types import ZERO_SIG, sign, tx_hash
-from node.serve.billing import Bill, PaymentError, check_tab
+from node.serve.billing import Bill, PaymentError, TabRefused, check_tab
 from node.wire import OpenSession
 
 log = logging.getLogger(__name__)
@@ -130,8 +130,9 @@ class Cashier:
         """The bill of a session on ``tab``'s ``lane``, once the node's mempool admitted the tab.
 
         Raises:
-            PaymentError: the chain refuses the tab, its lane was settled or
-                its tab dropped, or the bid differs from the lane's earlier one.
+            PaymentError: the chain refuses the tab (`TabRefused`), its lane
+                was settled or its tab dropped, or the bid differs from the
+                lane's earlier one.
         """
         known = self.lanes.get(_tab_id(tab))
         if known is None:
@@ -267,7 +268,14 @@ class Cashier:
         return lane.claim_id
 
     async def _admit(self, tab: OpenTab) -> int:
-        """Admit the tab to the node's mempool; the height then. Raises PaymentError."""
+        """Admit the tab to the node's mempool; the height then.
+
+        A tab whose nonce is ahead (`NonceAhead`) is tried again for
+        ``gap_wait_s``: a client's failover tab may arrive before its first.
+
+        Raises:
+            TabRefused: the chain refuses it (a `PaymentError`).
+        """
         give_up = trio.current_time() + self.gap_wait_s
         while True:
             try:
@@ -277,15 +285,14 @@ class Cashier:
                 height, record, _ = await self.ledger.lookup(_tab_id(tab), [])
                 if record is not None:  # in a block already (another lane's server admitted it)
                     return height
-                if "out of order" in str(exc) and trio.current_time() < give_up:
+                if isinstance(exc, NonceAhead) and trio.current_time() < give_up:
                     await trio.sleep(0.1)  # its predecessors may still be on their way
                     continue
                 self.stats.refused += 1
-                raise PaymentError(f"the chain refuses the tab: {exc}") from None
+                raise TabRefused(str(exc)) from None
             except ValidationError as exc:
                 self.stats.refused += 1
-                raise PaymentError(f"the chain refuses the tab: {type(exc).__name__}: "
-                                   f"{exc}") from None
+                raise TabRefused(f"{type(exc).__name__}: {exc}") from None
         height, _, _ = await self.ledger.lookup(_tab_id(tab), [])
         return height
 

@@ -43,7 +43,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "Linked", "ModelId", "OpenSession", "PushOpen", "SessionAccepted", "SessionError", "Step",
         "StepResult", "SwarmRequest", "SwarmResponse", "Text", "sign_announce", "Settle",
         "Settled",
-        "S_STEP", "SignedAnswer", "SpotEvidence", "StepClaim", "session_id", "step_claim",
+        "S_STEP", "SignedAnswer", "SpotEvidence", "StepClaim", "TAB_REFUSED", "session_id",
+        "step_claim",
     ),
     "node.wire.pol": (
         "CERT", "EVIDENCE", "MAX_POL_FRAME", "MAX_POL_REQUEST", "MAX_WINDOW_ITEMS", "NAMED",

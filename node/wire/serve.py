@@ -226,9 +226,18 @@ class StepResult:
 @wire(65)
 @dataclass(frozen=True, slots=True)
 class SessionError:
-    """The server refused a request of the session and closes the stream."""
+    """The server refused a request of the session and closes the stream.
+
+    reason: free text for a person, but for one prefix a client acts on:
+        `TAB_REFUSED` (the session's tab is one no chain will take).
+    """
 
     reason: Text
+
+
+#: How a `SessionError` reason starts when the server's chain refuses the session's tab
+#: (funds, nonce, lanes, expiry): every server's chain would, so a client stops.
+TAB_REFUSED = "the chain refuses the tab"
 
 
 @wire(72)
