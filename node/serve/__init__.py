@@ -21,7 +21,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "ClientAtLimit", "InferenceError", "ServerFull", "SessionBusy", "SessionConfig",
         "SessionRefused",
     ),
-    "node.serve.billing": ("Bill", "PaymentError", "TabRefused", "check_tab", "cost"),
+    "node.serve.billing": ("Bill", "PaymentError", "TabRefused", "check_tab"),
     "node.serve.cashier": ("Cashier",),
     "node.serve.sessions": ("InferenceServer",),
     "node.serve.throughput": ("measure_throughput",),

@@ -51,7 +51,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "POL_KINDS", "POL_PROTOCOL", "STATE", "TENSOR", "NamedSet", "PolReply", "PolRequest",
         "PolWindow",
     ),
-    "node.wire.span": ("ServerInfo", "SpanError"),
+    "node.wire.span": ("ServerInfo", "SpanError", "charge"),
     "node.wire.wallet": (
         "MAX_REGISTRY", "MAX_TX_BYTES", "MAX_WALLET_REQUEST", "WALLET_PROTOCOL", "AccountInfo",
         "AccountQuery", "RegisteredEntry", "RegistryInfo", "RegistryQuery", "SubmitTx",
