@@ -22,7 +22,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "SessionRefused",
     ),
     "node.serve.billing": ("Bill", "PaymentError", "TabRefused", "check_tab"),
-    "node.serve.cashier": ("Cashier",),
+    "node.serve.cashier": ("Cashier", "TabLedger"),
     "node.serve.sessions": ("InferenceServer",),
     "node.serve.throughput": ("measure_throughput",),
     "node.serve.waiting": ("WaitingRoom",),

@@ -21,10 +21,10 @@ The latest voucher of each lane is kept in ``folder`` (one file per tab,
 written atomically at most every ``poll_s`` and when the lane ends), so a
 restarted server still claims what it was owed.
 
-The chain is reached through ``ledger``, an object with ``chain_id``,
+The chain is reached through ``ledger``, a `TabLedger`: ``chain_id``,
 ``await admit(tx) -> txid`` (the node's `TxGossip.submit`) and ``await
-lookup(tab_id, txids) -> (height, TabRecord | None, queued txids)``
-(`node.chain.tabs.ChainTabs`): node.serve does not import node.chain.
+lookup(tab_id, txids) -> (height, TabRecord | None, queued txids)``; the
+node's is `node.chain.tabs.ChainTabs` (node.serve does not import node.chain).
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Protocol, runtime_checkable
 
 import trio
 
 from ledger.codec import U32, MaxLen, decode, encode, wire
 from ledger.crypto import SigningKey
 from ledger.errors import BadNonce, DecodeError, NonceAhead, ValidationError
-from ledger.tab import Claim, OpenTab, Voucher
+from ledger.tab import Claim, OpenTab, TabRecord, Voucher
 from ledger.types import ZERO_SIG, sign, tx_hash
 from node.serve.billing import Bill, PaymentError, TabRefused, check_tab
 from node.wire import OpenSession
@@ -50,6 +50,29 @@ log = logging.getLogger(__name__)
 
 #: Blocks a tab may take to reach a block after a server admitted it (D, specs 9.6).
 INCLUDE_WITHIN = 8
+
+
+@runtime_checkable
+class TabLedger(Protocol):
+    """The chain as a `Cashier` uses it: all it asks of the node's chain."""
+
+    @property
+    def chain_id(self) -> str:
+        """The chain the node follows (a tab must be for it)."""
+        ...
+
+    async def admit(self, tx: OpenTab | Claim) -> bytes:
+        """Admit ``tx`` to the node's mempool and gossip it; its id.
+
+        Raises:
+            ValidationError: the chain refuses it (a `NonceAhead` may pass later).
+        """
+        ...
+
+    async def lookup(self, tab_id: bytes, txids: list[bytes]
+                     ) -> tuple[int, TabRecord | None, frozenset[bytes]]:
+        """(the height, the tab's record or None, which of ``txids`` are in the mempool)."""
+        ...
 
 
 @wire(84)
@@ -90,7 +113,7 @@ class Cashier:
     """Admits a serving node's tabs, keeps its vouchers and claims them.
 
     Args:
-        ledger: the node's chain (see the module docstring).
+        ledger: the node's chain.
         node_key: the node key its lanes pay and its claims are signed with.
         ask: its price, base units per position per layer.
         folder: where the latest vouchers are kept (None: memory only).
@@ -99,9 +122,10 @@ class Cashier:
         poll_s: seconds between looks at the chain.
     """
 
-    def __init__(self, ledger: Any, node_key: SigningKey, ask: int, folder: Path | None = None,
-                 *, include_within: int = INCLUDE_WITHIN, gap_wait_s: float = 5.0,
-                 poll_s: float = 0.5, report: Callable[[str], None] = lambda line: None):
+    def __init__(self, ledger: TabLedger, node_key: SigningKey, ask: int,
+                 folder: Path | None = None, *, include_within: int = INCLUDE_WITHIN,
+                 gap_wait_s: float = 5.0, poll_s: float = 0.5,
+                 report: Callable[[str], None] = lambda line: None):
         self.ledger, self.node_key, self.ask, self.folder = ledger, node_key, ask, folder
         self.include_within, self.gap_wait_s, self.poll_s = include_within, gap_wait_s, poll_s
         self.report = report

@@ -60,6 +60,7 @@ from node.serve.admission import (  # noqa: F401 (SessionConfig: re-exported)
     address_key, refusal, remote_ip,
 )
 from node.serve.billing import Bill, PaymentError
+from node.serve.cashier import Cashier
 from node.serve.push import PushRouting
 from node.serve.throughput import measure_throughput
 from node.serve.waiting import WaitingRoom
@@ -133,8 +134,8 @@ class InferenceServer(PushRouting):
         #: first): a paid session's bid, a free one's 0.
         self.priority: Callable[[ID, OpenSession], int] = lambda peer, request: (
             request.bid if request.tab else 0)
-        #: Payments (`node.serve.cashier.Cashier`); None: free sessions only, no tabs.
-        self.cashier = None
+        #: Payments; None: free sessions only, no tabs.
+        self.cashier: Cashier | None = None
         self.scheduler = FairScheduler()
         self.room = WaitingRoom(config.max_waiting or config.max_sessions)
         self._ids = itertools.count(1)

@@ -8,6 +8,8 @@ a client reads off the wire.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import trio
 import trio.testing
@@ -16,13 +18,14 @@ from ledger.errors import InsufficientFunds, NonceAhead, NonceReplayed
 from ledger.tab import OpenTab
 from ledger.types import tx_hash
 from node.serve.billing import PaymentError, TabRefused
-from node.serve.cashier import Cashier
+from node.chain.tabs import ChainTabs
+from node.serve.cashier import Cashier, TabLedger
 from node.wire import TAB_REFUSED
 from tests.node.serve.test_billing import BID, CHAIN, SERVER, tab
 
 
 class FakeChain:
-    """The cashier's chain: it refuses the first admissions with ``errors``, then admits."""
+    """A `TabLedger` that refuses the first admissions with ``errors``, then admits."""
 
     chain_id = CHAIN
 
@@ -42,6 +45,13 @@ class FakeChain:
 def open_lane(cashier: Cashier, t: OpenTab):
     """``cashier.open`` of ``t``'s server lane, on a clock that jumps over the waits."""
     return trio.run(cashier.open, t, 1, BID, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_the_nodes_chain_and_the_fake_are_tab_ledgers():
+    service = SimpleNamespace(chain=SimpleNamespace(chain_id=CHAIN))
+    assert isinstance(ChainTabs(service, None), TabLedger)
+    assert isinstance(FakeChain([]), TabLedger)
+    assert not isinstance(SimpleNamespace(chain_id=CHAIN), TabLedger)  # no admit, no lookup
 
 
 def test_a_tab_ahead_of_its_predecessors_waits_for_them():
