@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ledger.errors import BadAmount, NonceAhead, NonceReplayed
+from ledger.errors import BadAmount, BadNonce
 from ledger.state import KEY_SUPPLY, Overlay
 
 __all__ = ["U64_MAX", "check_credits", "check_nonce", "credit", "mint"]
@@ -20,14 +20,13 @@ def check_nonce(st: Overlay, account_id: bytes, nonce: int) -> None:
     """Raise unless ``nonce`` is the account's next.
 
     Raises:
-        NonceReplayed: lower (a `BadNonce`).
-        NonceAhead: higher, "out of order" (a `BadNonce`).
+        BadNonce: replayed (lower) or out of order (higher: ``ahead``).
     """
     expected = st.account(account_id).nonce
-    if nonce < expected:
-        raise NonceReplayed(f"nonce {nonce} is replayed: account expects {expected}")
-    if nonce > expected:
-        raise NonceAhead(f"nonce {nonce} is out of order: account expects {expected}")
+    if nonce != expected:
+        what = "replayed" if nonce < expected else "out of order"
+        raise BadNonce(f"nonce {nonce} is {what}: account expects {expected}",
+                       ahead=nonce > expected)
 
 
 def check_credits(st: Overlay, credits: dict[bytes, int]) -> None:

@@ -40,7 +40,7 @@ import trio
 
 from ledger.codec import U32, MaxLen, decode, encode, wire
 from ledger.crypto import SigningKey
-from ledger.errors import BadNonce, DecodeError, NonceAhead, ValidationError
+from ledger.errors import BadNonce, DecodeError, ValidationError
 from ledger.tab import Claim, OpenTab, TabRecord, Voucher
 from ledger.types import ZERO_SIG, sign, tx_hash
 from node.serve.billing import Bill, PaymentError, TabRefused, check_tab
@@ -65,7 +65,8 @@ class TabLedger(Protocol):
         """Admit ``tx`` to the node's mempool and gossip it; its id.
 
         Raises:
-            ValidationError: the chain refuses it (a `NonceAhead` may pass later).
+            ValidationError: the chain refuses it (a `BadNonce` that is
+                ``ahead`` may pass later).
         """
         ...
 
@@ -294,7 +295,7 @@ class Cashier:
     async def _admit(self, tab: OpenTab) -> int:
         """Admit the tab to the node's mempool; the height then.
 
-        A tab whose nonce is ahead (`NonceAhead`) is tried again for
+        A tab whose nonce is ahead (`BadNonce.ahead`) is tried again for
         ``gap_wait_s``: a client's failover tab may arrive before its first.
 
         Raises:
@@ -309,7 +310,7 @@ class Cashier:
                 height, record, _ = await self.ledger.lookup(_tab_id(tab), [])
                 if record is not None:  # in a block already (another lane's server admitted it)
                     return height
-                if isinstance(exc, NonceAhead) and trio.current_time() < give_up:
+                if exc.ahead and trio.current_time() < give_up:
                     await trio.sleep(0.1)  # its predecessors may still be on their way
                     continue
                 self.stats.refused += 1

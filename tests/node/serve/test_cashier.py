@@ -1,6 +1,6 @@
 """node.serve.cashier: admitting a session's tab through the node's chain (a fake chain here).
 
-A tab whose nonce is ahead (`NonceAhead`) is tried again while its
+A tab whose nonce is ahead (`BadNonce.ahead`) is tried again while its
 predecessors may still arrive by gossip; every other refusal is a
 `TabRefused` at once, whose text starts with `node.wire.TAB_REFUSED`: what
 a client reads off the wire.
@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from ledger.errors import InsufficientFunds, NonceAhead, NonceReplayed
+from ledger.errors import BadNonce, InsufficientFunds
 from ledger.tab import OpenTab
 from ledger.types import tx_hash
 from node.serve.billing import PaymentError, TabRefused
@@ -55,7 +55,7 @@ def test_the_nodes_chain_and_the_fake_are_tab_ledgers():
 
 
 def test_a_tab_ahead_of_its_predecessors_waits_for_them():
-    ahead = NonceAhead("nonce 1 is out of order: account expects 0")
+    ahead = BadNonce("nonce 1 is out of order: account expects 0", ahead=True)
     chain = FakeChain([ahead, ahead])
     cashier = Cashier(chain, SERVER, BID, gap_wait_s=5.0)
     bill = open_lane(cashier, tab())
@@ -64,7 +64,7 @@ def test_a_tab_ahead_of_its_predecessors_waits_for_them():
 
 
 @pytest.mark.parametrize("error, reason", [
-    (NonceReplayed("nonce 0 is replayed: account expects 1"),
+    (BadNonce("nonce 0 is replayed: account expects 1"),
      f"{TAB_REFUSED}: nonce 0 is replayed: account expects 1"),
     (InsufficientFunds("balance 3 < 99"), f"{TAB_REFUSED}: InsufficientFunds: balance 3 < 99"),
 ])
@@ -78,7 +78,7 @@ def test_any_other_refusal_is_a_tab_refused_at_once(error, reason):
 
 
 def test_a_tab_still_ahead_when_the_wait_ends_is_refused():
-    chain = FakeChain([NonceAhead("nonce 2 is out of order: account expects 0")] * 1000)
+    chain = FakeChain([BadNonce("nonce 2 is out of order: account expects 0", ahead=True)] * 1000)
     cashier = Cashier(chain, SERVER, BID, gap_wait_s=1.0)
     with pytest.raises(TabRefused, match="out of order"):
         open_lane(cashier, tab())
