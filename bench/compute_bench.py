@@ -18,7 +18,7 @@ Measures, in one process, against baselines measured in the same run:
   3. the ceiling: llama.cpp (llama-cpp-python, the optional ``bench`` extra)
      decoding the same GGUF file in its own quantization on the same thread
      count; "not installed" when the package is absent;
-  4. the wire (compute.quant): bytes per token of a hidden state (dim 576)
+  4. the wire (compute.wiretensor): bytes per token of a hidden state (dim 576)
      per codec against float32, and the error a codec adds when SmolLM2 runs
      split in three sections (cuts after layers 10 and 20) and the hidden
      state crosses each cut through encode_tensor/decode_tensor: max and mean
@@ -61,7 +61,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))  # run as a script without an install
 
-from compute import quant  # noqa: E402
+from compute import wiretensor  # noqa: E402
 from compute.generate import generate  # noqa: E402
 from compute.gguf import field, find_gguf, load_gguf, open_gguf  # noqa: E402
 from compute.kvcache import KVCache  # noqa: E402
@@ -417,8 +417,8 @@ def _wire(h: torch.Tensor, codec: str | None) -> tuple[torch.Tensor, int]:
     """h after crossing the wire with codec (None: not at all), and the bytes sent."""
     if codec is None:
         return h, 0
-    data = quant.encode_tensor(h, codec)
-    return quant.decode_tensor(data), len(data)
+    data = wiretensor.encode_tensor(h, codec)
+    return wiretensor.decode_tensor(data), len(data)
 
 
 class SplitRun:
@@ -474,13 +474,13 @@ def _matching_prefix(a: list[int], b: list[int]) -> int:
 def bench_wire(ours: Transformer, tok: Tokenizer) -> dict[str, Any]:
     """Bytes per token and the error each codec adds at the cuts."""
     dim = ours.config.dim
-    f32_token = quant.encoded_size("raw", (dim,)) - quant.encoded_size("raw", (0,))
+    f32_token = wiretensor.encoded_size("raw", (dim,)) - wiretensor.encoded_size("raw", (0,))
     sizes = {}
     for codec in WIRE_CODECS:
-        payload = quant.encoded_size(codec, (dim,)) - quant.encoded_size(codec, (0,))
+        payload = wiretensor.encoded_size(codec, (dim,)) - wiretensor.encoded_size(codec, (0,))
         sizes[codec] = {
             "payload_bytes_per_token": payload,
-            "one_token_message_bytes": quant.encoded_size(codec, (1, 1, dim)),
+            "one_token_message_bytes": wiretensor.encoded_size(codec, (1, 1, dim)),
             "vs_float32": payload / f32_token,
         }
     prompts = []

@@ -20,12 +20,13 @@ def check_nonce(st: Overlay, account_id: bytes, nonce: int) -> None:
     """Raise unless ``nonce`` is the account's next.
 
     Raises:
-        BadNonce: replayed (lower) or out of order (higher).
+        BadNonce: replayed (lower) or out of order (higher: ``ahead``).
     """
     expected = st.account(account_id).nonce
     if nonce != expected:
         what = "replayed" if nonce < expected else "out of order"
-        raise BadNonce(f"nonce {nonce} is {what}: account expects {expected}")
+        raise BadNonce(f"nonce {nonce} is {what}: account expects {expected}",
+                       ahead=nonce > expected)
 
 
 def check_credits(st: Overlay, credits: dict[bytes, int]) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ledger import merkle, schema
 from ledger.codec import decode, encode
 from ledger.errors import (
-    DecodeError, ForkTooDeep, StoreCorruptError, UnknownParent, ValidationError,
+    DecodeError, ForkTooDeep, StoreCorruptError, UnknownParent, ValidationError, in_context,
 )
 from ledger.proofs import ReceiptProof, TxProof
 from ledger.rules import apply_tx
@@ -394,7 +394,7 @@ class ChainDB:
             try:
                 applied = validate_block(state, parent, block, None)
             except ValidationError as exc:
-                raise type(exc)(f"height {height}: {exc}") from None
+                raise in_context(exc, f"height {height}") from None
             state.apply(applied.writes)
             parent = block.header
             if progress:

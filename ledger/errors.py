@@ -77,7 +77,26 @@ class WrongChainId(ValidationError):
 
 
 class BadNonce(ValidationError):
-    """A replayed or out-of-order account nonce."""
+    """A replayed or out-of-order account nonce.
+
+    A field, not a subclass, tells the two apart: the class's name is part
+    of the refusal's text on the wire (a control answer, a `TxResult`).
+
+    Attributes:
+        ahead: the nonce is above the account's next ("out of order": its
+            predecessors may still come), not below it (replayed).
+    """
+
+    def __init__(self, message: str, *, ahead: bool = False):
+        super().__init__(message)
+        self.ahead = ahead
+
+
+def in_context(exc: LedgerError, where: str) -> LedgerError:
+    """``exc`` again, its text prefixed by ``where`` (its type and fields kept)."""
+    again = type(exc)(f"{where}: {exc}")
+    again.__dict__.update(exc.__dict__)
+    return again
 
 
 class InsufficientFunds(ValidationError):

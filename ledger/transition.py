@@ -32,6 +32,7 @@ from ledger.crypto import ZERO32, SigningKey
 from ledger.errors import (
     BadGenesis, BadLogRoot, BadSignature, BadStateRoot, BadTime, BadTxsRoot, TimeInFuture,
     TooManyTxs, ValidationError, WrongChainId, WrongHeight, WrongPrevHash, WrongProducer,
+    in_context,
 )
 from ledger.rules import (
     U64_MAX, apply_tx, candidates, draw_audits, finalize_rewards, open_steps, reassign_timeouts,
@@ -175,7 +176,7 @@ def validate_block(parent: StateReader, parent_header: Header, block: Block,
         try:
             apply_tx(st, ctx, tx, raw)
         except ValidationError as exc:
-            raise type(exc)(f"tx {i} ({type(tx).__name__}): {exc}") from None
+            raise in_context(exc, f"tx {i} ({type(tx).__name__})") from None
     _finish(st, ctx)
     log = st.log()
     if (h.log_size, h.log_root) != (log.size, merkle.Frontier(log.size, log.peaks).root()):

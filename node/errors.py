@@ -31,12 +31,12 @@ class ProofError(NodeError):
     """A proof file that cannot be read, or a receipt that is not in the log."""
 
 
-class BalanceError(NodeError, ValueError):
-    """A layer count, span length or gain factor out of range for layer choice."""
+class PlacementError(NodeError, ValueError):
+    """An input span placement cannot use: a layer count, span length or gain out of range."""
 
 
-class BadQuery(NodeError):
-    """A chain view's argument it cannot use (answered as a refusal over the control socket)."""
+class BadRequest(NodeError):
+    """Arguments a control op or a chain view cannot use (the control socket answers its text)."""
 
 
 class MinerError(NodeError):

@@ -6,8 +6,8 @@ repository's code in two ways, and both are checked here:
 * a path ending in ``.py`` (``node/net/host.py``, ``bench/swarm_bench.py``,
   ``tests/proof_of_learning/test_step_plan.py``), anywhere in the text. A path with a
   folder must be a file of the repository; a bare file name
-  (``test_quant.py``) must be the name of some ``.py`` file in it. A test
-  named after it (``test_quant.py::test_zero_and_constant_blocks``, or
+  (``test_wiretensor.py``) must be the name of some ``.py`` file in it. A test
+  named after it (``test_wiretensor.py::test_zero_and_constant_blocks``, or
   ``test_blocks.py::test_head_groups…`` for every test with that prefix) must
   be defined in such a file.
 * a dotted name inside backticks that starts with one of this repository's
@@ -177,16 +177,16 @@ def test_cited_modules_and_names_exist(doc: Path) -> None:
 def test_the_checker_catches_made_up_references() -> None:
     text = (
         "The host lives in node/net/host.py, its tests in `tests/node/net/`; see\n"
-        "test_quant.py::test_zero_and_constant_blocks and `node.net.host`.\n"
+        "test_wiretensor.py::test_zero_and_constant_blocks and `node.net.host`.\n"
         "Made up: node/host.py, nod/net/host.py, test_nowhere.py,\n"
-        "test_quant.py::test_not_a_test, `node.net.hots`, `node.torch_thread.no_such_name`,\n"
+        "test_wiretensor.py::test_not_a_test, `node.net.hots`, `node.torch_thread.no_such_name`,\n"
         "`compute.model.Block`, `ledger.nowhere.thing(x)` and `node.serve.sessions.tensor_work`\n"
         "(imported there, defined in node.torch_thread).\n"
         "Not ours, not checked: `torch.nn.Linear`, `trio.to_thread.run_sync`, specs/ledger.md.\n"
     )
     paths = py_path_problems("planted.md", text)
     assert [p.split(": ", 2)[1] for p in paths] == [
-        "node/host.py", "nod/net/host.py", "test_nowhere.py", "test_quant.py::test_not_a_test"]
+        "node/host.py", "nod/net/host.py", "test_nowhere.py", "test_wiretensor.py::test_not_a_test"]
     names = dotted_problems("planted.md", text)
     assert [n.split("`")[1] for n in names] == [
         "node.net.hots", "node.torch_thread.no_such_name", "compute.model.Block",

@@ -4,9 +4,10 @@ Owns `Payer` (one per generation) and `ClientTab` (one tab: the route's, or
 a failover's or a spot check's), specs/network.md section 9.6:
 
 - `Payer.open_tab` locks, for each server of the hops given, its ask x
-  layers x the session's positions x ``margin`` (the room a replay after a
-  failover needs), in one `OpenTab` signed by the wallet key, with the
-  next nonce; the servers admit it to their mempools, no local node needed;
+  layers x the session's positions (`node.wire.charge`, the servers' rule
+  too) x ``margin`` (the room a replay after a failover needs), in one
+  `OpenTab` signed by the wallet key, with the next nonce; the servers
+  admit it to their mempools, no local node needed;
 - a step sent to a hop carries the tab's latest `Voucher`: the cumulative
   amount owed to every lane for the positions delivered before it (pay
   after delivery: a server gives one step of credit);
@@ -29,7 +30,7 @@ from ledger.codec import encode
 from ledger.crypto import SigningKey
 from ledger.tab import MAX_LANES, Lane, OpenTab, Voucher, sign_voucher
 from ledger.types import ZERO_SIG, sign, tx_hash
-from node.wire import ServerInfo
+from node.wire import ServerInfo, charge
 from wallet.errors import WalletError
 from wallet.client.route import Hop
 
@@ -47,17 +48,12 @@ class PaymentRefused(WalletError):
     """A paid route cannot be paid as asked (no node key announced, too many lanes)."""
 
 
-def hop_cost(hop: Hop, positions: int, price: int) -> int:
-    """Base units for ``positions`` through ``hop``'s layers at ``price``."""
-    return positions * (hop.end - hop.start) * price
-
-
 def need(hops: Sequence[Hop], servers: Mapping[str, ServerInfo], positions: int,
          margin: float = MARGIN, floor: int = 0) -> int:
     """What a tab for ``hops`` locks: every hop's cost at its ask (at least ``floor``),
     times ``margin``."""
-    return sum(math.ceil(hop_cost(h, positions, max(servers[h.peer_id].price, floor)) * margin)
-               for h in hops)
+    return sum(math.ceil(charge(positions, h.end - h.start, max(servers[h.peer_id].price, floor))
+                         * margin) for h in hops)
 
 
 @dataclass(slots=True)
@@ -80,7 +76,7 @@ class ClientTab:
     def deliver(self, hop: Hop, positions: int) -> None:
         """Count ``positions`` delivered by ``hop``'s server (its outputs came back)."""
         lane = self.lane_of[hop.peer_id]
-        self.amounts[lane] += hop_cost(hop, positions, self.bids[hop.peer_id])
+        self.amounts[lane] += charge(positions, hop.end - hop.start, self.bids[hop.peer_id])
 
     def owed(self, peer_id: str) -> int:
         return self.amounts[self.lane_of[peer_id]]
@@ -159,7 +155,7 @@ class Payer:
             if info.node_key not in caps and len(caps) == MAX_LANES:
                 raise PaymentRefused(f"a route of more than {MAX_LANES} servers cannot be paid")
             caps[info.node_key] = caps.get(info.node_key, 0) + math.ceil(
-                hop_cost(hop, positions, bid) * self.margin)
+                charge(positions, hop.end - hop.start, bid) * self.margin)
             lane_of[hop.peer_id] = list(caps).index(info.node_key)
             bids[hop.peer_id] = bid
         if not caps:

@@ -16,7 +16,7 @@ from ledger.chaindb import ChainDB
 from ledger.rules import bonded_nodes
 from ledger.state import ACCOUNT, JAIL, NODE, Overlay
 from ledger.types import Receipt, nonce_owner, tx_hash
-from node.errors import BadQuery
+from node.errors import BadRequest
 
 
 def account_view(chain: ChainDB, account_id: bytes) -> dict[str, Any]:
@@ -96,13 +96,13 @@ def receipts_view(chain: ChainDB, node: str | None = None, job: str | None = Non
         key, job id and unit id, all hex.
 
     Raises:
-        BadQuery: a prefix that is not hex digits (from a CLI or a control
+        BadRequest: a prefix that is not hex digits (from a CLI or a control
             client alike).
     """
     for value in (node, job):
         if value is not None and (not isinstance(value, str) or not value
                                   or any(c not in "0123456789abcdef" for c in value.lower())):
-            raise BadQuery(f'"{value}" is not hex (a node key or job id prefix)')
+            raise BadRequest(f'"{value}" is not hex (a node key or job id prefix)')
     node, job = (v.lower() if v else None for v in (node, job))
     out = []
     for block in chain.iter_blocks():
@@ -138,7 +138,7 @@ def read_views() -> dict[str, Any]:
 def hash_view(chain: ChainDB, height: int) -> dict[str, Any]:
     """The hash (hex) of the main-chain block at ``height``; None above the tip."""
     if not isinstance(height, int) or isinstance(height, bool) or height < 0:
-        raise BadQuery(f"a height is a whole number >= 0, got {height!r}")
+        raise BadRequest(f"a height is a whole number >= 0, got {height!r}")
     found = chain.hash_at(height)
     return {"height": chain.height, "hash": found.hex() if found else None}
 
@@ -148,9 +148,9 @@ def _height(chain: ChainDB, height: Any) -> int:
     if height is None:
         return chain.height
     if not isinstance(height, int) or isinstance(height, bool) or height < 0:
-        raise BadQuery(f"a height is a whole number >= 0, got {height!r}")
+        raise BadRequest(f"a height is a whole number >= 0, got {height!r}")
     if height > chain.height:
-        raise BadQuery(f"no block at height {height}: the tip is {chain.height}")
+        raise BadRequest(f"no block at height {height}: the tip is {chain.height}")
     return height
 
 
@@ -159,7 +159,7 @@ def block_view(chain: ChainDB, height: int | None = None) -> dict[str, Any]:
     with its ``id``).
 
     Raises:
-        BadQuery: no block at that height.
+        BadRequest: no block at that height.
     """
     from ledger.codec import to_json
     from ledger.types import block_hash
@@ -176,7 +176,7 @@ def proof_view(chain: ChainDB, txid: str) -> dict[str, Any]:
     transaction (against its block's transactions root), as `pnode proof` writes it.
 
     Raises:
-        BadQuery: ``txid`` is not 64 hex digits.
+        BadRequest: ``txid`` is not 64 hex digits.
         ProofError: no receipt or main-chain transaction has that id.
     """
     from ledger.codec import to_json
@@ -204,7 +204,7 @@ def verify_view(chain: ChainDB, upto: int | None = None,
         false with ``error`` (the error's type) and ``reason``.
 
     Raises:
-        BadQuery: ``upto`` is above the tip.
+        BadRequest: ``upto`` is above the tip.
     """
     from ledger.errors import StoreError, ValidationError
 
@@ -228,14 +228,14 @@ def _id32(text: Any, what: str) -> bytes:
     """A 32-byte id (an address, a transaction id) from its 64 hex digits.
 
     Raises:
-        BadQuery: anything else.
+        BadRequest: anything else.
     """
     try:
         raw = bytes.fromhex(text) if isinstance(text, str) else b""
     except ValueError:
         raw = b""
     if len(raw) != 32:
-        raise BadQuery(f'"{text}" is not {what} (64 hex digits)')
+        raise BadRequest(f'"{text}" is not {what} (64 hex digits)')
     return raw
 
 
@@ -244,7 +244,7 @@ def history_view(chain: ChainDB, address: str) -> dict[str, Any]:
     height and the account's balance.
 
     Raises:
-        BadQuery: ``address`` is not 64 hex digits.
+        BadRequest: ``address`` is not 64 hex digits.
     """
     from node.chain.history import balance_of, history_rows
 

@@ -61,7 +61,7 @@ def verify_chain(data_dir, as_json) -> None:
 
 
 def _verify(data_dir: str, as_json: bool, upto: int | None) -> None:
-    from node.errors import BadQuery
+    from node.errors import BadRequest
 
     try:
         with _progress(as_json, upto) as progress:
@@ -69,7 +69,7 @@ def _verify(data_dir: str, as_json: bool, upto: int | None) -> None:
                                upto=upto)
     except ChainCorruptError as exc:
         result = {"ok": False, "error": type(exc).__name__, "reason": str(exc)}
-    except BadQuery as exc:
+    except BadRequest as exc:
         raise click.BadParameter(str(exc)) from None
     _report(as_json, result, lambda: f"ok: {result['height'] + 1} blocks valid, up to "
                                      f"{result['tip'][:16]}")

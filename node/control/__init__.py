@@ -10,7 +10,7 @@ from node.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.control.server": ("IDLE_TIMEOUT_S", "LISTEN_BACKLOG", "MAX_REQUEST", "MAX_RESPONSE",
-                            "SOCK_FILE", "BadRequest", "ControlError", "ControlOp",
+                            "SOCK_FILE", "ControlError", "ControlOp",
                             "ControlServer", "NodeNotRunning", "control_call",
                             "control_request", "socket_path"),
     "node.control.ops": ("NodeOps",),

@@ -20,8 +20,8 @@ import trio
 from ledger.codec import decode
 from ledger.types import TX_TYPES
 from node.chain import LOCAL_ONLY, ChainService, account_view, node_status_view, read_views
-from node.control.server import BadRequest, ControlOp
-from node.errors import BadQuery
+from node.control.server import ControlOp
+from node.errors import BadRequest
 
 __all__ = ["NodeOps", "RunningNode"]
 
@@ -164,7 +164,7 @@ class NodeOps:
         """The ``pol_audit`` op: judge recent receipts, replay windows (`Verifier.audit`)."""
         verifier = self._jobs().verifier
         if verifier is None:
-            raise BadQuery("this node runs no verifier yet (it has no job to mine)")
+            raise BadRequest("this node runs no verifier yet (it has no job to mine)")
         return await _pol_refusal(verifier.audit(args))
 
     async def export_job(self, args: dict) -> dict:
@@ -179,7 +179,7 @@ class NodeOps:
             tensors, parameters and sha256 (of the file).
 
         Raises:
-            BadQuery: no such job mined here, a path it cannot write, or a
+            BadRequest: no such job mined here, a path it cannot write, or a
                 format the job's model cannot take.
             MinerError: the weights cannot be gathered (see `Miner.export_weights`).
         """
@@ -192,20 +192,20 @@ class NodeOps:
         text, out = str(args.get("job") or "").lower(), args.get("out")
         found = [j for j in miners if j.hex().startswith(text)] if text else []
         if len(found) != 1:
-            raise BadQuery(f"this node mined no job with an id starting {text!r}" if not found
+            raise BadRequest(f"this node mined no job with an id starting {text!r}" if not found
                            else f"{len(found)} jobs mined here start with {text!r}")
         if not isinstance(out, str) or not out.startswith("/") or \
                 not out.endswith(FORMATS):
-            raise BadQuery(f'"out" must be an absolute path ending in {" or ".join(FORMATS)}')
+            raise BadRequest(f'"out" must be an absolute path ending in {" or ".join(FORMATS)}')
         miner, path = miners[found[0]], Path(out)
         version, weights = await miner.export_weights()
         try:
             await trio.to_thread.run_sync(save_export, path, weights, config_json(miner.config),
                                           found[0].hex(), version)
         except ModelFileError as exc:
-            raise BadQuery(str(exc)) from None
+            raise BadRequest(str(exc)) from None
         except OSError as exc:
-            raise BadQuery(f"cannot write {out}: {exc.strerror}") from None
+            raise BadRequest(f"cannot write {out}: {exc.strerror}") from None
         return {"job": found[0].hex(), "step": version, "out": out, "format": path.suffix[1:],
                 "bytes": path.stat().st_size, "tensors": len(weights),
                 "parameters": sum(t.numel() for t in weights.values()),
@@ -220,4 +220,4 @@ async def _pol_refusal(call):
     try:
         return await call
     except PolError as exc:
-        raise BadQuery(str(exc)) from None
+        raise BadRequest(str(exc)) from None

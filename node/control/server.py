@@ -37,7 +37,7 @@ from typing import Any
 import trio
 
 from ledger.errors import LedgerError
-from node.errors import DataDirError, NodeError
+from node.errors import BadRequest, DataDirError, NodeError
 from node.net import FrameEOF, FrameTooLarge, FramingError, read_frame, write_frame
 
 log = logging.getLogger(__name__)
@@ -61,10 +61,6 @@ class ControlError(NodeError):
 
 class NodeNotRunning(ControlError):
     """No node answers on the data dir's control socket (none is running)."""
-
-
-class BadRequest(ControlError):
-    """Raised by an op for arguments it cannot use; answered as an error."""
 
 
 def socket_path(data_dir: str | os.PathLike[str]) -> Path:

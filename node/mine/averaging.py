@@ -17,7 +17,7 @@ neighbours (the math is `compute.averaging`, eq. 7-8):
   (one side got the weights, the other did not: then the mean moves by that
   pair's share, bounded by ``W_ij * |x_i - x_j|``).
 
-Tensors travel as wire tensors (compute/quant.py, raw float32 by default, so
+Tensors travel as wire tensors (compute/wiretensor.py, raw float32 by default, so
 the average is exact to the float32 cast); torch work runs on the process's
 torch thread (`node.torch_thread`). The messages are `node.wire.averaging`'s.
 """
@@ -35,7 +35,7 @@ from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
 from compute.averaging import mix
-from compute.quant import decode_tensor, encode_tensor
+from compute.wiretensor import decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError
 from node import torch_thread

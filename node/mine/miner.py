@@ -52,8 +52,8 @@ import torch
 import trio
 
 from compute.data import JobConfig, batch, job_corpus, make_model
-from compute.quant import WireTensorError
 from compute.train import make_sections
+from compute.wiretensor import WireTensorError
 from ledger.crypto import SigningKey
 from ledger.errors import ValidationError
 from ledger.state import JOB

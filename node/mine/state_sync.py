@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from libp2p.peer.id import ID
 
 from compute.errors import OptimizerStateError
-from compute.quant import WireTensorError, decode_tensor, encode_tensor
+from compute.wiretensor import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError
 from node import torch_thread

@@ -24,7 +24,7 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
-from compute.quant import WireTensorError, decode_tensor, encode_tensor
+from compute.wiretensor import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node.errors import BadPush
 from proof_of_learning.errors import NoSuchPush

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from libp2p.peer.id import ID
 
-from compute.quant import WireTensorError, decode_tensor, encode_tensor
+from compute.wiretensor import WireTensorError, decode_tensor, encode_tensor
 from ledger import crypto
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import trio
 
-from compute.quant import decode_tensor, encode_tensor
+from compute.wiretensor import decode_tensor, encode_tensor
 from ledger import merkle
 from ledger.codec import decode, encode
 from ledger.errors import DecodeError

@@ -17,9 +17,12 @@ from node.lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.serve.placement": ("choose_span", "should_move"),
     "node.serve.swarm": ("Announcer", "SwarmView", "announce_peer", "fetch_view"),
-    "node.serve.admission": ("InferenceError", "SessionConfig", "SessionRefused"),
-    "node.serve.billing": ("Bill", "PaymentError", "check_tab", "cost"),
-    "node.serve.cashier": ("Cashier",),
+    "node.serve.admission": (
+        "ClientAtLimit", "InferenceError", "ServerFull", "SessionBusy", "SessionConfig",
+        "SessionRefused",
+    ),
+    "node.serve.billing": ("Bill", "PaymentError", "TabRefused", "check_tab"),
+    "node.serve.cashier": ("Cashier", "TabLedger"),
     "node.serve.sessions": ("InferenceServer",),
     "node.serve.throughput": ("measure_throughput",),
     "node.serve.waiting": ("WaitingRoom",),

@@ -9,7 +9,9 @@ slowed for free (specs/network.md section 9.3, "Limits, caps and metering"):
 - `SessionConfig` (a server's session limits, caps and timeouts),
   `SessionLimits` and `refusal`: at most ``per_peer`` open sessions per
   client peer id and ``per_address`` per address bucket, on top of the
-  server's ``max_sessions``; `remote_ip` reads a stream's remote IP;
+  server's ``max_sessions``; a refusal is a `SessionBusy` (`ServerFull`,
+  or `ClientAtLimit`), its text the `Busy` reason; `remote_ip` reads a
+  stream's remote IP;
 - `Meter`: the compute one session used (positions run, forward seconds,
   steps), what `pnode status` shows of it, and its fair-queueing tag;
 - `FairScheduler`: start-time fair queueing of the server's forward calls,
@@ -42,6 +44,46 @@ class InferenceError(NodeError):
 
 class SessionRefused(InferenceError):
     """A session request the server will not serve (its reason goes to the client)."""
+
+
+class SessionBusy(InferenceError):
+    """A session the server would serve, but not now: answered `Busy`, its text the reason.
+
+    The text travels as it always did (other implementations read it); the
+    server decides on the subclass.
+    """
+
+
+class ServerFull(SessionBusy):
+    """Every one of the server's ``max_sessions`` is open (a paid request may wait).
+
+    Attributes:
+        open_sessions: the sessions open (slots held by admitted waiters included).
+    """
+
+    def __init__(self, open_sessions: int):
+        super().__init__(f"{open_sessions} sessions open")
+        self.open_sessions = open_sessions
+
+
+class ClientAtLimit(SessionBusy):
+    """This client holds its share: ``held`` sessions, at most ``limit``.
+
+    Attributes:
+        held, limit: its open sessions and the most it may hold.
+        address: the address bucket that holds them (None: its peer id or
+            account does).
+    """
+
+    def __init__(self, held: int, limit: int, address: str | None = None):
+        if address is None:
+            text = (f"this client's limit: it holds {held} sessions here, at most "
+                    f"{limit} per client")
+        else:
+            text = (f"this client's limit: {held} sessions are open from its address "
+                    f"{address}, at most {limit} per address")
+        super().__init__(text)
+        self.held, self.limit, self.address = held, limit, address
 
 
 class SessionConfigError(NodeError, ValueError):
@@ -156,7 +198,7 @@ class SessionConfig:
 
 
 def refusal(limits: SessionLimits, open_sessions: Iterable[tuple[str, str | None]],
-            peer: str, address: str | None) -> str | None:
+            peer: str, address: str | None) -> SessionBusy | None:
     """Why a new session of ``peer`` from ``address`` would be refused (None: it is taken).
 
     Args:
@@ -166,8 +208,9 @@ def refusal(limits: SessionLimits, open_sessions: Iterable[tuple[str, str | None
         address: its `address_key` bucket (None: unknown).
 
     Returns:
-        The `Busy` reason: the server is full, or this client (its peer id,
-        or its address) holds its share; None when the session may open.
+        Why it is busy (the caller raises it): `ServerFull`, or
+        `ClientAtLimit` when this client (its peer id, or its address)
+        holds its share; None when the session may open.
     """
     total = by_peer = by_address = 0
     for p, a in open_sessions:
@@ -175,14 +218,12 @@ def refusal(limits: SessionLimits, open_sessions: Iterable[tuple[str, str | None
         by_peer += p == peer
         by_address += address is not None and a == address
     if total >= limits.max_sessions:
-        return f"{total} sessions open"
+        return ServerFull(total)
     if by_peer >= limits.per_peer:
-        return (f"this client's limit: it holds {by_peer} sessions here, at most "
-                f"{limits.per_peer} per client")
+        return ClientAtLimit(by_peer, limits.per_peer)
     if (address is not None and by_address >= limits.per_address
             and (limits.limit_loopback or not is_loopback(address))):
-        return (f"this client's limit: {by_address} sessions are open from its address "
-                f"{address}, at most {limits.per_address} per address")
+        return ClientAtLimit(by_address, limits.per_address, address)
     return None
 
 

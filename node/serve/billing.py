@@ -3,8 +3,8 @@
 Owns the pure half of a server's payments (specs/network.md section 9.6):
 `check_tab`, the checks a server makes of the `OpenTab` a session opens
 with before it asks the chain, and `Bill`, one lane of one tab as its
-server counts it: positions delivered x layers x bid (a replay's positions
-count again: they cost again), against the client's latest `Voucher`.
+server counts it: positions delivered x layers x bid (`node.wire.charge`,
+the rule the client counts by too), against the client's latest `Voucher`.
 
 Pay after delivery, with a credit of one step: the voucher a step carries
 must cover every position delivered before it, and running the step must
@@ -27,17 +27,24 @@ from ledger.errors import DecodeError
 from ledger.tab import OpenTab, Voucher, voucher_ok
 from ledger.types import signature_ok, tx_hash
 from node.errors import NodeError
+from node.wire import TAB_REFUSED, charge
 
-__all__ = ["Bill", "PaymentError", "check_tab", "cost"]
+__all__ = ["Bill", "PaymentError", "TabRefused", "check_tab"]
 
 
 class PaymentError(NodeError):
     """A paid session the server will not go on with; the message is the client's reason."""
 
 
-def cost(positions: int, layers: int, bid: int) -> int:
-    """Base units for running ``positions`` through ``layers`` layers at ``bid``."""
-    return positions * layers * bid
+class TabRefused(PaymentError):
+    """The node's chain refuses a session's tab (funds, nonce, lanes, expiry).
+
+    Its text starts with `node.wire.TAB_REFUSED`: the wire carries only the
+    text, and a client reads that prefix as "no server's chain would take it".
+    """
+
+    def __init__(self, why: str):
+        super().__init__(f"{TAB_REFUSED}: {why}")
 
 
 def check_tab(raw: bytes, *, chain_id: str, node_key: bytes, bid: int, ask: int,
@@ -69,9 +76,9 @@ def check_tab(raw: bytes, *, chain_id: str, node_key: bytes, bid: int, ask: int,
     if lane is None:
         raise PaymentError(f"the tab has no lane for this server's node key "
                            f"{node_key.hex()[:16]}..")
-    if tab.lanes[lane].cap < cost(1, layers, bid):
+    if tab.lanes[lane].cap < charge(1, layers, bid):
         raise PaymentError(f"this server's lane caps {tab.lanes[lane].cap}, less than one "
-                           f"position ({cost(1, layers, bid)} base units)")
+                           f"position ({charge(1, layers, bid)} base units)")
     if not signature_ok(tab):
         raise PaymentError("the tab is not signed by its client")
     return tab, lane
@@ -124,7 +131,7 @@ class Bill:
         """
         if self.forged:
             raise PaymentError("an earlier voucher is not signed by the tab's client")
-        step = cost(positions, layers, self.bid)
+        step = charge(positions, layers, self.bid)
         if self.owed + step > self.cap:
             raise PaymentError(f"tab exhausted: {self.owed} owed, a step of {step} more passes "
                                f"this lane's cap of {self.cap}")
@@ -163,7 +170,7 @@ class Bill:
 
     def deliver(self, positions: int, layers: int) -> None:
         """Count a step's positions as delivered (its outputs left for the next hop or client)."""
-        self.owed += cost(positions, layers, self.bid)
+        self.owed += charge(positions, layers, self.bid)
 
     def _voucher(self, raw: bytes) -> Voucher:
         try:

@@ -21,10 +21,10 @@ The latest voucher of each lane is kept in ``folder`` (one file per tab,
 written atomically at most every ``poll_s`` and when the lane ends), so a
 restarted server still claims what it was owed.
 
-The chain is reached through ``ledger``, an object with ``chain_id``,
+The chain is reached through ``ledger``, a `TabLedger`: ``chain_id``,
 ``await admit(tx) -> txid`` (the node's `TxGossip.submit`) and ``await
-lookup(tab_id, txids) -> (height, TabRecord | None, queued txids)``
-(`node.chain.tabs.ChainTabs`): node.serve does not import node.chain.
+lookup(tab_id, txids) -> (height, TabRecord | None, queued txids)``; the
+node's is `node.chain.tabs.ChainTabs` (node.serve does not import node.chain).
 """
 
 from __future__ import annotations
@@ -34,22 +34,46 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Protocol, runtime_checkable
 
 import trio
 
 from ledger.codec import U32, MaxLen, decode, encode, wire
 from ledger.crypto import SigningKey
 from ledger.errors import BadNonce, DecodeError, ValidationError
-from ledger.tab import Claim, OpenTab, Voucher
+from ledger.tab import Claim, OpenTab, TabRecord, Voucher
 from ledger.types import ZERO_SIG, sign, tx_hash
-from node.serve.billing import Bill, PaymentError, check_tab
+from node.serve.billing import Bill, PaymentError, TabRefused, check_tab
 from node.wire import OpenSession
 
 log = logging.getLogger(__name__)
 
 #: Blocks a tab may take to reach a block after a server admitted it (D, specs 9.6).
 INCLUDE_WITHIN = 8
+
+
+@runtime_checkable
+class TabLedger(Protocol):
+    """The chain as a `Cashier` uses it: all it asks of the node's chain."""
+
+    @property
+    def chain_id(self) -> str:
+        """The chain the node follows (a tab must be for it)."""
+        ...
+
+    async def admit(self, tx: OpenTab | Claim) -> bytes:
+        """Admit ``tx`` to the node's mempool and gossip it; its id.
+
+        Raises:
+            ValidationError: the chain refuses it (a `BadNonce` that is
+                ``ahead`` may pass later).
+        """
+        ...
+
+    async def lookup(self, tab_id: bytes, txids: list[bytes]
+                     ) -> tuple[int, TabRecord | None, frozenset[bytes]]:
+        """(the height, the tab's record or None, which of ``txids`` are in the mempool)."""
+        ...
 
 
 @wire(84)
@@ -90,7 +114,7 @@ class Cashier:
     """Admits a serving node's tabs, keeps its vouchers and claims them.
 
     Args:
-        ledger: the node's chain (see the module docstring).
+        ledger: the node's chain.
         node_key: the node key its lanes pay and its claims are signed with.
         ask: its price, base units per position per layer.
         folder: where the latest vouchers are kept (None: memory only).
@@ -99,9 +123,10 @@ class Cashier:
         poll_s: seconds between looks at the chain.
     """
 
-    def __init__(self, ledger: Any, node_key: SigningKey, ask: int, folder: Path | None = None,
-                 *, include_within: int = INCLUDE_WITHIN, gap_wait_s: float = 5.0,
-                 poll_s: float = 0.5, report: Callable[[str], None] = lambda line: None):
+    def __init__(self, ledger: TabLedger, node_key: SigningKey, ask: int,
+                 folder: Path | None = None, *, include_within: int = INCLUDE_WITHIN,
+                 gap_wait_s: float = 5.0, poll_s: float = 0.5,
+                 report: Callable[[str], None] = lambda line: None):
         self.ledger, self.node_key, self.ask, self.folder = ledger, node_key, ask, folder
         self.include_within, self.gap_wait_s, self.poll_s = include_within, gap_wait_s, poll_s
         self.report = report
@@ -130,8 +155,9 @@ class Cashier:
         """The bill of a session on ``tab``'s ``lane``, once the node's mempool admitted the tab.
 
         Raises:
-            PaymentError: the chain refuses the tab, its lane was settled or
-                its tab dropped, or the bid differs from the lane's earlier one.
+            PaymentError: the chain refuses the tab (`TabRefused`), its lane
+                was settled or its tab dropped, or the bid differs from the
+                lane's earlier one.
         """
         known = self.lanes.get(_tab_id(tab))
         if known is None:
@@ -267,7 +293,14 @@ class Cashier:
         return lane.claim_id
 
     async def _admit(self, tab: OpenTab) -> int:
-        """Admit the tab to the node's mempool; the height then. Raises PaymentError."""
+        """Admit the tab to the node's mempool; the height then.
+
+        A tab whose nonce is ahead (`BadNonce.ahead`) is tried again for
+        ``gap_wait_s``: a client's failover tab may arrive before its first.
+
+        Raises:
+            TabRefused: the chain refuses it (a `PaymentError`).
+        """
         give_up = trio.current_time() + self.gap_wait_s
         while True:
             try:
@@ -277,15 +310,14 @@ class Cashier:
                 height, record, _ = await self.ledger.lookup(_tab_id(tab), [])
                 if record is not None:  # in a block already (another lane's server admitted it)
                     return height
-                if "out of order" in str(exc) and trio.current_time() < give_up:
+                if exc.ahead and trio.current_time() < give_up:
                     await trio.sleep(0.1)  # its predecessors may still be on their way
                     continue
                 self.stats.refused += 1
-                raise PaymentError(f"the chain refuses the tab: {exc}") from None
+                raise TabRefused(str(exc)) from None
             except ValidationError as exc:
                 self.stats.refused += 1
-                raise PaymentError(f"the chain refuses the tab: {type(exc).__name__}: "
-                                   f"{exc}") from None
+                raise TabRefused(f"{type(exc).__name__}: {exc}") from None
         height, _, _ = await self.ledger.lookup(_tab_id(tab), [])
         return height
 

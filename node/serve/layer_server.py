@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import trio
@@ -36,11 +37,15 @@ from compute.gguf import config_from_gguf, load_gguf, model_id, open_gguf
 from ledger.errors import DecodeError
 from node import torch_thread
 from node.net import Host, PeerIdentity, RequestError
+from node.serve.cashier import Cashier
 from node.serve.placement import choose_span, should_move
 from node.serve.sessions import InferenceServer, SessionConfig
 from node.serve.throughput import measure_throughput
 from node.serve.swarm import Announcer, announce_peer
 from node.wire import Announce, ServerInfo, sign_announce
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +81,15 @@ class LayerServer:
 
     def __init__(self, host: Host, identity: PeerIdentity, announcer: Announcer,
                  clock: Callable[[], int], config: ServeConfig = ServeConfig(), *,
-                 report: Callable[[str], None] = lambda line: None, reader=None,
-                 cashier=None, node_key: bytes = bytes(32)):
+                 report: Callable[[str], None] = lambda line: None,
+                 reader: GGUFReader | None = None, cashier: Cashier | None = None,
+                 node_key: bytes = bytes(32)):
         """
         Args:
-            reader: an open `gguf.GGUFReader` to load from (default: open
+            reader: an open GGUF reader to load from (default: open
                 ``config.model_path``); lets several servers share one.
-            cashier: the node's `node.serve.cashier.Cashier` (None: free
-                sessions only; then the price must be 0).
+            cashier: the node's payments (None: free sessions only; then the
+                price must be 0).
             node_key: the node key announced for tab lanes (zeros: none).
         """
         self.host, self.identity, self.announcer = host, identity, announcer

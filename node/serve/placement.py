@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Collection, Sequence
 
-from node.errors import BalanceError
+from node.errors import PlacementError
 from node.wire import ServerInfo
 
 
@@ -40,10 +40,10 @@ def layer_throughput(
         n_layers sums, 0.0 for a layer no server holds.
 
     Raises:
-        BalanceError: n_layers < 1.
+        PlacementError: n_layers < 1.
     """
     if n_layers < 1:
-        raise BalanceError(f"a model has at least one layer, not {n_layers}")
+        raise PlacementError(f"a model has at least one layer, not {n_layers}")
     excluded = set(exclude)
     totals = [0.0] * n_layers
     for server in servers:
@@ -75,10 +75,10 @@ def choose_span(
         The start s, 0 <= s <= n_layers - span_len after clamping.
 
     Raises:
-        BalanceError: n_layers < 1 or span_len < 1.
+        PlacementError: n_layers < 1 or span_len < 1.
     """
     if span_len < 1:
-        raise BalanceError(f"a span holds at least one layer, not {span_len}")
+        raise PlacementError(f"a span holds at least one layer, not {span_len}")
     totals = layer_throughput(servers, n_layers, exclude=exclude)
     return _weakest_window(totals, min(span_len, n_layers))
 
@@ -111,20 +111,20 @@ def should_move(
         My new start layer, or None.
 
     Raises:
-        BalanceError: I am not announced exactly once, my span lies outside
+        PlacementError: I am not announced exactly once, my span lies outside
             the model, n_layers < 1 or min_gain < 1.
     """
     if not min_gain >= 1.0:
-        raise BalanceError(f"min_gain must be >= 1, not {min_gain}")
+        raise PlacementError(f"min_gain must be >= 1, not {min_gain}")
     mine = [s for s in servers if s.peer_id == me_peer_id]
     if len(mine) != 1:
-        raise BalanceError(f"{me_peer_id} is announced {len(mine)} times, not once")
+        raise PlacementError(f"{me_peer_id} is announced {len(mine)} times, not once")
     me = mine[0]
     current = layer_throughput(servers, n_layers)
     here = max(me.start, 0)
     span_len = min(me.end, n_layers) - here
     if span_len < 1:
-        raise BalanceError(f"{me_peer_id}'s span [{me.start}, {me.end}) is outside the model")
+        raise PlacementError(f"{me_peer_id}'s span [{me.start}, {me.end}) is outside the model")
 
     moved = layer_throughput(servers, n_layers, exclude={me_peer_id})
     there = _weakest_window(moved, span_len)

@@ -51,14 +51,16 @@ from libp2p.peer.id import ID
 from compute.codecs import CODECS
 from compute.kvcache import KVCache
 from compute.model import Transformer
-from compute.quant import WireTensorError, decode_tensor, encode_tensor
+from compute.wiretensor import TooManyElements, WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node import torch_thread
 from node.net import FrameEOF, FrameReader, FrameTimeout, Host, write_frame
 from node.serve.admission import (  # noqa: F401 (SessionConfig: re-exported)
-    FairScheduler, Meter, SessionConfig, SessionRefused, address_key, refusal, remote_ip,
+    ClientAtLimit, FairScheduler, Meter, ServerFull, SessionBusy, SessionConfig, SessionRefused,
+    address_key, refusal, remote_ip,
 )
 from node.serve.billing import Bill, PaymentError
+from node.serve.cashier import Cashier
 from node.serve.push import PushRouting
 from node.serve.throughput import measure_throughput
 from node.serve.waiting import WaitingRoom
@@ -132,8 +134,8 @@ class InferenceServer(PushRouting):
         #: first): a paid session's bid, a free one's 0.
         self.priority: Callable[[ID, OpenSession], int] = lambda peer, request: (
             request.bid if request.tab else 0)
-        #: Payments (`node.serve.cashier.Cashier`); None: free sessions only, no tabs.
-        self.cashier = None
+        #: Payments; None: free sessions only, no tabs.
+        self.cashier: Cashier | None = None
         self.scheduler = FairScheduler()
         self.room = WaitingRoom(config.max_waiting or config.max_sessions)
         self._ids = itertools.count(1)
@@ -199,18 +201,21 @@ class InferenceServer(PushRouting):
         try:
             paid = self._precheck(request)
             account = paid[0].client.hex() if paid else str(peer)
-            session = self._open(request, peer, account, address_key(remote_ip(stream)))
+            address = address_key(remote_ip(stream))
+            try:
+                session = self._open(request, peer, account, address)
+            except ServerFull:  # a paid request waits for a slot, highest bid first
+                if not paid or not await self.room.wait(request.bid, self.config.queue_timeout):
+                    raise
+                self.room.take()
+                session = self._open(request, peer, account, address)
         except SessionRefused as exc:
             await self._reply(stream, SessionError(str(exc)[:256]))
             return
-        if isinstance(session, str) and paid and session.endswith("sessions open"):
-            if await self.room.wait(request.bid, self.config.queue_timeout):  # highest bid first
-                self.room.take()
-                session = self._open(request, peer, account, address_key(remote_ip(stream)))
-        if isinstance(session, str):  # full, or this client holds its share: the reason
+        except SessionBusy as exc:  # full, or this client holds its share: the reason
             self.refused_busy += 1
-            self.refused_limit += session.startswith("this client")
-            await self._reply(stream, Busy(self.config.busy_retry_ms, session[:256],
+            self.refused_limit += isinstance(exc, ClientAtLimit)
+            await self._reply(stream, Busy(self.config.busy_retry_ms, str(exc)[:256],
                                            self.room.min_bid(self.cashier.ask if paid else 0)))
             return
         session.client = stream
@@ -257,8 +262,8 @@ class InferenceServer(PushRouting):
             raise SessionRefused(str(exc)) from None
 
     def _open(self, req: OpenSession, peer: ID, account: str, address: str | None
-              ) -> _Session | str:
-        """A new session, or the `Busy` reason (full, or this client's limit).
+              ) -> _Session:
+        """A new session, if the limits let it open.
 
         Args:
             req: the client's request.
@@ -270,6 +275,7 @@ class InferenceServer(PushRouting):
 
         Raises:
             SessionRefused: a request this server cannot serve at all.
+            SessionBusy: not now: `ServerFull`, or `ClientAtLimit`.
         """
         if req.model_id != self.model_id:
             raise SessionRefused(f"this server serves model {self.model_id}, not {req.model_id}")
@@ -287,7 +293,7 @@ class InferenceServer(PushRouting):
                         *[("", None)] * self.room.reserved],  # slots admitted waiters hold
                        account, address)
         if busy is not None:
-            return busy
+            raise busy
         # The cache is allocated lazily by torch.empty: an idle budget costs no pages.
         cache = KVCache(self.model.config, req.max_len,
                         layers=range(req.layer_start, req.layer_end), device=self.device)
@@ -407,10 +413,10 @@ class InferenceServer(PushRouting):
         try:  # never decode more than the budget can take (int8 expands 4x)
             hidden = await tensor_work(decode_tensor, step.hidden, max(room, 1) * dim,
                                        rows=len(step.hidden) // (dim * 4))
+        except TooManyElements as exc:
+            raise SessionRefused(f"step past the session budget of {s.cache.max_len} "
+                                 f"positions: {exc}") from None
         except WireTensorError as exc:
-            if "elements, at most" in str(exc):
-                raise SessionRefused(f"step past the session budget of {s.cache.max_len} "
-                                     f"positions: {exc}") from None
             raise SessionRefused(f"bad hidden states: {exc}") from None
         if hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[2] != dim \
                 or hidden.shape[1] == 0:

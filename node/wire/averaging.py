@@ -20,7 +20,7 @@ MAX_AVERAGING_FRAME = 512 * 1024 * 1024  # one section's tensors (SmolLM2's clie
 @wire(68)
 @dataclass(frozen=True, slots=True)
 class NamedTensor:
-    """One tensor of a section: its name and a wire tensor (compute/quant.py)."""
+    """One tensor of a section: its name and a wire tensor (compute/wiretensor.py)."""
 
     name: Annotated[str, MaxLen(128)]
     data: Annotated[bytes, MaxLen(MAX_AVERAGING_FRAME)]

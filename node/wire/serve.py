@@ -190,7 +190,7 @@ class Busy:
 class Step:
     """Hidden states entering the session's first layer at positions ``pos ..``.
 
-    hidden: a wire tensor (compute/quant.py) of shape (1, T, dim).
+    hidden: a wire tensor (compute/wiretensor.py) of shape (1, T, dim).
     chunks: how the server must split the T positions into consecutive
         forward calls (a replay repeats the original prefill and decode
         steps, so the rebuilt KV cache is bit-identical); () means one call.
@@ -226,9 +226,18 @@ class StepResult:
 @wire(65)
 @dataclass(frozen=True, slots=True)
 class SessionError:
-    """The server refused a request of the session and closes the stream."""
+    """The server refused a request of the session and closes the stream.
+
+    reason: free text for a person, but for one prefix a client acts on:
+        `TAB_REFUSED` (the session's tab is one no chain will take).
+    """
 
     reason: Text
+
+
+#: How a `SessionError` reason starts when the server's chain refuses the session's tab
+#: (funds, nonce, lanes, expiry): every server's chain would, so a client stops.
+TAB_REFUSED = "the chain refuses the tab"
 
 
 @wire(72)

@@ -4,7 +4,8 @@ A signed `node.wire.serve.Announce` is what travels; `ServerInfo` is what
 layer placement (`node.serve.placement`) and route planning (`wallet.client.route`)
 read from it: the peer, the layers [start, end) it holds, its measured
 throughput, its load, its price and its position caps. One record for both sides, so a field
-added to the announcement reaches both the same way.
+added to the announcement reaches both the same way. `charge` is what a price comes to,
+one rule for both sides too.
 """
 
 from __future__ import annotations
@@ -83,3 +84,27 @@ class ServerInfo:
     def busy(self) -> bool:
         """True when the server takes no more sessions (it would answer busy)."""
         return self.load >= self.max_sessions
+
+
+def charge(positions: int, layers: int, price: int) -> int:
+    """Base units owed for ``positions`` run through ``layers`` layers at ``price``.
+
+    The one rule a paid session is counted by, at both ends: the server's
+    `node.serve.billing.Bill` and the client's vouchers and locks
+    (`wallet.payer`) must agree to the unit, or the client's vouchers fall
+    behind and its sessions are stopped. It lives here, beside the price
+    it applies (`ServerInfo.price`), in the protocol both ends may import
+    (the wallet may not import node.serve), not in the ledger: the chain
+    never prices a position, it checks a claim against its tab's caps and
+    vouchers only.
+
+    Args:
+        positions: positions run (a replay's count again: they cost again).
+        layers: the layers each ran through.
+        price: base units per position per layer (an `Announce.price`, an
+            `OpenSession.bid`).
+
+    Returns:
+        positions x layers x price.
+    """
+    return positions * layers * price

@@ -64,8 +64,10 @@ def test_out_of_order_nonce_is_rejected(chain, nonce, what):
     net, db = chain
     alice, bob = net.users
     block = with_txs(next_block(db, net).block, net, [net.transfer(alice, bob.public, 1, nonce)])
-    with pytest.raises(E.BadNonce, match=what):
+    with pytest.raises(E.BadNonce, match=what) as raised:
         check(db, block)
+    assert raised.value.ahead  # a server may wait for its predecessors
+    assert type(raised.value).__name__ == "BadNonce"  # the name refusals carry on the wire
 
 
 def test_replayed_transaction_is_rejected(chain):
@@ -74,8 +76,9 @@ def test_replayed_transaction_is_rejected(chain):
     tx = net.transfer(alice, bob.public, COIN)
     grow(db, net, 1, [tx])
     block = with_txs(next_block(db, net).block, net, [tx])
-    with pytest.raises(E.BadNonce, match="replayed"):
+    with pytest.raises(E.BadNonce, match="replayed") as raised:
         check(db, block)
+    assert not raised.value.ahead
 
 
 def test_same_nonce_twice_in_one_block_is_rejected(chain):

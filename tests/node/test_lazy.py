@@ -64,7 +64,7 @@ def test_every_exported_name_exists(package):
 def test_pwallet_infer_parses_its_arguments_before_torch_loads():
     """The client's OpenMP spin is set in infer's body: torch must not load while click parses.
 
-    (A ``--wire`` choice that read `compute.quant` loaded torch, and libgomp
+    (A ``--wire`` choice that read `compute.wiretensor` loaded torch, and libgomp
     read the default spin before the client could set its own.)
     """
     code = ("import sys\nfrom wallet.cli import main_group\n"

@@ -19,7 +19,8 @@ from ledger.codec import decode, encode
 from ledger.errors import DecodeError
 from node.net import DialError, FrameReader, FramingError, Host, RequestError, read_frame, write_frame
 from node.wire import (
-    INFERENCE_PROTOCOL, Busy, OpenSession, SessionAccepted, SessionError, Settle, StepResult,
+    INFERENCE_PROTOCOL, TAB_REFUSED, Busy, OpenSession, SessionAccepted, SessionError, Settle,
+    StepResult,
 )
 from wallet.client.directory import SwarmDirectory
 from wallet.errors import HopFailed, ServerBusy
@@ -118,7 +119,7 @@ async def open_hop(host: Host, directory: SwarmDirectory, hop: Hop, config: Clie
         raise ServerBusy(hop.peer_id, reply.retry_after_ms, reply.reason, reply.min_bid)
     if isinstance(reply, SessionError):
         await session.close()
-        if paid and reply.reason.startswith("the chain refuses the tab"):
+        if paid and reply.reason.startswith(TAB_REFUSED):  # the wire says it in text only
             # Every server's chain would: no other route helps (e.g. a stale balance).
             raise PaymentRefused(f"{hop.peer_id}: {reply.reason}")
         # E.g. it moved to other layers since it announced: plan around it.

@@ -1,8 +1,8 @@
 """The client's inference route: which servers run which layers, in order.
 
-Owns the cost of one hop (`hop_cost`), the cheapest route over the announced
-servers (`plan_route`) and the repair of a route after one hop failed
-(`replan`). Pure core: stdlib only; the caller hands in the announcements
+Owns the seconds of one hop (`hop_seconds`), the cheapest route over the
+announced servers (`plan_route`) and the repair of a route after one hop
+failed (`replan`). Pure core: stdlib only; the caller hands in the announcements
 (`ServerInfo`) and the round-trip times it measured, so the same inputs always
 give the same route.
 
@@ -65,7 +65,7 @@ class Hop:
     end: int
 
 
-def hop_cost(server: ServerInfo, start: int, end: int, rtt_s: float) -> float:
+def hop_seconds(server: ServerInfo, start: int, end: int, rtt_s: float) -> float:
     """Expected seconds per decode token for layers [start, end) on ``server``.
 
     Args:
@@ -118,7 +118,7 @@ def plan_route(
 
     Returns:
         Hops whose spans are contiguous from start to end, each inside its
-        server's span; the cheapest by `hop_cost`, ties as the module says.
+        server's span; the cheapest by `hop_seconds`, ties as the module says.
 
     Raises:
         RouteError: start < 0 or end <= start, or a bad rtt.

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 import trio
 
-from compute.quant import WireTensorError, decode_tensor, encode_tensor
+from compute.wiretensor import WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from ledger.errors import EncodeError
 from node.net import FramingError, Host, write_frame

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from compute.quant import encode_tensor
+from compute.wiretensor import encode_tensor
 from ledger.codec import decode, encode
 from node.clock import now_ms
 from node.wire import SignedAnswer, SpotEvidence, Step, step_claim

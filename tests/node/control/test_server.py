@@ -24,7 +24,7 @@ from node.control import (
     MAX_REQUEST, ControlError, ControlServer, NodeNotRunning, control_call, control_request,
 )
 from node.datadir import DataDir
-from node.errors import DataDirError
+from node.errors import BadRequest, DataDirError, NodeError
 from node.datadir import read_key_file
 from node.net.framing import read_frame, write_frame
 from node.node import Node, ProduceConfig
@@ -126,6 +126,8 @@ class _Conn:
     (b'{"op": "account", "address": "zz"}', "address"),
     (b'{"op": "submit_tx", "tx": 7}', "hex"),
     (b'{"op": "submit_tx", "tx": "0001"}', "DecodeError"),
+    # A chain view's bad argument is a `BadRequest` too: answered as its own text.
+    (b'{"op": "view", "name": "block", "args": {"height": 7}}', "no block at height 7"),
     (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
 ])
 def test_a_malformed_request_gets_an_error_and_the_node_lives_on(data_dir, payload, error):
@@ -134,9 +136,25 @@ def test_a_malformed_request_gets_an_error_and_the_node_lives_on(data_dir, paylo
             await nursery.start(Node(data_dir, now_ms, produce=ProduceConfig(enabled=False)).run)
             reply = await ask_raw(data_dir / "node.sock", payload)
             assert reply["ok"] is False and error in reply["error"], reply
+            assert not reply["error"].startswith("BadRequest"), reply  # the text alone
             assert (await control_request(data_dir, "status"))["height"] == 0
             nursery.cancel_scope.cancel()
     run(main)
+
+
+def test_a_bad_request_is_answered_with_its_text_and_other_refusals_with_their_type(tmp_path):
+    async def bad(args):  # a view's bad argument and an op's are one error
+        raise BadRequest('"height" must be a whole number')
+
+    async def refused(args):
+        raise DataDirError("the data dir is locked")
+
+    server = ControlServer(tmp_path / "node.sock", {"bad": bad, "refused": refused})
+    assert issubclass(BadRequest, NodeError)
+    assert trio.run(server.handle, b'{"op": "bad"}') == {
+        "ok": False, "error": '"height" must be a whole number'}
+    assert trio.run(server.handle, b'{"op": "refused"}') == {
+        "ok": False, "error": "DataDirError: the data dir is locked"}
 
 
 def test_oversize_and_broken_frames_do_not_stop_the_server(tmp_path):

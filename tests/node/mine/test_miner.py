@@ -13,8 +13,8 @@ import torch.nn.functional as F
 import trio
 
 from compute.data import batch
-from compute.quant import encode_tensor
 from compute.train import train_local
+from compute.wiretensor import encode_tensor
 from ledger.chaindb import ChainDB
 from ledger.codec import encode
 from ledger.crypto import SigningKey

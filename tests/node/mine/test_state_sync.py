@@ -11,8 +11,8 @@ import torch
 import trio
 
 from compute.data import make_model
-from compute.quant import encode_tensor
 from compute.train import make_sections
+from compute.wiretensor import encode_tensor
 from ledger.codec import decode, encode
 from node.mine.devnet import devnet_job
 from node.mine.state_sync import StateSync

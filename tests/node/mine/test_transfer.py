@@ -14,7 +14,7 @@ import torch
 import trio
 import trio.testing
 
-from compute.quant import encode_tensor
+from compute.wiretensor import encode_tensor
 from ledger.codec import decode, encode
 from node.errors import BadPush
 from node.mine.transfer import Transfer

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from node.serve.admission import (
-    FairScheduler, Meter, SessionConfig, SessionConfigError, SessionLimits, address_key,
-    is_loopback, refusal,
+    ClientAtLimit, FairScheduler, InferenceError, Meter, ServerFull, SessionBusy, SessionConfig,
+    SessionConfigError, SessionLimits, SessionRefused, address_key, is_loopback, refusal,
 )
 
 
@@ -55,16 +55,30 @@ def test_explicit_limits_and_bad_caps():
 def test_refusal_reasons_name_the_clients_limit():
     limits = SessionLimits(max_sessions=8, per_peer=2, per_address=3)
     held = [("a", "192.0.2.1"), ("a", "192.0.2.1")]
-    assert "this client's limit" in refusal(limits, held, "a", "192.0.2.1")
-    assert "at most 2 per client" in refusal(limits, held, "a", "192.0.2.1")
+    by_peer = refusal(limits, held, "a", "192.0.2.1")
+    assert isinstance(by_peer, ClientAtLimit) and (by_peer.held, by_peer.limit) == (2, 2)
+    assert by_peer.address is None
+    assert str(by_peer) == ("this client's limit: it holds 2 sessions here, "
+                            "at most 2 per client")  # the `Busy` reason, as it always read
     assert refusal(limits, held, "b", "192.0.2.1") is None
     held.append(("b", "192.0.2.1"))
-    reason = refusal(limits, held, "c", "192.0.2.1")
-    assert "this client's limit" in reason and "192.0.2.1" in reason
+    by_address = refusal(limits, held, "c", "192.0.2.1")
+    assert isinstance(by_address, ClientAtLimit) and by_address.address == "192.0.2.1"
+    assert str(by_address) == ("this client's limit: 3 sessions are open from its address "
+                               "192.0.2.1, at most 3 per address")
     assert refusal(limits, held, "c", "192.0.2.2") is None  # another address
     assert refusal(limits, held, "c", None) is None  # unknown: not limited by address
     full = [(str(i), f"192.0.2.{i}") for i in range(8)]
-    assert refusal(limits, full, "z", "198.51.100.1") == "8 sessions open"
+    busy = refusal(limits, full, "z", "198.51.100.1")
+    assert isinstance(busy, ServerFull) and busy.open_sessions == 8
+    assert str(busy) == "8 sessions open"
+
+
+def test_busy_is_no_refusal():
+    # A server catches `SessionRefused` (a `SessionError`) apart from `SessionBusy` (`Busy`).
+    for cls in (ServerFull, ClientAtLimit):
+        assert issubclass(cls, SessionBusy) and issubclass(cls, InferenceError)
+        assert not issubclass(cls, SessionRefused)
 
 
 def test_loopback_is_exempt_from_the_address_limit_unless_asked():

@@ -17,7 +17,10 @@ from ledger.codec import encode
 from ledger.crypto import SigningKey
 from ledger.tab import Lane, OpenTab, Voucher, sign_voucher
 from ledger.types import ZERO_SIG, sign, tx_hash
-from node.serve.billing import Bill, PaymentError, check_tab, cost
+from node.serve.billing import Bill, PaymentError, check_tab
+from node.wire import charge
+from wallet.client.route import Hop
+from wallet.payer import ClientTab
 
 CHAIN = "pnode-test"
 CLIENT, SERVER, OTHER = (SigningKey(bytes([i]) * 32) for i in (1, 2, 3))
@@ -48,7 +51,7 @@ def test_check_tab_finds_the_lane():
     (encode(tab(chain_id="elsewhere")), {}, "is for chain 'elsewhere'"),
     (encode(tab()), {"bid": 4}, "a bid of 4 is below this server's ask of 5"),
     (encode(tab(lanes=(Lane(OTHER.public, 5000),))), {}, "no lane for this server"),
-    (encode(tab(cap=cost(1, LAYERS, BID) - 1)), {}, "less than one position"),
+    (encode(tab(cap=charge(1, LAYERS, BID) - 1)), {}, "less than one position"),
     (encode(replace(tab(), expiry_height=101)), {}, "not signed by its client"),
 ])
 def test_check_tab_refuses(raw, kw, reason):
@@ -75,7 +78,7 @@ def test_pay_after_delivery_with_one_step_of_credit():
 
 
 def test_the_cap_is_never_passed():
-    t, b = bill(cap=cost(7, LAYERS, BID))
+    t, b = bill(cap=charge(7, LAYERS, BID))
     b.take(b"", 6, LAYERS)
     b.deliver(6, LAYERS)
     with pytest.raises(PaymentError, match="tab exhausted: 300 owed, a step of 100 more"):
@@ -126,7 +129,7 @@ def test_an_honest_client_is_refused_only_at_the_cap(steps, cap):
     vouched = ran = covered = 0
     for n in steps:
         raw = b"" if vouched == 0 else voucher(t, (0, vouched))
-        if b.owed + cost(n, LAYERS, BID) > cap:
+        if b.owed + charge(n, LAYERS, BID) > cap:
             with pytest.raises(PaymentError, match="tab exhausted"):
                 b.take(raw, n, LAYERS)
             break
@@ -134,5 +137,20 @@ def test_an_honest_client_is_refused_only_at_the_cap(steps, cap):
         b.deliver(n, LAYERS)
         assert b.verify_pending()
         covered, vouched, ran = vouched, b.owed, ran + n
-    assert b.owed == cost(ran, LAYERS, BID) <= cap
+    assert b.owed == charge(ran, LAYERS, BID) <= cap
     assert b.paid == covered  # the last voucher taken: every step but the last one run
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.lists(st.integers(1, 64), max_size=12), bid=st.integers(0, 50))
+def test_the_client_counts_a_lane_as_its_server_does(steps, bid):
+    # Both ends count by `node.wire.charge`: a client's vouchers are never behind.
+    t = tab(cap=10**12)
+    hop = Hop("server", 3, 3 + LAYERS)
+    client = ClientTab(t, CLIENT, {"server": 1}, {"server": bid}, [0, 0])
+    server = Bill.of(t, 1, bid)
+    for n in steps:
+        client.deliver(hop, n)
+        server.deliver(n, LAYERS)
+        assert client.owed("server") == server.owed
+    assert server.owed == charge(sum(steps), LAYERS, bid)

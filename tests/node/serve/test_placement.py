@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from node.errors import BalanceError, NodeError
+from node.errors import PlacementError, NodeError
 from node.serve.placement import choose_span, layer_throughput, should_move
 
 
@@ -54,11 +54,11 @@ def test_the_weakest_layer_decides_then_the_sum_then_the_start():
 
 def test_span_length_is_clamped_and_checked():
     assert choose_span([Srv("a", 0, 2, 1.0)], 4, 50) == 0
-    with pytest.raises(BalanceError):
+    with pytest.raises(PlacementError):
         choose_span([], 4, 0)
-    with pytest.raises(BalanceError):
+    with pytest.raises(PlacementError):
         choose_span([], 0, 1)
-    assert issubclass(BalanceError, NodeError) and issubclass(BalanceError, ValueError)
+    assert issubclass(PlacementError, NodeError) and issubclass(PlacementError, ValueError)
 
 
 def test_should_move_to_a_much_weaker_region():
@@ -84,13 +84,13 @@ def test_should_move_stays_where_it_is_best():
 
 
 def test_should_move_checks_its_inputs():
-    with pytest.raises(BalanceError, match="0 times"):
+    with pytest.raises(PlacementError, match="0 times"):
         should_move([Srv("a", 0, 10, 1.0)], "me", 10)
-    with pytest.raises(BalanceError, match="2 times"):
+    with pytest.raises(PlacementError, match="2 times"):
         should_move([Srv("me", 0, 5, 1.0), Srv("me", 5, 10, 1.0)], "me", 10)
-    with pytest.raises(BalanceError, match="outside"):
+    with pytest.raises(PlacementError, match="outside"):
         should_move([Srv("me", 12, 15, 1.0)], "me", 10)
-    with pytest.raises(BalanceError, match="min_gain"):
+    with pytest.raises(PlacementError, match="min_gain"):
         should_move([Srv("me", 0, 5, 1.0)], "me", 10, min_gain=0.9)
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from node.wire import ServerInfo, SpanError
 from wallet.errors import NoRoute, RemoteError, RouteError, SessionTooLong, WalletError
-from wallet.client.route import Hop, hop_cost, plan_route, replan
+from wallet.client.route import Hop, hop_seconds, plan_route, replan
 
 A = ServerInfo("A", 0, 10, 10.0)
 B = ServerInfo("B", 10, 20, 10.0)
@@ -22,24 +22,24 @@ def cost_of(route, servers, rtt=None, default_rtt=0.05):
     """Seconds per token of a route (each peer id names one server)."""
     by_id = {s.peer_id: s for s in servers}
     rtt = rtt or {}
-    return sum(hop_cost(by_id[h.peer_id], h.start, h.end, rtt.get(h.peer_id, default_rtt))
+    return sum(hop_seconds(by_id[h.peer_id], h.start, h.end, rtt.get(h.peer_id, default_rtt))
                for h in route)
 
 
 # --- examples ---------------------------------------------------------------
 
 
-def test_hop_cost_is_rtt_plus_share_of_the_step_times_queue():
+def test_hop_seconds_is_rtt_plus_share_of_the_step_times_queue():
     s = ServerInfo("s", 0, 10, 4.0, load=1)
     # 5 of 10 layers at 4 tokens/s: 0.125 s, doubled behind one session.
-    assert hop_cost(s, 0, 5, 0.03) == pytest.approx(0.03 + 0.25)
-    assert hop_cost(s, 0, 10, 0.0) == pytest.approx(0.5)
+    assert hop_seconds(s, 0, 5, 0.03) == pytest.approx(0.03 + 0.25)
+    assert hop_seconds(s, 0, 10, 0.0) == pytest.approx(0.5)
     with pytest.raises(RouteError):
-        hop_cost(s, 5, 11, 0.0)
+        hop_seconds(s, 5, 11, 0.0)
     with pytest.raises(RouteError):
-        hop_cost(s, 3, 3, 0.0)
+        hop_seconds(s, 3, 3, 0.0)
     with pytest.raises(RouteError):
-        hop_cost(s, 0, 5, -1.0)
+        hop_seconds(s, 0, 5, -1.0)
 
 
 def test_bad_announcements_are_refused():

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from compute.quant import decode_tensor, encode_tensor
+from compute.wiretensor import decode_tensor, encode_tensor
 from node.wire import ServerInfo
 from tests.node.netkit import run
 from tests.wallet.client.test_remote import PROMPT, local_tokens, parts, swarm  # noqa: F401 (fixtures)

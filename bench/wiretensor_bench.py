@@ -1,4 +1,4 @@
-"""Benchmark compute.quant's wire codecs against a raw float32 byte copy.
+"""Benchmark compute.wiretensor's wire codecs against a raw float32 byte copy.
 
 Measures, for one hidden-state tensor (default shape (1, 256, 576), float32,
 standard normal with a few large outliers, as hidden states have):
@@ -11,9 +11,9 @@ standard normal with a few large outliers, as hidden states have):
      the tensor's last dim (576 for SmolLM2-135M), against float32;
   4. the round-trip error: max |x - x'| and relative RMS error.
 
-Usage:  .venv/bin/python bench/quant_bench.py [--tokens T] [--dim C] [--threads N] [--json]
+Usage:  .venv/bin/python bench/wiretensor_bench.py [--tokens T] [--dim C] [--threads N] [--json]
 A combined benchmark can put bench/ on sys.path and call
-``quant_bench.run(tokens, dim)``, which returns the figures as a dict.
+``wiretensor_bench.run(tokens, dim)``, which returns the figures as a dict.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))  # run as a script without an install
 
-from compute import quant  # noqa: E402
+from compute import wiretensor  # noqa: E402
 
 DEFAULT_TOKENS = 256
 DEFAULT_DIM = 576
@@ -75,15 +75,16 @@ def _baseline(x: torch.Tensor, calls: int, repeats: int) -> dict[str, float]:
 
 def _codec(x: torch.Tensor, codec: str, calls: int, repeats: int) -> dict[str, float]:
     """Timings, sizes and error of one codec on x."""
-    data = quant.encode_tensor(x, codec)
-    y = quant.decode_tensor(data)
+    data = wiretensor.encode_tensor(x, codec)
+    y = wiretensor.decode_tensor(data)
     diff = (x - y).double()
-    token_payload = quant.encoded_size(codec, (x.shape[-1],)) - quant.encoded_size(codec, (0,))
+    token_payload = (wiretensor.encoded_size(codec, (x.shape[-1],))
+                     - wiretensor.encoded_size(codec, (0,)))
     return {
-        "encode_s": _best_time(lambda: quant.encode_tensor(x, codec), calls, repeats),
-        "decode_s": _best_time(lambda: quant.decode_tensor(data), calls, repeats),
+        "encode_s": _best_time(lambda: wiretensor.encode_tensor(x, codec), calls, repeats),
+        "decode_s": _best_time(lambda: wiretensor.decode_tensor(data), calls, repeats),
         "message_bytes": len(data),
-        "bytes_per_element": quant.bytes_per_element(codec),
+        "bytes_per_element": wiretensor.bytes_per_element(codec),
         "bytes_per_token": token_payload,
         "max_abs_error": float(diff.abs().max()),
         "rel_rms_error": float(diff.norm() / x.double().norm()),
@@ -111,7 +112,7 @@ def run(
     base.update(encode_mb_s=mb / base["encode_s"], decode_mb_s=mb / base["decode_s"])
     base["bytes_per_token"] = 4 * dim
     codecs = {}
-    for codec in quant.CODECS:
+    for codec in wiretensor.CODECS:
         c = _codec(x, codec, calls, repeats)
         c.update(
             encode_mb_s=mb / c["encode_s"],
@@ -155,7 +156,7 @@ HEADERS = ("codec", "encode MB/s", "decode MB/s", "vs copy (enc/dec)", "bytes/to
 
 def _print_table(r: dict[str, Any]) -> None:
     """Print the figures with rich if available, else as plain text."""
-    title = (f"compute.quant on {tuple(r['shape'])} float32 ({r['input_mb']:.3f} MB), "
+    title = (f"compute.wiretensor on {tuple(r['shape'])} float32 ({r['input_mb']:.3f} MB), "
              f"torch {r['torch']}, {r['torch_threads']} threads")
     try:
         from rich.console import Console

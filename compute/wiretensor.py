@@ -79,6 +79,21 @@ class WireTensorError(ComputeError, ValueError):
     """A tensor cannot be encoded, or bytes are not a valid wire tensor."""
 
 
+class TooManyElements(WireTensorError):
+    """A wire tensor whose header announces more elements than the receiver takes.
+
+    Well formed, perhaps, but past the decoder's ``max_elements`` (a session's
+    budget, say): a receiver tells it from garbage by this type.
+
+    Attributes:
+        shape: the announced shape; numel: its elements; max_elements: the limit.
+    """
+
+    def __init__(self, shape: tuple[int, ...], numel: int, max_elements: int):
+        super().__init__(f"shape {shape} has {numel} elements, at most {max_elements} allowed")
+        self.shape, self.numel, self.max_elements = shape, numel, max_elements
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     """Product of the dims (1 for a scalar)."""
     numel = 1
@@ -226,7 +241,7 @@ def _parse_header(data: bytes, max_elements: int) -> tuple[int, int, tuple[int, 
     shape = struct.unpack_from(f"<{ndim}I", data, _HEAD.size)
     numel = _numel(shape)
     if numel > max_elements:
-        raise WireTensorError(f"shape {shape} has {numel} elements, at most {max_elements} allowed")
+        raise TooManyElements(shape, numel, max_elements)
     want = end + _payload_size(codec, dtype, numel)
     if len(data) != want:
         raise WireTensorError(
@@ -282,6 +297,7 @@ def decode_tensor(
     Returns:
         A new CPU tensor of the sender's dtype and shape.
     Raises:
+        TooManyElements: the header announces more than ``max_elements``.
         WireTensorError: data is not bytes-like or not a valid wire tensor.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):

@@ -1,4 +1,4 @@
-"""compute.quant: codec error bounds, sizes, the wire header, and refusal of bad input."""
+"""compute.wiretensor: codec error bounds, sizes, the wire header, and refusal of bad input."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compute.errors import ComputeError
-from compute.quant import (
+from compute.wiretensor import (
     BLOCK,
     CODECS,
     MAX_ELEMENTS,
+    TooManyElements,
     WireTensorError,
     bytes_per_element,
     decode_tensor,
@@ -285,8 +286,10 @@ def test_negative_zero_is_a_value_of_float_payloads(codec, dtype):
 
 def test_element_limit_is_adjustable():
     data = encode_tensor(torch.ones(100), "raw")
-    with pytest.raises(WireTensorError):
+    with pytest.raises(TooManyElements, match="100 elements, at most 99") as raised:
         decode_tensor(data, max_elements=99)
+    assert isinstance(raised.value, WireTensorError)
+    assert (raised.value.shape, raised.value.numel, raised.value.max_elements) == ((100,), 100, 99)
     assert decode_tensor(memoryview(data), max_elements=100).shape == (100,)
     assert decode_tensor(bytearray(data)).shape == (100,)
 
