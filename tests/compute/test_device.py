@@ -97,3 +97,33 @@ def test_deterministic_keeps_a_cublas_setting_already_made(restore_settings, mon
 def test_deterministic_refuses_a_bad_thread_count(threads):
     with pytest.raises(DeviceSpecError, match="thread count"):
         deterministic(threads)
+
+
+def test_pinned_threads_rounds_as_its_count_whatever_the_callers(restore_settings):
+    """A float32 sum that torch splits by thread (one output, past its grain) rounds by
+    the thread count: `pinned_threads` gives the pinned count's bits from a caller at any
+    count, and puts the caller's back. The control: 1 and 2 threads differ unpinned (at
+    the first length that shows it; skipped, with what was measured, where none does)."""
+    from compute.device import pinned_threads
+    g = torch.Generator().manual_seed(0)
+    lengths = (40_009, 262_147, 1_000_003)  # past at::internal::GRAIN_SIZE (32768)
+
+    def unpinned_sum(x, threads):
+        torch.set_num_threads(threads)
+        return x.sum()
+
+    for n in lengths:
+        x = torch.randn(n, generator=g)
+        at = {t: unpinned_sum(x, t) for t in (1, 2)}
+        if not torch.equal(at[1], at[2]):  # the control: the count shows in the bits
+            break
+    else:
+        pytest.skip(f"control not shown: float32 sums of {lengths} elements rounded alike "
+                    "at 1 and 2 threads here")
+    for caller in (1, 2, 3):
+        for pinned in (1, 2):
+            torch.set_num_threads(caller)
+            with pinned_threads(pinned):
+                assert torch.get_num_threads() == pinned
+                assert torch.equal(x.sum(), at[pinned])
+            assert torch.get_num_threads() == caller

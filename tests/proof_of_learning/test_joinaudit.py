@@ -162,17 +162,22 @@ def test_a_miner_keeps_the_newest_states_only():
 
 
 def test_the_jobs_thread_count_makes_a_replay_exact_whatever_the_callers():
-    """A weight gradient's rounding depends on the intra-op thread count: every unit runs
-    at the job's (`pinned_threads`), so a node whose own count differs replays exactly;
-    without the pin (the control) the devnet job's gradients differ at 1 thread and 2."""
+    """A weight gradient's rounding may depend on the intra-op thread count: every unit
+    runs at the job's (`pinned_threads`), so a node whose own count differs replays
+    exactly. The control, a replay without the pin, shows the effect where the CPU's
+    BLAS splits the gradients' batch reduction by thread (1 and 2 threads differ); where
+    it does not, the job rounds alike at any count and the control is skipped (the pin
+    itself is shown on a reduction torch splits: tests/compute/test_device.py)."""
     from compute.device import pinned_threads
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         w = make_worker(2, batch_size=16, seq_len=64, threads=2)  # the devnet job's batch
         run_step(w, 0)
-        torch.set_num_threads(2)
-        assert replay(w, 0, 1).status == "pass"
+        for caller in (1, 2):  # a count not the job's, and the job's
+            torch.set_num_threads(caller)
+            assert replay(w, 0, 1).status == "pass"
+            assert torch.get_num_threads() == caller
         with pinned_threads(1):
             assert torch.get_num_threads() == 1
             unpinned = Replayer(w.config)
@@ -182,7 +187,11 @@ def test_the_jobs_thread_count_makes_a_replay_exact_whatever_the_callers():
         committed = {i: (r.weights_hash, r.input_hash, r.output_hash, r.cert_hash)
                      for (t, i), r in w.receipts.items()}
         assert hashes[0] == committed[0]  # no weight gradient: alike at any count
-        assert any(hashes[i] != committed[i] for i in (1, 2, 3))
+        if all(hashes[i] == committed[i] for i in (1, 2, 3)):  # the control, measured
+            pytest.skip("control not shown: this CPU rounds the devnet job alike at 1 and 2 "
+                        "threads (an unpinned replay at 1 thread matched all 4 units "
+                        "computed at 2: its BLAS does not split a weight gradient's batch "
+                        "reduction by thread), so the replays above pass at any count")
     finally:
         torch.set_num_threads(before)
 
