@@ -202,12 +202,14 @@ def pinned_threads(threads: int) -> Iterator[None]:
     """Run the block with ``threads`` intra-op CPU threads, then restore the count.
 
     A training job's units run at the job's count (`JobConfig.threads`) on
-    every node: the CPU splits a matmul's reduction (a weight gradient's
-    sum over the batch) by thread, so other counts give other roundings,
-    and only the same count lets a verifier or a replay match a worker's
-    digests (measured: 1 and 2 threads differ in every weight gradient of
-    the devnet's job). The count is the calling thread's (OpenMP's is per
-    thread), so call it on the thread that computes.
+    every node: a CPU BLAS may split a matmul's reduction (a weight
+    gradient's sum over the batch) by thread, so other counts may give
+    other roundings, and only the same count lets a verifier or a replay
+    match a worker's digests everywhere (measured on one machine: 1 and 2
+    threads differ in every weight gradient of the devnet's job; on an AMD
+    Zen 5 with torch 2.13's MKL they round alike, while torch's own long
+    float32 sums still differ). The count is the calling thread's (OpenMP's
+    is per thread), so call it on the thread that computes.
     """
     before = torch.get_num_threads()
     if before != threads:
