@@ -164,7 +164,7 @@ def main() -> None:
         dirs = make_chain(Path(tmp), client)
         procs, addrs = start_servers(dirs)
         try:
-            registry = registry_from_view(control_call(dirs[0], "registry"))
+            registry = registry_from_view(control_call(dirs[0], "view", name="registry")["view"])
             runs = {"free": [], "paid": []}
             latencies, settlement = [], []
             for r in range(args.repeats + 1):  # the first round warms up, not counted

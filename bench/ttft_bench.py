@@ -174,7 +174,7 @@ def main() -> None:
         try:
             if args.petals_python:
                 petals = PetalsSwarm(args.petals_python, args.petals_model, Path(tmp), prompt_ids)
-            registry = registry_from_view(control_call(dirs[0], "registry"))
+            registry = registry_from_view(control_call(dirs[0], "view", name="registry")["view"])
             runs = trio.run(rounds, args, addrs[0], dirs, key, parts, registry, petals)
         finally:
             if petals:
