@@ -2,21 +2,22 @@
 
 Each arm is a checkout of pnode (``--a`` and ``--b``, default: this one for
 both). For each arm a worker process, run on that checkout's code, starts
-three `pnode start` servers (layers 0-10, 10-20, 20-30) with that code and
-keeps a client ready (`bench/swarm_bench.py`'s `Swarm` and `remote_run` of
-the same checkout). The arm not running has its servers stopped with
-SIGSTOP, so its background work (announcements, pings) cannot touch the
-other arm's tokens; the arms alternate which goes first each round. Each
-generation is greedy, pushed (`pwallet infer`'s default), after the same
-prompt; the decode rate leaves the first token out. The outputs of both arms
-must be equal (asserted).
+three `pnode start` servers (--servers; layers 0-10, 10-20, 20-30) with
+that code and keeps a client ready (`bench/swarm_bench.py`'s `Swarm` and
+`remote_run` of the same checkout). The arm not running has its servers
+stopped with SIGSTOP, so its background work (announcements, pings) cannot
+touch the other arm's tokens; the arms alternate which goes first each
+round. Each generation is greedy, pushed (`pwallet infer`'s default), after
+the same prompt; the decode rate leaves the first token out. The outputs of
+both arms must be equal (asserted).
 
 Prints, per pair, both rates and B/A; then the median of B/A and how often
 B was ahead: on this shared 2-core machine two full benches of the same code
 differ by up to 0.1x of local, while a paired ratio moves by a few percent.
 
 Usage:  .venv/bin/python bench/ab_swarm.py --a /path/to/old/checkout [--b .]
-            [--pairs 12] [--tokens 64] [--server-threads 2] [--json]
+            [--pairs 12] [--tokens 64] [--server-threads 2] [--servers 3] [--json]
+            [--smoke]
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ import sys
 import time
 from pathlib import Path
 
+import benchkit
+
 _HERE = Path(__file__).resolve()
-SPANS = ((0, 10), (10, 20), (20, 30))
 
 
-def worker(root: Path, tokens: int, server_threads: int) -> None:
+def worker(root: Path, tokens: int, server_threads: int, servers: int) -> None:
     """One arm: servers and a client from the checkout at ``root``; a generation per stdin line."""
     import tempfile
 
@@ -50,12 +52,12 @@ def worker(root: Path, tokens: int, server_threads: int) -> None:
     with tempfile.TemporaryDirectory(prefix="pnode-ab-") as tmp:
         swarm = swarm_bench.Swarm(Path(tmp), server_threads)
         try:
-            for span in SPANS:
+            for span in benchkit.even_spans(servers):
                 swarm.start(span)
             print(json.dumps({"pids": [p.pid for p in swarm.procs]}), flush=True)
             for _ in sys.stdin:
                 ids, rate, _, _ = trio.run(swarm_bench.remote_run, swarm.addrs[0], parts, tokens,
-                                           "raw", len(SPANS), None, None, True)
+                                           "raw", servers, None, None, True)
                 print(json.dumps({"ids": ids, "rate": rate}), flush=True)
         finally:
             swarm.close()
@@ -68,7 +70,7 @@ class Arm:
         self.name, self.root = name, root
         self.proc = subprocess.Popen(
             [sys.executable, str(_HERE), "--worker", str(root), "--tokens", str(args.tokens),
-             "--server-threads", str(args.server_threads)],
+             "--server-threads", str(args.server_threads), "--servers", str(args.servers)],
             cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line:
@@ -106,11 +108,13 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=12)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--server-threads", type=int, default=2)
+    p.add_argument("--servers", type=int, default=3, help="servers of each arm's route")
     p.add_argument("--json", action="store_true")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    # Smoke: one server an arm (the harness is what it checks; swarm_bench's smoke pushes).
+    args = benchkit.parse_args(p, {"pairs": 1, "tokens": 2, "server_threads": 1, "servers": 1})
     if args.worker:
-        return worker(args.worker.resolve(), args.tokens, args.server_threads)
+        return worker(args.worker.resolve(), args.tokens, args.server_threads, args.servers)
     arms = []
     try:
         for name, root in (("A", args.a.resolve()), ("B", args.b.resolve())):
@@ -134,13 +138,15 @@ def main() -> None:
                "a_tok_s": statistics.median(r[0] for r in pairs),
                "b_tok_s": statistics.median(r[1] for r in pairs),
                "b_over_a": statistics.median(ratios), "b_ahead": sum(r > 1 for r in ratios)}
-    if args.json:
-        print(json.dumps(summary, indent=2))
-        return
+    benchkit.report(args, summary, lambda: print_table(args, summary))
+
+
+def print_table(args, summary: dict) -> None:
+    pairs = summary["pairs"]
     print(f"\n| A | B | pairs | A tok/s | B tok/s | B/A, median | B ahead |\n|---|---|---|---|---|---|---|\n"
-          f"| {args.a} | {args.b} | {len(pairs)} | {summary['a_tok_s']:.2f} | "
+          f"| {args.a} | {args.b} | {pairs} | {summary['a_tok_s']:.2f} | "
           f"{summary['b_tok_s']:.2f} | {summary['b_over_a']:.3f} | {summary['b_ahead']} of "
-          f"{len(pairs)} |")
+          f"{pairs} |")
 
 
 if __name__ == "__main__":

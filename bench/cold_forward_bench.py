@@ -23,13 +23,12 @@ figure is the median over repeats of the per-repeat medians. Ratios are
 each mode's 10-layer time over back-to-back's.
 
 Usage:  .venv/bin/python bench/cold_forward_bench.py [--steps 40] [--repeats 3]
-            [--gap-ms 25] [--threads 2] [--json]
+            [--gap-ms 25] [--threads 2] [--json] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import statistics
 import sys
@@ -46,6 +45,7 @@ share_cpus_politely()  # as `pnode start` does, before torch loads
 
 import torch  # noqa: E402
 
+import benchkit  # noqa: E402
 from compute.gguf import load_gguf  # noqa: E402
 from compute.kvcache import KVCache  # noqa: E402
 
@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--gap-ms", type=float, default=25.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = benchkit.parse_args(parser, {"steps": 3, "repeats": 1, "gap_ms": 1.0, "threads": 1})
     torch.set_num_threads(args.threads)
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
@@ -157,15 +157,16 @@ def main() -> None:
         conn.send(None)
         child.join(timeout=30)
     table = summarize(runs)
-    if args.json:
-        print(json.dumps({"gap_ms": args.gap_ms, "threads": args.threads, "modes": table}))
-        return
-    print(f"10-layer one-token forward after a {args.gap_ms:g} ms gap "
-          f"({args.threads} threads, {args.steps} steps x {args.repeats} repeats)")
-    print(f"{'mode':<16}{'10 layers ms':>14}{'first layer ms':>16}{'ratio':>8}")
-    for mode, row in table.items():
-        print(f"{mode:<16}{row['layers_ms']:>14.2f}{row['first_layer_ms']:>16.2f}"
-              f"{row['ratio']:>7.2f}x")
+
+    def show() -> None:
+        print(f"10-layer one-token forward after a {args.gap_ms:g} ms gap "
+              f"({args.threads} threads, {args.steps} steps x {args.repeats} repeats)")
+        print(f"{'mode':<16}{'10 layers ms':>14}{'first layer ms':>16}{'ratio':>8}")
+        for mode, row in table.items():
+            print(f"{mode:<16}{row['layers_ms']:>14.2f}{row['first_layer_ms']:>16.2f}"
+                  f"{row['ratio']:>7.2f}x")
+    benchkit.report(args, {"gap_ms": args.gap_ms, "threads": args.threads, "modes": table},
+                    show, indent=None)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ time, so under the same load). Everything runs on --threads torch threads
 (``torch.set_num_threads``) and llama.cpp gets the same count.
 
 Usage:  .venv/bin/python bench/compute_bench.py [--threads 2] [--prompt-tokens 256]
-            [--decode-tokens 64] [--repeats N] [--max-wait S] [--json]
+            [--decode-tokens 64] [--repeats N] [--max-wait S] [--wire-prompts N]
+            [--wire-tokens N] [--json] [--smoke]
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import os
 import platform
 import resource
@@ -61,6 +61,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))  # run as a script without an install
 
+import benchkit  # noqa: E402
 from compute import wiretensor  # noqa: E402
 from compute.generate import generate  # noqa: E402
 from compute.gguf import field, find_gguf, load_gguf, open_gguf  # noqa: E402
@@ -471,8 +472,10 @@ def _matching_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def bench_wire(ours: Transformer, tok: Tokenizer) -> dict[str, Any]:
-    """Bytes per token and the error each codec adds at the cuts."""
+def bench_wire(ours: Transformer, tok: Tokenizer, n_prompts: int = len(WIRE_PROMPTS),
+               n_tokens: int = WIRE_TOKENS) -> dict[str, Any]:
+    """Bytes per token and the error each codec adds at the cuts, over the first
+    ``n_prompts`` of WIRE_PROMPTS and ``n_tokens`` greedy tokens."""
     dim = ours.config.dim
     f32_token = wiretensor.encoded_size("raw", (dim,)) - wiretensor.encoded_size("raw", (0,))
     sizes = {}
@@ -484,7 +487,7 @@ def bench_wire(ours: Transformer, tok: Tokenizer) -> dict[str, Any]:
             "vs_float32": payload / f32_token,
         }
     prompts = []
-    for p in WIRE_PROMPTS:
+    for p in WIRE_PROMPTS[:n_prompts]:
         if p.startswith("chat:"):
             prompts.append((p, tok.encode_chat([{"role": "user", "content": p[5:]}])))
         else:
@@ -493,8 +496,8 @@ def bench_wire(ours: Transformer, tok: Tokenizer) -> dict[str, Any]:
     plain = SplitRun(ours, WIRE_CUTS, None)
     reference = {}
     for text, ids in prompts:
-        want = generate(ours, ids, WIRE_TOKENS)
-        got, gaps = plain.greedy(ids, WIRE_TOKENS)
+        want = generate(ours, ids, n_tokens)
+        got, gaps = plain.greedy(ids, n_tokens)
         assert got == want, f"split run without codec differs from generate() on {text!r}"
         with torch.inference_mode():
             reference[text] = (ours(torch.tensor([ids])), want, gaps)
@@ -506,7 +509,7 @@ def bench_wire(ours: Transformer, tok: Tokenizer) -> dict[str, Any]:
         for text, ids in prompts:
             base_logits, base_tokens, base_gaps = reference[text]
             diff = (run.forward(torch.tensor([ids])) - base_logits).abs()
-            tokens, _ = run.greedy(ids, WIRE_TOKENS)
+            tokens, _ = run.greedy(ids, n_tokens)
             match = _matching_prefix(tokens, base_tokens)
             per_prompt.append({
                 "prompt": text,
@@ -516,7 +519,7 @@ def bench_wire(ours: Transformer, tok: Tokenizer) -> dict[str, Any]:
                 "matching_prefix": match,
                 "identical": tokens == base_tokens,
                 # How close the unquantized run was to a tie where the codec's output diverged.
-                "base_top2_gap_at_divergence": base_gaps[match] if match < WIRE_TOKENS else None,
+                "base_top2_gap_at_divergence": base_gaps[match] if match < n_tokens else None,
             })
         errors[codec] = {
             "max_abs_logit_err": max(p["max_abs_logit_err"] for p in per_prompt),
@@ -530,7 +533,8 @@ def bench_wire(ours: Transformer, tok: Tokenizer) -> dict[str, Any]:
         "dim": dim,
         "cuts_after_layers": [c - 1 for c in WIRE_CUTS],
         "sections": [[a, b - 1] for a, b in SplitRun(ours, WIRE_CUTS, None).sections],
-        "greedy_tokens": WIRE_TOKENS,
+        "greedy_tokens": n_tokens,
+        "prompts": len(prompts),
         "max_abs_logit": logit_scale,
         "sizes": sizes,
         "errors": errors,
@@ -548,6 +552,8 @@ def run(
     wire: bool = True,
     llama: bool = True,
     max_wait_s: float = 20.0,
+    wire_prompts: int = len(WIRE_PROMPTS),
+    wire_tokens: int = WIRE_TOKENS,
 ) -> dict[str, Any]:
     """Run every measurement; returns a JSON-serialisable dict."""
     if min(threads, prompt_tokens, decode_tokens, repeats) < 1:
@@ -555,7 +561,6 @@ def run(
     torch.set_num_threads(threads)
     WAIT_IDLE["max_wait_s"] = max_wait_s
     BUSY_LOG.clear()
-    load_start = os.getloadavg()
     ours, tok, mem = load_ours()
     generate(ours, tok.encode(DECODE_PROMPT), 2)  # builds the packed decode weights
     mem["peak_rss_after_first_decode_mib"] = peak_rss_mib()
@@ -567,6 +572,9 @@ def run(
     mem["peak_rss_with_transformers_mib"] = peak_rss_mib()
 
     llm, llama_version = (None, "skipped") if not llama else load_llama_cpp(threads, 512)
+    if llm is None and llama:
+        benchkit.skipped("the llama.cpp ceiling", "llama-cpp-python is not installed: "
+                         "pip install -e '.[bench]'")
     ids = prompt_of(tok, prompt_tokens)
     result: dict[str, Any] = {
         "model": find_gguf().name,
@@ -586,7 +594,7 @@ def run(
             prefill=bench_llama_cpp_prefill(llm, ours, ids, repeats),
         )
     if wire:
-        result["wire"] = bench_wire(ours, tok)
+        result["wire"] = bench_wire(ours, tok, wire_prompts, wire_tokens)
     import transformers
 
     result.update(
@@ -596,8 +604,6 @@ def run(
         python=platform.python_version(),
         machine=platform.machine(),
         cpus=os.cpu_count(),
-        loadavg_start=load_start,
-        loadavg_end=os.getloadavg(),
         # CPU fraction other processes used just before each timed repeat (after waiting).
         busy_before_repeats=BUSY_LOG[:],
         repeats_started_busy=sum(b >= WAIT_IDLE["busy_below"] for b in BUSY_LOG),
@@ -692,7 +698,7 @@ SPEED_HEADERS = ("measure", "ours tok/s", "baseline", "baseline tok/s",
                  "ratio of medians (median of paired ratios)", "target",
                  "runs tok/s (ours / baseline)")
 WIRE_HEADERS = ("codec", "payload B/token", "1-token msg B", "vs f32", "max |logit err|",
-                "mean |logit err|", "same 32 tok",
+                "mean |logit err|", "same greedy tokens",
                 "matching prefix per prompt (unquantized top-2 logit gap there)")
 
 
@@ -710,8 +716,7 @@ def _print_tables(r: dict[str, Any]) -> None:
         f"{m['peak_rss_after_first_decode_mib']:.0f} MiB after first decode (packed weights; "
         f"current {m['rss_after_first_decode_mib']:.0f} MiB), "
         f"{m['peak_rss_with_transformers_mib']:.0f} MiB with transformers loaded",
-        f"GGUF tensor types: {r['gguf_tensor_types']}; load average at start "
-        f"{r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f}; "
+        f"GGUF tensor types: {r['gguf_tensor_types']}; "
         f"{r['repeats_started_busy']} of {len(r['busy_before_repeats'])} timed repeats "
         f"started with other processes using >= {r['wait_idle']['busy_below']:.0%} of the CPUs",
         f"decode prompt {r['decode']['prompt_tokens']} tokens, output (same in all): "
@@ -725,7 +730,7 @@ def _print_tables(r: dict[str, Any]) -> None:
         w = r["wire"]
         tables.append((
             f"Wire: hidden state (dim {w['dim']}) cut after layers "
-            f"{', '.join(map(str, w['cuts_after_layers']))}, {len(WIRE_PROMPTS)} prompts, "
+            f"{', '.join(map(str, w['cuts_after_layers']))}, {w['prompts']} prompts, "
             f"{w['greedy_tokens']} greedy tokens (logits up to {w['max_abs_logit']:.1f})",
             WIRE_HEADERS, _wire_rows(r),
         ))
@@ -764,8 +769,13 @@ def main(argv: list[str] | None = None) -> int:
     add("--max-wait", type=float, default=20.0,
         help="seconds to wait before each repeat for other processes to leave the CPUs "
              "idle (0: never wait)")
+    add("--wire-prompts", type=int, default=len(WIRE_PROMPTS),
+        help="how many of the wire prompts to run")
+    add("--wire-tokens", type=int, default=WIRE_TOKENS, help="greedy tokens per wire prompt")
     add("--json", action="store_true", help="print one JSON object instead of tables")
-    args = parser.parse_args(argv)
+    smoke = {"threads": 1, "prompt_tokens": 8, "decode_tokens": 2, "repeats": 1,
+             "max_wait": 0.0, "wire_prompts": 1, "wire_tokens": 2}
+    args = benchkit.parse_args(parser, smoke, argv)
     result = run(
         threads=args.threads,
         prompt_tokens=args.prompt_tokens,
@@ -774,11 +784,10 @@ def main(argv: list[str] | None = None) -> int:
         wire=not args.no_wire,
         llama=not args.no_llama_cpp,
         max_wait_s=args.max_wait,
+        wire_prompts=args.wire_prompts,
+        wire_tokens=args.wire_tokens,
     )
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        _print_tables(result)
+    benchkit.report(args, result, lambda: _print_tables(result))
     return 0
 
 

@@ -6,14 +6,13 @@ random file of --mb MiB on its shelf, the other fetches it range by range
 baseline moves the same bytes over a plain trio TCP connection on
 127.0.0.1 and hashes them too. Medians over --repeats runs, alternating.
 
-Usage:  .venv/bin/python bench/data_bench.py [--mb 64] [--repeats 3] [--json]
+Usage:  .venv/bin/python bench/data_bench.py [--mb 64] [--repeats 3] [--json] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import benchkit  # noqa: E402
 from node.mine import DataShelf  # noqa: E402
 from node.net import PeerIdentity, open_host  # noqa: E402
 
@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = benchkit.parse_args(parser, {"mb": 1, "repeats": 1})
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "data.txt"
         src.write_bytes(os.urandom(args.mb << 20))
@@ -88,13 +88,13 @@ def main() -> None:
     rows = {"pnode /pnode/data/1.0.0": mb / statistics.median(pnode),
             "raw TCP (baseline)": mb / statistics.median(tcp)}
     ratio = rows["pnode /pnode/data/1.0.0"] / rows["raw TCP (baseline)"]
-    if args.json:
-        print(json.dumps({"mb": mb, "mb_per_s": rows, "ratio": ratio}, indent=2))
-        return
-    print(f"{args.mb} MiB, medians of {args.repeats}; both hash what arrives")
-    for name, rate in rows.items():
-        print(f"  {name:26} {rate:8.1f} MB/s")
-    print(f"  ratio pnode / raw TCP      {ratio:8.2f}x")
+
+    def table() -> None:
+        print(f"{args.mb} MiB, medians of {args.repeats}; both hash what arrives")
+        for name, rate in rows.items():
+            print(f"  {name:26} {rate:8.1f} MB/s")
+        print(f"  ratio pnode / raw TCP      {ratio:8.2f}x")
+    benchkit.report(args, {"mb": mb, "mb_per_s": rows, "ratio": ratio}, table)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,12 @@ export with `compute.export.load_export` (`pwallet infer --local`), a
 --model`). The baseline is safetensors' own save and load of the same
 tensors. Medians over --repeats runs, alternating.
 
-Usage:  .venv/bin/python bench/export_bench.py [--repeats 3] [--json]
+Usage:  .venv/bin/python bench/export_bench.py [--repeats 3] [--json] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import benchkit  # noqa: E402
 from compute.export import load_export, save_export  # noqa: E402
 from compute.gguf import load_gguf, open_gguf  # noqa: E402
 from compute.jobfile import config_json  # noqa: E402
@@ -40,7 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = benchkit.parse_args(ap, {"repeats": 1})
 
     from safetensors.torch import load_file, save_file
 
@@ -77,16 +77,17 @@ def main() -> None:
             ("read: safetensors (baseline)", med["safetensors_load"], "safetensors_load"),
             ("read: load_export (.safetensors)", med["load_export"], "safetensors_load"),
             ("read: load_gguf (.gguf)", med["load_gguf"], "safetensors_load")]
-    if args.json:
-        print(json.dumps({"seconds": med, "bytes": sizes, "repeats": args.repeats}))
-        return
-    print(f"SmolLM2-135M float32, {sum(t.numel() for t in weights.values()):,} parameters; "
-          f"median of {args.repeats}")
-    print(f"{'':36} {'seconds':>8} {'vs baseline':>12}")
-    for name, s, base_key in rows:
-        print(f"{name:36} {s:8.2f} {s / med[base_key]:11.2f}x")
-    for suffix, n in sizes.items():
-        print(f"  file {suffix:20} {n / 2**20:8.1f} MiB")
+
+    def table() -> None:
+        print(f"SmolLM2-135M float32, {sum(t.numel() for t in weights.values()):,} parameters; "
+              f"median of {args.repeats}")
+        print(f"{'':36} {'seconds':>8} {'vs baseline':>12}")
+        for name, s, base_key in rows:
+            print(f"{name:36} {s:8.2f} {s / med[base_key]:11.2f}x")
+        for suffix, n in sizes.items():
+            print(f"  file {suffix:20} {n / 2**20:8.1f} MiB")
+    benchkit.report(args, {"seconds": med, "bytes": sizes, "repeats": args.repeats}, table,
+                    indent=None)
 
 
 if __name__ == "__main__":

@@ -3,17 +3,21 @@
 The CPU runs every test in CI; this is what only a machine with a CUDA
 device can show. Against baselines measured in the same run:
   1. serving: SmolLM2 layers on cuda:N in `pnode start --gpu N` processes
-     (one server of all 30 layers, then three of 10), a greedy generation of
-     --tokens over them from a CPU client (client-driven routes, and pushed
-     ones over three servers)
+     (one server of all 30 layers, then three of 10: --routes), a greedy
+     generation of --tokens over them from a CPU client (client-driven
+     routes, and pushed ones over three servers)
      against `pwallet infer --local`'s engine on the CPU: whether the tokens
      are equal (the length of the equal prefix) and decode tokens/s of each
      (medians of --repeats);
-  2. mining: `pnode devnet --nodes 2 --steps S --gpu N` against the same
-     devnet on the CPU: each step's loss (the largest relative difference),
-     units accepted and coins per node, wall time.
+  2. mining: `pnode devnet --nodes 2 --steps S --gpu N` (--nodes) against
+     the same devnet on the CPU: each step's loss (the largest relative
+     difference), units accepted and coins per node, wall time.
 
-Usage:  python bench/gpu_check.py [--gpu 0] [--tokens 32] [--repeats 3] [--steps 6] [--json]
+Without a CUDA device it stops, but for ``--smoke``: that runs every step
+with the CPU in the GPU's place.
+
+Usage:  python bench/gpu_check.py [--gpu 0] [--tokens 32] [--repeats 3] [--steps 6]
+            [--nodes 2] [--routes 1,3] [--json] [--smoke]
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchkit  # noqa: E402
 import swarm_bench as sb  # noqa: E402  (sets the client's OpenMP policy before torch)
 import torch  # noqa: E402
 import trio  # noqa: E402
@@ -41,7 +46,8 @@ def equal_prefix(a: list[int], b: list[int]) -> int:
 def check_serving(args, root: Path, parts, local: sb.Local) -> dict:
     """Greedy generations over GPU servers against the CPU engine, alternately."""
     out = {}
-    for n, spans in {1: [(0, 30)], 3: [(0, 10), (10, 20), (20, 30)]}.items():
+    for n in args.routes:
+        spans = sb.ROUTES[n]
         swarm = sb.Swarm(root / f"gpu{n}", args.server_threads, gpu=args.gpu)
         try:
             for span in spans:
@@ -68,8 +74,8 @@ def check_serving(args, root: Path, parts, local: sb.Local) -> dict:
 
 
 def run_devnet(args, root: Path, gpu: int | None) -> dict:
-    """One `pnode devnet` (2 nodes, --steps) on the GPU or the CPU; its summary and time."""
-    cmd = [sys.executable, "-m", "node.cli", "devnet", "--nodes", "2", "--steps",
+    """One `pnode devnet` (--nodes, --steps) on the GPU or the CPU; its summary and time."""
+    cmd = [sys.executable, "-m", "node.cli", "devnet", "--nodes", str(args.nodes), "--steps",
            str(args.steps), "--data-dir", str(root), "--json"]
     began = time.monotonic()
     r = subprocess.run([*cmd, *(["--gpu", str(gpu)] if gpu is not None else [])],
@@ -82,7 +88,9 @@ def run_devnet(args, root: Path, gpu: int | None) -> dict:
 
 
 def check_mining(args, root: Path) -> dict:
-    gpu, cpu = run_devnet(args, root / "dn-gpu", args.gpu), run_devnet(args, root / "dn-cpu", None)
+    gpu = run_devnet(args, root / "dn-gpu", args.gpu)
+    # With no GPU (a smoke run) the CPU arm would run the very same devnet again.
+    cpu = gpu if args.gpu is None else run_devnet(args, root / "dn-cpu", None)
     diffs = [abs(g - c) / abs(c) for g, c in zip(gpu["losses"], cpu["losses"])]
     out = {"steps": args.steps, "gpu_losses": gpu["losses"], "cpu_losses": cpu["losses"],
            "max_rel_diff": max(diffs) if diffs else None,
@@ -103,12 +111,22 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="the CPU baseline's torch threads")
     p.add_argument("--server-threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--nodes", type=int, default=2, help="nodes of each devnet")
+    p.add_argument("--routes", type=sb.server_counts, default=(1, 3),
+                   help="server counts of the GPU routes (comma-separated, of 1, 2, 3)")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    smoke = {"tokens": 2, "repeats": 1, "steps": 1, "nodes": 1, "threads": 1,
+             "server_threads": 1, "routes": (1,)}
+    args = benchkit.parse_args(p, smoke)
     if not torch.cuda.is_available():
-        sys.exit("gpu_check: torch sees no CUDA device")
-    print(f"device: cuda:{args.gpu} {torch.cuda.get_device_name(args.gpu)}, torch "
-          f"{torch.__version__}", flush=True)
+        if not args.smoke:
+            sys.exit("gpu_check: torch sees no CUDA device")
+        # A smoke run still runs every step, with the CPU standing in for the GPU.
+        benchkit.skipped("the GPU", "torch sees no CUDA device: the CPU stands in for it")
+        args.gpu = None
+    else:
+        print(f"device: cuda:{args.gpu} {torch.cuda.get_device_name(args.gpu)}, torch "
+              f"{torch.__version__}", flush=True)
     torch.set_num_threads(args.threads)
     local = sb.Local(args.threads)
     parts = sb.load_client_parts()
@@ -118,9 +136,10 @@ def main() -> None:
                        "mining": check_mining(args, Path(tmp))}
     finally:
         local.close()
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return
+    benchkit.report(args, results, lambda: print_tables(args, results))
+
+
+def print_tables(args, results: dict) -> None:
     print("\n| route | GPU tok/s (client / pushed) | local CPU tok/s (same run) | "
           "greedy output equal |\n|---|---|---|---|")
     for n, r in results["serving"].items():
@@ -128,8 +147,8 @@ def main() -> None:
         print(f"| {n} GPU server(s) | {r['gpu_tok_s']:.1f} / {pushed} | "
               f"{r['local_cpu_tok_s']:.1f} | {r['equal_prefix']} of {r['of']} tokens |")
     m = results["mining"]
-    print(f"\nmining, 2-node devnet of {m['steps']} steps: GPU {m['gpu_seconds']} s, CPU "
-          f"{m['cpu_seconds']} s; losses differ by at most {m['max_rel_diff']:.2e} (relative); "
+    print(f"\nmining, {args.nodes}-node devnet of {m['steps']} steps: GPU {m['gpu_seconds']} s, "
+          f"CPU {m['cpu_seconds']} s; losses differ by at most {m['max_rel_diff']:.2e} (relative); "
           f"units accepted GPU {m['gpu_units']}, CPU {m['cpu_units']}")
 
 

@@ -12,13 +12,12 @@ Measures, in one run on this machine:
      inclusion proofs verified per second, against raw SHA-256).
 
 Usage:  .venv/bin/python bench/ledger_bench.py [--blocks N] [--block-txs N]
-                                                [--leaves N] [--json]
+                                                [--leaves N] [--json] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ for path in (_ROOT, _ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import benchkit  # noqa: E402
 import merkle_bench  # noqa: E402
 from ledger.chaindb import ChainDB  # noqa: E402
 from ledger.codec import decode, encode  # noqa: E402
@@ -123,14 +123,11 @@ def main() -> None:
     parser.add_argument("--block-txs", type=int, default=1000)
     parser.add_argument("--leaves", type=int, default=1_000_000)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args()
+    args = benchkit.parse_args(parser, {"blocks": 1, "block_txs": 50, "leaves": 1000})
     if args.blocks < 1 or args.block_txs < 1 or args.leaves < 1:
         parser.error("--blocks, --block-txs and --leaves must be at least 1")
     result = run(args.blocks, args.block_txs, args.leaves)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print_table(result)
+    benchkit.report(args, result, lambda: print_table(result))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ Measures:
   3. inclusion proofs verified per second, for proofs of random leaves of
      an N-leaf tree generated before timing starts.
 
-Usage:  .venv/bin/python bench/merkle_bench.py [--leaves N] [--json]
+Usage:  .venv/bin/python bench/merkle_bench.py [--leaves N] [--json] [--smoke]
 A combined benchmark can put bench/ on sys.path and call
 ``merkle_bench.run(leaves)``, which returns the figures as a dict.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import platform
 import random
 import ssl
@@ -30,6 +29,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))  # run as a script without an install
 
+import benchkit  # noqa: E402
 from ledger import merkle  # noqa: E402
 
 DEFAULT_LEAVES = 1_000_000
@@ -158,12 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--leaves", type=int, default=DEFAULT_LEAVES, help="tree size N")
     parser.add_argument("--proofs", type=int, default=DEFAULT_PROOFS, help="proofs to verify")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
-    args = parser.parse_args(argv)
+    args = benchkit.parse_args(parser, {"leaves": 1000, "proofs": 100}, argv)
     result = run(args.leaves, proofs=args.proofs)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        _print_table(result)
+    benchkit.report(args, result, lambda: _print_table(result))
     return 0
 
 

@@ -1,12 +1,13 @@
 """Paid against free inference over a 3-server pushed route of `pnode start` processes.
 
-One chain whose genesis registers three servers (layers 0:10, 10:20, 20:30)
-and funds a client; each server is a `pnode start` process asking 0 (so
-free sessions are served) and producing blocks every 300 ms. The client
+One chain whose genesis registers --servers servers (default three: layers
+0:10, 10:20, 20:30) and funds a client; each server is a `pnode start`
+process asking 0 (so free sessions are served) and producing blocks every
+300 ms. The client
 (this process) alternates, --repeats times each, a free generation and a
 paid one (`wallet.payer.Payer` with a floor bid of --bid base units per
 position per layer to every server: one tab, a voucher on every step, a
-`Settle` at the end, three closing claims). Measured side by side:
+`Settle` at the end, a closing claim per server). Measured side by side:
 
   1. decode tokens/s (after the first token) and time to first token (from
      `generate` to the first token: route opening, tab admission, prefill),
@@ -19,13 +20,13 @@ position per layer to every server: one tab, a voucher on every step, a
      (the chain's height then) to the block where the last claim landed (the
      client's balance reaches its final value).
 
-Usage:  .venv/bin/python bench/paid_bench.py [--tokens 64] [--repeats 5] [--bid 5] [--json]
+Usage:  .venv/bin/python bench/paid_bench.py [--tokens 64] [--repeats 5] [--bid 5]
+            [--servers 3] [--json] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -38,6 +39,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+import benchkit  # noqa: E402
 from node.torch_thread import CLIENT_SPIN_COUNT, share_cpus_politely  # noqa: E402
 
 share_cpus_politely(CLIENT_SPIN_COUNT)  # as `pwallet infer --peers` does, before torch
@@ -59,17 +61,17 @@ from wallet.registry import registry_from_view  # noqa: E402
 from wallet.client.remote import ClientConfig, load_client_parts, open_remote
 
 PROMPT = "The history of the Roman Empire"
-SPANS = ((0, 10), (10, 20), (20, 30))
+SPANS = benchkit.even_spans(3)  # --servers 3: 0-10, 10-20, 20-30
 PASS = "bench"
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", PNODE_PASSPHRASE=PASS)
 
 
-def make_chain(root: Path, client: SigningKey) -> list[Path]:
-    """Three server data dirs on one genesis that registers them and funds ``client``."""
-    keys = [tuple(SigningKey(os.urandom(32)) for _ in range(3)) for _ in SPANS]
+def make_chain(root: Path, client: SigningKey, spans=SPANS) -> list[Path]:
+    """A server data dir per span, on one genesis that registers them and funds ``client``."""
+    keys = [tuple(SigningKey(os.urandom(32)) for _ in range(3)) for _ in spans]
     chain_id = f"bench-paid-{os.urandom(3).hex()}"
     regs = [node_registration(chain_id, w, n, p, span, 10 * COIN)
-            for (w, n, p), span in zip(keys, SPANS)]
+            for (w, n, p), span in zip(keys, spans)]
     params = chain_params(DEFAULT_PARAMS, keys[0][0].public, slot_ms=300)
     genesis = new_genesis(chain_id, now_ms(), params,
                           [(w.public, 10 * COIN) for w, _, _ in keys] + [(client.public,
@@ -82,9 +84,9 @@ def make_chain(root: Path, client: SigningKey) -> list[Path]:
     return dirs
 
 
-def start_servers(dirs: list[Path]) -> tuple[list[subprocess.Popen], list[str]]:
+def start_servers(dirs: list[Path], spans=SPANS) -> tuple[list[subprocess.Popen], list[str]]:
     procs, addrs = [], []
-    for d, span in zip(dirs, SPANS):
+    for d, span in zip(dirs, spans):
         peers = ["--peers", addrs[0]] if addrs else []
         log = open(d / "node.log", "w")
         procs.append(subprocess.Popen(
@@ -104,6 +106,11 @@ def start_servers(dirs: list[Path]) -> tuple[list[subprocess.Popen], list[str]]:
 
 def account(d: Path, key: SigningKey) -> dict:
     return control_call(d, "account", address=key.public.hex())
+
+
+def registered_servers(d: Path) -> dict:
+    """The registered servers, from the node running on ``d`` (its ``view`` op)."""
+    return registry_from_view(control_call(d, "view", name="registry")["view"])
 
 
 async def one(addr: str, parts, registry, tokens: int, payer: Payer | None,
@@ -127,7 +134,7 @@ async def one(addr: str, parts, registry, tokens: int, payer: Payer | None,
     async with open_remote([addr], parts, registered=registry, payer=payer,
                            config=ClientConfig(push=True, spot_check_rate=0.0)) as client:
         with trio.fail_after(30):
-            while len(client.servers()) < 3:
+            while len(client.servers()) < len(registry):
                 await trio.sleep(0.2)
                 await client.refresh()
         began = time.perf_counter()
@@ -156,23 +163,25 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--bid", type=int, default=5)
+    p.add_argument("--servers", type=int, default=len(SPANS), help="servers of the route")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    args = benchkit.parse_args(p, {"tokens": 3, "repeats": 1, "servers": 2})
+    spans = benchkit.even_spans(args.servers)
     client = SigningKey(os.urandom(32))
     parts = load_client_parts()
     with tempfile.TemporaryDirectory() as tmp:
-        dirs = make_chain(Path(tmp), client)
-        procs, addrs = start_servers(dirs)
+        dirs = make_chain(Path(tmp), client, spans)
+        procs, addrs = start_servers(dirs, spans)
         try:
-            registry = registry_from_view(control_call(dirs[0], "registry"))
+            registered = registered_servers(dirs[0])
             runs = {"free": [], "paid": []}
             latencies, settlement = [], []
             for r in range(args.repeats + 1):  # the first round warms up, not counted
-                free = trio.run(one, addrs[0], parts, registry, args.tokens, None)
+                free = trio.run(one, addrs[0], parts, registered, args.tokens, None)
                 view = account(dirs[0], client)
                 payer = Payer(client, view["chain_id"], view["next_nonce"], view["height"],
                               args.bid, floor=args.bid, balance=view["balance"])
-                paid = trio.run(one, addrs[0], parts, registry, args.tokens, payer,
+                paid = trio.run(one, addrs[0], parts, registered, args.tokens, payer,
                                 (dirs[0], client))
                 assert paid["ids"] == free["ids"], "paid output differs from free"
                 spent = sum(x["amount"] for x in paid["result"].payments)
@@ -203,8 +212,8 @@ def report(args, runs: dict, latencies: list[int], settlement: list[tuple]) -> N
            for k, v in runs.items()}
     txs, settle_bytes, voucher = settlement[0]
     hidden = 576 * 4  # raw float32 per position, one way, one hop
-    doc = {"tokens": args.tokens, "repeats": args.repeats, "bid": args.bid,
-           "free": med["free"], "paid": med["paid"],
+    doc = {"servers": args.servers, "tokens": args.tokens, "repeats": args.repeats,
+           "bid": args.bid, "free": med["free"], "paid": med["paid"],
            "paid_over_free_rate": med["paid"]["rate"] / med["free"]["rate"],
            "ttft_paid_minus_free_ms": 1000 * (med["paid"]["ttft"] - med["free"]["ttft"]),
            "settlement_txs": txs, "settlement_bytes": settle_bytes,
@@ -213,11 +222,15 @@ def report(args, runs: dict, latencies: list[int], settlement: list[tuple]) -> N
                                       "max": max(latencies)},
            "rates": {k: [round(x["rate"], 2) for x in v] for k, v in runs.items()},
            "ttfts_ms": {k: [round(1000 * x["ttft"]) for x in v] for k, v in runs.items()}}
-    if args.json:
-        print(json.dumps(doc, indent=2))
-        return
-    print(f"3-server pushed route, {args.tokens} greedy tokens, {args.repeats} alternated "
-          f"repeats, bid {args.bid} base units/position/layer")
+    benchkit.report(args, doc, lambda: print_table(args, doc))
+
+
+def print_table(args, doc: dict) -> None:
+    med = {k: doc[k] for k in ("free", "paid")}
+    txs, settle_bytes = doc["settlement_txs"], doc["settlement_bytes"]
+    voucher, hidden = doc["voucher_bytes_per_token"], doc["hidden_bytes_per_token_per_hop_way"]
+    print(f"{args.servers}-server pushed route, {args.tokens} greedy tokens, {args.repeats} "
+          f"alternated repeats, bid {args.bid} base units/position/layer")
     print(f"{'':22}{'free':>12}{'paid':>12}{'paid/free':>12}")
     print(f"{'decode tokens/s':22}{med['free']['rate']:12.2f}{med['paid']['rate']:12.2f}"
           f"{doc['paid_over_free_rate']:12.3f}")

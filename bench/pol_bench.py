@@ -17,9 +17,9 @@ bytes are counted).
 2. Honest distances: the worker at the job's 2 threads, a verifier that
    ignores the pin at 1; the largest distance over every committed tensor
    (0: bit-exact), against the threshold.
-3. Detection: per worker attack (node/pol/attacks.py), the share of a
-   cheater's units an audit fails, and the receipts a cheater signs before
-   its first failing audit at p (1 / (p x share)).
+3. Detection: per worker attack (node/pol/attacks.py; --attacks), the
+   share of a cheater's units an audit fails, and the receipts a cheater
+   signs before its first failing audit at p (1 / (p x share)).
 4. Bytes: a receipt, a verdict, evidence (exact, tolerance), and what one
    audit fetches.
 
@@ -29,14 +29,14 @@ bytes are counted).
    last checkpoint's kept states.
 
 Usage:  .venv/bin/python bench/pol_bench.py [--steps 9] [--seeds 1] [--audit-bps 1000]
-                                            [--chain-steps 200] [--json]
+                                            [--chain-steps 200] [--attacks KIND,...]
+                                            [--json] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import sys
 import time
@@ -46,6 +46,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+import benchkit  # noqa: E402
 import torch  # noqa: E402
 import trio  # noqa: E402
 
@@ -132,10 +133,10 @@ def cost_and_noise(steps: int, seed: int = 0) -> dict:
             "fetch_bytes_per_audit": sum(fetched) / len(fetched)}
 
 
-def detection() -> dict:
+def detection(kinds=WORKER_ATTACKS) -> dict:
     torch.set_num_threads(1)
     out = {}
-    for kind in WORKER_ATTACKS:
+    for kind in kinds:
         if kind == "poisoned-push":
             continue  # refused by the receiver, not audited (specs/consensus.md 5.3)
         w = make_worker(2)
@@ -217,10 +218,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=9, help="steps per seed")
     ap.add_argument("--seeds", type=int, default=1, help="job seeds (initial weights, batches)")
     ap.add_argument("--audit-bps", type=int, default=1000)
+    ap.add_argument("--attacks", default=",".join(WORKER_ATTACKS),
+                    help="comma-separated worker attacks to detect [default: all]")
     ap.add_argument("--chain-steps", type=int, default=200,
                     help="steps of the chain a joining node replays")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = benchkit.parse_args(ap, {"steps": 1, "chain_steps": 2, "attacks": "scaled-gradients"})
     p = args.audit_bps / 10_000
     runs = [cost_and_noise(args.steps, seed) for seed in range(args.seeds)]
     cost = {k: sum(r[k] for r in runs) for k in ("steps", "units", "train_s", "judge_s",
@@ -228,15 +231,18 @@ def main() -> None:
     cost["median_ratio"] = statistics.median(r["median_ratio"] for r in runs)
     cost["honest_worst_distance"] = max(r["honest_worst_distance"] for r in runs)
     cost["fetch_bytes_per_audit"] = statistics.mean(r["fetch_bytes_per_audit"] for r in runs)
-    det = detection()
+    det = detection([k for k in args.attacks.split(",") if k])
     size = sizes()
     join = join_replay(args.chain_steps)
     fraction = p * cost["median_ratio"]
     info = {"cost": cost, "verification_fraction": fraction, "audit_bps": args.audit_bps,
             "detection": det, "bytes": size, "join": join}
-    if args.json:
-        print(json.dumps(info, indent=1))
-        return
+    benchkit.report(args, info, lambda: print_table(cost, fraction, p, det, size, join),
+                    indent=1)
+
+
+def print_table(cost: dict, fraction: float, p: float, det: dict, size: dict, join: dict
+                ) -> None:
     print(f"{'measure':44} {'value':>14}")
     print(f"{'train: every unit of a step, s/step':44} {cost['train_s'] / cost['steps']:>14.3f}"
           "   (baseline)")

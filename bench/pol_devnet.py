@@ -7,12 +7,14 @@ every receipt audited (``--audit-bps 10000``); node ``--cheater`` (default
 2, a holder of the whole model, so every attack finds units to act on)
 cheats in one way of `node.pol.attacks` (``--byzantine`` and ``--attack``
 with empty places for the honest nodes before it). The first run is
-honest: the baseline, in the same sitting. For each run the table shows
-the verdicts, the cheater's slash and jail, the most any honest node lost,
-and the last loss (an attack that changes the training changes it).
+honest: the baseline, in the same sitting (``--no-honest`` leaves it
+out). For each run the table shows the verdicts, the cheater's slash and
+jail, the most any honest node lost, and the last loss (an attack that
+changes the training changes it).
 
 Usage:  .venv/bin/python bench/pol_devnet.py [--steps 6] [--nodes 4] [--cheater 2]
-                                              [--attacks KIND,...] [--json]
+                                              [--attacks KIND,...] [--no-honest] [--json]
+                                              [--smoke]
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+import benchkit  # noqa: E402
 from node.pol.attacks import WORKER_ATTACKS  # noqa: E402
 
 
@@ -72,9 +75,13 @@ def main() -> None:
     ap.add_argument("--cheater", type=int, default=2, help="which node cheats")
     ap.add_argument("--attacks", default=",".join(WORKER_ATTACKS),
                     help="comma-separated worker attacks [default: all]")
+    ap.add_argument("--no-honest", dest="honest", action="store_false",
+                    help="leave out the honest baseline run")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    kinds = [None] + [k for k in args.attacks.split(",") if k]
+    # Smoke: one attacked devnet (it runs every flag an honest one does, and the attack's).
+    args = benchkit.parse_args(ap, {"steps": 1, "nodes": 2, "cheater": 1,
+                                    "attacks": "scaled-gradients", "honest": False})
+    kinds = [None] * args.honest + [k for k in args.attacks.split(",") if k]
     rows = []
     with tempfile.TemporaryDirectory(prefix="pol-devnet-") as tmp:
         for kind in kinds:
@@ -82,9 +89,12 @@ def main() -> None:
             rows.append(row(kind, info, args.cheater))
             if not args.json:
                 print(json.dumps(rows[-1]), file=sys.stderr)
-    if args.json:
-        print(json.dumps(rows, indent=1))
-        return
+    benchkit.report(args, {"rows": rows}, lambda: print_table(rows), indent=1)
+    if any("error" in r for r in rows):
+        sys.exit("pol_devnet: a devnet failed (its row says how)")
+
+
+def print_table(rows: list[dict]) -> None:
     print(f"{'attack':18} {'pass':>5} {'fail':>5} {'unav':>5}  {'cheater slashed/jailed':>22} "
           f"{'honest slashed':>15} {'loss last':>10}  reasons")
     for r in rows:

@@ -3,14 +3,15 @@
 In one sitting: the same job (the bundled SmolLM2-135M-Instruct's weights,
 a text in its tokens, --batch x --seq tokens a step) trained locally whole
 (one AdamW over the model) and decomposed (block by block, as the network
-runs it), then mined by `pnode devnet` with 1, 2 and 3 node processes on
+runs it), then mined by `pnode devnet` with 1, 2 and 3 node processes (--nodes) on
 loopback, k = 3 sections of 10 layers (one node: all three; two: 0-19 and
 20-29; three: one each; a section's state must fit a 512 MiB frame). A
 step's time is the median gap between consecutive steps' losses (after the
 first step, which includes setting up). Every run's losses are compared
 with local decomposed training's.
 
-Usage:  .venv/bin/python bench/smol_job_bench.py [--steps 4] [--batch 1] [--seq 32] [--json]
+Usage:  .venv/bin/python bench/smol_job_bench.py [--steps 4] [--batch 1] [--seq 32]
+            [--nodes 1,2,3] [--json] [--smoke]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import benchkit  # noqa: E402
 from compute.data import DataSpec  # noqa: E402
 from compute.pretrained import bundled_sha256, pretrained_config  # noqa: E402
 from compute.train import train_local  # noqa: E402
@@ -75,8 +77,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--nodes", default="1,2,3", help="node counts to mine with, of 1, 2, 3")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = benchkit.parse_args(parser, {"steps": 2, "seq": 8, "nodes": "1"})
     sha = bundled_sha256()
     with tempfile.TemporaryDirectory() as tmp:
         notes = Path(tmp) / "notes.txt"
@@ -86,22 +89,22 @@ def main() -> None:
         job = devnet_job(args.steps, 3, **over)
         rows = {"local whole": local_step_s(job, False),
                 "local decomposed (k=3)": local_step_s(job, True)}
-        for n in (1, 2, 3):
+        for n in map(int, args.nodes.split(",")):
             rows[f"{n} node{'s' if n > 1 else ''} (k=3)"] = swarm_step_s(
                 Path(tmp) / f"dn{n}", n, args.steps, over)
     whole, reference = rows["local whole"][0], rows["local decomposed (k=3)"][1]
     out = [{"run": name, "step_s": step, "vs_local_whole": step / whole,
             "losses_equal_local_decomposed": losses == reference}
            for name, (step, losses) in rows.items()]
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return
-    print(f"SmolLM2-135M, {args.batch} x {args.seq} tokens a step, {args.steps} steps; "
-          "median step after the first")
-    print(f"{'run':26} {'step':>9} {'vs local whole':>15} {'losses = local decomposed':>26}")
-    for r in out:
-        print(f"{r['run']:26} {r['step_s']:>7.2f} s {r['vs_local_whole']:>14.2f}x "
-              f"{str(r['losses_equal_local_decomposed']):>26}")
+
+    def table() -> None:
+        print(f"SmolLM2-135M, {args.batch} x {args.seq} tokens a step, {args.steps} steps; "
+              "median step after the first")
+        print(f"{'run':26} {'step':>9} {'vs local whole':>15} {'losses = local decomposed':>26}")
+        for r in out:
+            print(f"{r['run']:26} {r['step_s']:>7.2f} s {r['vs_local_whole']:>14.2f}x "
+                  f"{str(r['losses_equal_local_decomposed']):>26}")
+    benchkit.report(args, {"rows": out}, table)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,12 @@ Prints per pair both rates and on/off, then the medians: the target is an
 overhead of at most 5% (ratio >= 0.95) at the default rate.
 
 Usage:  .venv/bin/python bench/spot_check.py [--pairs 8] [--tokens 64] [--rate 0.02]
-            [--server-threads 2] [--json]
+            [--server-threads 2] [--json] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ for path in (str(_ROOT), str(_ROOT / "bench")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
+import benchkit  # noqa: E402
 import swarm_bench  # noqa: E402  (sets the client's CPU sharing, as `pwallet infer` does)
 import trio  # noqa: E402
 
@@ -67,7 +67,7 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=ClientConfig().spot_check_rate)
     p.add_argument("--server-threads", type=int, default=2)
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    args = benchkit.parse_args(p, {"pairs": 1, "tokens": 3, "server_threads": 1})
     parts = load_client_parts()
     rows = []
     with tempfile.TemporaryDirectory(prefix="spot-bench-") as tmp:
@@ -75,7 +75,8 @@ def main() -> None:
         try:
             for span in SPANS:
                 swarm.start(span)
-            trio.run(generate, swarm.addrs[0], parts, 8, 0.0, 0)  # warm-up, not counted
+            # A warm-up, not counted.
+            trio.run(generate, swarm.addrs[0], parts, min(8, args.tokens), 0.0, 0)
             for pair in range(args.pairs):
                 arms = [("off", 0.0), ("on", args.rate)]
                 if pair % 2:
@@ -102,10 +103,10 @@ def main() -> None:
         "first_token_off_s": statistics.median(r["first_off_s"] for r in rows),
         "first_token_on_s": statistics.median(r["first_on_s"] for r in rows),
     }
-    if args.json:
-        print(json.dumps({"rows": rows, "summary": summary}, indent=2))
-        return
-    s = summary
+    benchkit.report(args, {"rows": rows, "summary": summary}, lambda: print_table(summary))
+
+
+def print_table(s: dict) -> None:
     print(f"\n| spot checks | decode tok/s (median of {s['pairs']}) | on/off (median of pairs) "
           f"| checks per generation | time to first token | target |\n|---|---|---|---|---|---|")
     print(f"| off (rate 0, baseline, same run) | {s['off_tok_s']:.1f} | 1 | 0 | "

@@ -3,8 +3,9 @@
 Measures, against baselines measured in the same run:
   1. decode tokens/s of a greedy generation (--tokens, default 64, after a
      short prompt) over routes of 1, 2 and 3 server processes (30, 15+15,
-     10+10+10 layers), the client in this process, set up as `pwallet infer
-     --peers` sets itself up (`node.torch_thread.share_cpus_politely`); the
+     10+10+10 layers; --routes picks some), the client in this process, set
+     up as `pwallet infer --peers` sets itself up
+     (`node.torch_thread.share_cpus_politely`); the
      baseline is `pwallet infer --local`'s engine (`wallet.client.LocalModel`)
      in a process of its own with `--local`'s settings and the same thread
      count, run alternately with the swarm (same machine load). Decode rate = (tokens - 1) / time
@@ -17,12 +18,13 @@ Measures, against baselines measured in the same run:
      process after the runs (Petals' figure for a 10-layer CPU server: about
      840 MiB);
   3. bytes on the wire per decoded token for each hidden-state encoding over
-     the 3-server route (both directions, all hops), and whether the greedy
-     output stays equal to the local one;
-  4. recovery: a 4th server also holds layers 10-19; the server the route
-     uses for 10-19 is killed with SIGKILL after the 8th token (push
-     routing, `pwallet infer`'s default): recovery is the gap between that
-     token and the next, against the median gap;
+     the 3-server route (the longest of --routes; both directions, all
+     hops), and whether the greedy output stays equal to the local one;
+  4. recovery: a 4th server also holds layers 10-19 (the longest route's
+     middle span); the server the route uses for 10-19 is killed with
+     SIGKILL after the 8th token (push routing, `pwallet infer`'s default):
+     recovery is the gap between that token and the next, against the
+     median gap;
   5. chain sync: a node joining late pulls a chain of --blocks blocks from a
      `pnode start` peer; blocks/s from its start to its reaching the tip
      (process start-up included, so a lower bound).
@@ -31,7 +33,8 @@ Servers use --server-threads torch threads each; on a 2-core machine three
 servers and the client share the cores (as the Petals figure did).
 
 Usage:  .venv/bin/python bench/swarm_bench.py [--tokens 64] [--repeats 3]
-            [--threads 2] [--server-threads 2] [--blocks 2000] [--json]
+            [--threads 2] [--server-threads 2] [--blocks 2000] [--routes 1,2,3]
+            [--json] [--smoke]
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+import benchkit  # noqa: E402
 from node.torch_thread import CLIENT_SPIN_COUNT, share_cpus_politely  # noqa: E402
 
 USER_ENV = dict(os.environ)  # before the client's own settings: for the baseline
@@ -65,6 +69,7 @@ from wallet.client import InferRequest, LocalModel  # noqa: E402
 from wallet.client.remote import ClientConfig, ClientParts, load_client_parts, open_remote
 
 PROMPT = "The history of the Roman Empire"
+ROUTES = {n: benchkit.even_spans(n) for n in (1, 2, 3)}  # servers -> their layer spans
 PETALS = {"ratio": 0.46, "rss_mib": 840}
 ENV = dict(USER_ENV, PYTHONUNBUFFERED="1", PNODE_PASSPHRASE="bench")
 
@@ -171,8 +176,10 @@ class Local:
 
 async def remote_run(peer: str, parts: ClientParts, tokens: int, codec: str = "raw",
                      expect: int = 0, kill_at: int | None = None, procs=None,
-                     push: bool = False):
-    """One generation over the swarm; returns (ids, rate, generation, gaps)."""
+                     push: bool = False, victim_start: int = 10):
+    """One generation over the swarm; returns (ids, rate, generation, gaps). With
+    ``kill_at``, the route's server of layers from ``victim_start`` is killed (SIGKILL)
+    after that many tokens."""
     request = InferRequest(PROMPT, raw=True, max_tokens=tokens, sampling=Sampling())
     times: list[float] = []
     async with open_remote([peer], parts, config=ClientConfig(codec=codec, push=push)) as client:
@@ -184,7 +191,7 @@ async def remote_run(peer: str, parts: ClientParts, tokens: int, codec: str = "r
         def on_token(token) -> None:
             times.append(time.perf_counter())
             if kill_at is not None and len(times) == kill_at:
-                victim = [h.peer_id for h in client.route if h.start == 10][0]
+                victim = [h.peer_id for h in client.route if h.start == victim_start][0]
                 os.kill(procs[victim].pid, signal.SIGKILL)
         result = await client.generate(request, on_token)
     gaps = [b - a for a, b in zip(times, times[1:])]
@@ -192,9 +199,10 @@ async def remote_run(peer: str, parts: ClientParts, tokens: int, codec: str = "r
 
 
 def bench_routes(args, root: Path, parts: ClientParts, local: Local) -> dict:
-    routes = {1: [(0, 30)], 2: [(0, 15), (15, 30)], 3: [(0, 10), (10, 20), (20, 30)]}
+    """The routes of --routes, each against local; the wire over the longest."""
     out: dict = {"routes": {}}
-    for n, spans in routes.items():
+    for n in args.routes:
+        spans = ROUTES[n]
         swarm = Swarm(root / f"route{n}", args.server_threads)
         try:
             for span in spans:
@@ -221,18 +229,19 @@ def bench_routes(args, root: Path, parts: ClientParts, local: Local) -> dict:
                 "rss_mib": [round(r[0]) for r in rss], "peak_rss_mib": [round(r[1]) for r in rss],
             }
             print(f"{n} server(s): {out['routes'][n]}", flush=True)
-            if n == 3:
-                out["wire"] = bench_wire(args, swarm, parts, want)
+            if n == max(args.routes):
+                out["wire"] = bench_wire(args, swarm, parts, want, n)
         finally:
             swarm.close()
     return out
 
 
-def bench_wire(args, swarm: Swarm, parts: ClientParts, want: list[int]) -> dict:
+def bench_wire(args, swarm: Swarm, parts: ClientParts, want: list[int], servers: int) -> dict:
     wire = {}
     for codec in ("raw", "fp16", "bf16", "int8"):
-        _, _, one, _ = trio.run(remote_run, swarm.addrs[0], parts, 1, codec, 3)
-        ids, _, full, _ = trio.run(remote_run, swarm.addrs[0], parts, args.tokens, codec, 3)
+        _, _, one, _ = trio.run(remote_run, swarm.addrs[0], parts, 1, codec, servers)
+        ids, _, full, _ = trio.run(remote_run, swarm.addrs[0], parts, args.tokens, codec,
+                                   servers)
         per_token = (full.wire_bytes - one.wire_bytes) / (len(ids) - 1)
         same = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), len(want))
         wire[codec] = {"bytes_per_token": round(per_token), "greedy_equal_prefix": same,
@@ -242,17 +251,23 @@ def bench_wire(args, swarm: Swarm, parts: ClientParts, want: list[int]) -> dict:
 
 
 def bench_recovery(args, root: Path, parts: ClientParts, local: Local) -> dict:
+    """The longest route of --routes and a spare for its middle span (3 servers: 10-19),
+    whose server on the route is killed after the 8th token (half of a shorter run's)."""
+    spans = ROUTES[max(args.routes)]
+    spare = spans[len(spans) // 2]
+    kill_at = min(8, args.tokens // 2)
     swarm = Swarm(root / "recovery", args.server_threads)
     try:
-        for span in [(0, 10), (10, 20), (20, 30), (10, 20)]:
+        for span in [*spans, spare]:
             swarm.start(span)
         procs = {a.rsplit("/p2p/", 1)[1]: p for a, p in zip(swarm.addrs, swarm.procs)}
         want, _ = local.run(args.tokens)
         ids, _, result, gaps = trio.run(remote_run, swarm.addrs[0], parts, args.tokens, "raw",
-                                        4, 8, procs, True)  # push routing, the default
+                                        len(spans) + 1, kill_at, procs, True,  # push: default
+                                        spare[0])
         assert ids == want, "output after failover differs from local"
-        recovery = gaps[7]
-        median_gap = statistics.median(gaps[:7] + gaps[8:])
+        recovery = gaps[kill_at - 1]
+        median_gap = statistics.median(gaps[:kill_at - 1] + gaps[kill_at:])
         out = {"recovery_s": round(recovery, 3), "median_gap_s": round(median_gap, 4),
                "failovers": result.failovers, "output_equal": True}
         print(f"recovery: {out}", flush=True)
@@ -302,6 +317,14 @@ def bench_sync(args, root: Path) -> dict:
         swarm.close()
 
 
+def server_counts(text: str) -> tuple[int, ...]:
+    """``--routes``: comma-separated server counts, each a key of ROUTES."""
+    counts = tuple(int(x) for x in text.split(","))
+    if not counts or not set(counts) <= set(ROUTES):
+        raise argparse.ArgumentTypeError(f"route lengths are among {sorted(ROUTES)}")
+    return counts
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=64)
@@ -309,9 +332,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--server-threads", type=int, default=2)
     p.add_argument("--blocks", type=int, default=2000)
+    p.add_argument("--routes", type=server_counts, default=(1, 2, 3),
+                   help="route lengths to run, of 1, 2, 3 (comma-separated)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--local-worker", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    smoke = {"tokens": 4, "repeats": 1, "threads": 1, "server_threads": 1, "blocks": 20,
+             "routes": (2,)}
+    args = benchkit.parse_args(p, smoke)
     if args.local_worker:
         return local_worker(args.threads)
     torch.set_num_threads(args.threads)
@@ -325,9 +352,10 @@ def main() -> None:
             results["sync"] = bench_sync(args, root)
     finally:
         local.close()
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return
+    benchkit.report(args, results, lambda: print_tables(results, max(args.routes)))
+
+
+def print_tables(results: dict, longest: int) -> None:
     print("\n| route | decode tok/s | pushed tok/s | local tok/s (same run) | ratio | "
           "ratio pushed | target | server RSS MiB (peak) |\n|---|---|---|---|---|---|---|---|")
     for n, r in results["routes"].items():
@@ -337,8 +365,8 @@ def main() -> None:
             f"{r['push_tok_s']:.1f}", f"{r['push_ratio']:.2f}x")
         print(f"| {n} server(s) | {r['remote_tok_s']:.1f} | {pushed[0]} | "
               f"{r['local_tok_s']:.1f} | {r['ratio']:.2f}x | {pushed[1]} | {target} | {rss} |")
-    print("\n| encoding | bytes/token on the wire (3 hops, both ways) | greedy tokens equal to "
-          "local |\n|---|---|---|")
+    print(f"\n| encoding | bytes/token on the wire ({longest} hops, both ways) | greedy tokens "
+          "equal to local |\n|---|---|---|")
     for codec, w in results["wire"].items():
         print(f"| {codec} | {w['bytes_per_token']:,} | {w['greedy_equal_prefix']} of {w['of']} |")
     rec, syn = results["recovery"], results["sync"]

@@ -20,7 +20,7 @@ data-parallel replicas (R shards of every step, R x batch_size samples),
 against local training of that same job.
 
 Usage:  .venv/bin/python bench/train_bench.py [--steps 40] [--nodes 1,2,3] [--replicas 1]
-        [--threads 2] [--json]
+        [--threads 2] [--json] [--smoke]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+import benchkit  # noqa: E402
 import torch  # noqa: E402
 
 from compute.train import train_local  # noqa: E402
@@ -97,7 +98,7 @@ def main() -> None:
     p.add_argument("--replicas", default="1", help="data-parallel replicas to try, e.g. 1,2")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    args = benchkit.parse_args(p, {"steps": 2, "nodes": "1", "threads": 1})
     torch.set_num_threads(args.threads)
     rows = []
     with tempfile.TemporaryDirectory(prefix="train-bench-") as tmp:
@@ -119,9 +120,10 @@ def main() -> None:
                          "units_per_node": [x["units_accepted"] for x in swarm["nodes"]],
                          "coins_per_node": [x["coins"] for x in swarm["nodes"]]})
             print(rows[-1], file=sys.stderr, flush=True)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return
+    benchkit.report(args, {"rows": rows}, lambda: print_tables(rows))
+
+
+def print_tables(rows: list[dict]) -> None:
     print("| nodes | replicas | swarm samples/s | local block-by-block (same run) | "
           "local whole-model | ratio vs block-by-block | ratio vs whole | loss first -> last | "
           "max rel. loss diff vs local whole-model |\n|---|---|---|---|---|---|---|---|---|")

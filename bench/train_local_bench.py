@@ -11,14 +11,13 @@ by block over a k-section partition (the path the network runs), and reports:
      whole-model run over the same steps.
 
 Usage:  .venv/bin/python bench/train_local_bench.py [--steps 200] [--threads 2]
-            [--decomposed-steps 20] [--k 8] [--json]
+            [--decomposed-steps 20] [--k 8] [--json] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import platform
 import sys
 import time
@@ -31,6 +30,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))  # run as a script without an install
 
+import benchkit  # noqa: E402
 from compute.data import JobConfig, load_corpus  # noqa: E402
 from compute.train import train_local  # noqa: E402
 
@@ -75,15 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    smoke = {"steps": 3, "decomposed_steps": 2, "every": 1, "threads": 1}
+    args = benchkit.parse_args(parser, smoke, argv)
     torch.set_num_threads(args.threads)
     figures = run(args.steps, args.decomposed_steps, args.k, args.every)
     figures["env"] = {
         "torch": torch.__version__, "threads": args.threads, "cpu": platform.processor()
     }
-    if args.json:
-        print(json.dumps(figures, indent=2))
-        return 0
+    benchkit.report(args, figures, lambda: _print(figures))
+    return 0
+
+
+def _print(figures: dict[str, Any]) -> None:
     for name in ("whole", "decomposed"):
         if name not in figures:
             continue
@@ -97,7 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     if "decomposed" in figures:
         diff = figures["decomposed"]["max_abs_loss_diff"]
         print(f"  decomposed vs whole, max |loss diff|: {diff:.2e}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ returns; `node.net.yamux.conn` sends one per half window, none here). Kinds
 alternate within each repeat; figures are medians.
 
 Usage:  .venv/bin/python bench/transport_bench.py [--messages 300] [--repeats 3]
-            [--size 2318] [--gap-ms 20] [--json]
+            [--size 2318] [--gap-ms 20] [--json] [--smoke]
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from libp2p.security.noise.transport import Transport as NoiseTransport  # noqa:
 from libp2p.stream_muxer.muxer_multistream import MuxerMultistream  # noqa: E402
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX, Yamux  # noqa: E402
 
+import benchkit  # noqa: E402
 from node.net.framing import FrameReader, write_frame  # noqa: E402
 from node.net.host import Host  # noqa: E402
 from node.net.identity import PeerIdentity  # noqa: E402
@@ -270,7 +271,7 @@ def main() -> None:
     parser.add_argument("--gap-ms", type=float, default=20.0)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--serve", metavar="INFO_FILE", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = benchkit.parse_args(parser, {"messages": 5, "repeats": 1, "gap_ms": 1.0})
     if args.serve:
         trio.run(serve, args.serve)
         return
@@ -296,17 +297,17 @@ def main() -> None:
         for kind in KINDS:
             rtt = medians[f"{kind}|{gap}"]
             table[f"{kind}, gap {gap * 1000:g} ms"] = {"rtt_ms": 1000 * rtt, "vs_raw": rtt / base}
-    if args.json:
-        print(json.dumps({"size": args.size, "rows": table,
-                          "yamux_window_updates_per_read": updates_per_read}))
-        return
-    print(f"round trip of a {args.size}-byte message between two processes on loopback "
-          f"({args.messages} x {args.repeats}, medians)")
-    print(f"{'transport':<26}{'rtt ms':>9}{'vs raw tcp':>12}")
-    for name, row in table.items():
-        print(f"{name:<26}{row['rtt_ms']:>9.3f}{row['vs_raw']:>11.2f}x")
-    print(f"py-libp2p yamux window updates sent by the echoing side: {updates_per_read:.2f} "
-          f"per read")
+
+    def show() -> None:
+        print(f"round trip of a {args.size}-byte message between two processes on loopback "
+              f"({args.messages} x {args.repeats}, medians)")
+        print(f"{'transport':<26}{'rtt ms':>9}{'vs raw tcp':>12}")
+        for name, row in table.items():
+            print(f"{name:<26}{row['rtt_ms']:>9.3f}{row['vs_raw']:>11.2f}x")
+        print(f"py-libp2p yamux window updates sent by the echoing side: {updates_per_read:.2f} "
+              f"per read")
+    benchkit.report(args, {"size": args.size, "rows": table,
+                           "yamux_window_updates_per_read": updates_per_read}, show, indent=None)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Time to first token over 3 servers on loopback: pnode against Petals, in one sitting.
 
-Three `pnode start` servers (layers 0:10, 10:20, 20:30, one chain that
-registers them and funds the client: `bench/paid_bench.py`'s) and, with
---petals-python, three Petals 2.x CPU servers of the same model (blocks
-0:10, 10:20, 20:30) run side by side; the runs alternate, round by round:
+Three `pnode start` servers (--servers; layers 0:10, 10:20, 20:30, one
+chain that registers them and funds the client: `bench/paid_bench.py`'s)
+and, with --petals-python, three Petals 2.x CPU servers of the same model
+(blocks 0:10, 10:20, 20:30) run side by side; the runs alternate, round by
+round:
 
   pnode warm    one client kept open (its connections to the servers stay
                 up, as Petals' client keeps its own): a free generation;
@@ -20,9 +21,12 @@ after it. Medians over --repeats rounds after one warm-up round.
 
 Petals is not a pnode dependency: give its environment's Python and an HF
 checkpoint of SmolLM2-135M-Instruct (BENCHMARKS.md says how ours was made).
+Without them the Petals rounds are skipped (said on stderr); so they are in
+a smoke run whose Python cannot import Petals.
 
 Usage:  .venv/bin/python bench/ttft_bench.py [--tokens 64] [--repeats 5]
-            [--petals-python /tmp/pv/bin/python --petals-model /tmp/smol-hf] [--json]
+            [--petals-python /tmp/pv/bin/python --petals-model /tmp/smol-hf]
+            [--servers 3] [--json] [--smoke]
 """
 
 from __future__ import annotations
@@ -37,17 +41,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from paid_bench import account, make_chain, start_servers  # also sets the client's CPU sharing
+import benchkit
+from paid_bench import (  # also sets the client's CPU sharing
+    SPANS, account, make_chain, registered_servers, start_servers,
+)
 
 import trio  # noqa: E402  (after paid_bench: it orders the imports before torch)
 
 from compute.generate import Sampling  # noqa: E402
 from ledger.crypto import SigningKey  # noqa: E402
-from node.control import control_call  # noqa: E402
 from wallet.client import InferRequest  # noqa: E402
 from wallet.payer import Payer  # noqa: E402
-from wallet.registry import registry_from_view  # noqa: E402
-from wallet.client.remote import ClientConfig, load_client_parts, open_remote
+from wallet.client.remote import ClientConfig, load_client_parts, open_remote  # noqa: E402
 
 PROMPT = "The history of the Roman Empire"  # 6 tokens; no stop token within 64 greedy ones
 BENCH = Path(__file__).resolve().parent
@@ -111,9 +116,9 @@ class PetalsSwarm:
             time.sleep(3 if sig == signal.SIGTERM else 0)
 
 
-async def until_three(client) -> None:
+async def until_all(client, servers: int) -> None:
     with trio.fail_after(30):
-        while len(client.servers()) < 3:
+        while len(client.servers()) < servers:
             await trio.sleep(0.2)
             await client.refresh()
 
@@ -134,7 +139,7 @@ async def rounds(args, addr: str, dirs: list[Path], key: SigningKey, parts, regi
     if petals:
         runs["Petals"] = []
     async with open_remote([addr], parts, registered=registry, config=CONFIG) as warm:
-        await until_three(warm)
+        await until_all(warm, len(registry))
         for r in range(args.repeats + 1):  # round 0 warms up, not counted
             got: dict[str, dict] = {}
             warm.payer = None
@@ -144,7 +149,7 @@ async def rounds(args, addr: str, dirs: list[Path], key: SigningKey, parts, regi
                                floor=5, balance=view["balance"])
             got["pnode paid"] = await timed(warm, args.tokens)
             async with open_remote([addr], parts, registered=registry, config=CONFIG) as cold:
-                await until_three(cold)
+                await until_all(cold, len(registry))
                 got["pnode cold"] = await timed(cold, args.tokens)
             if petals:
                 got["Petals"] = await trio.to_thread.run_sync(petals.generate, args.tokens)
@@ -160,21 +165,24 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--petals-python", help="Python of an environment with Petals 2.x.")
     p.add_argument("--petals-model", help="An HF checkpoint of SmolLM2-135M-Instruct.")
+    p.add_argument("--servers", type=int, default=len(SPANS), help="pnode servers of the route")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    args = benchkit.parse_args(p, {"tokens": 3, "repeats": 1, "servers": 2})
     if bool(args.petals_python) != bool(args.petals_model):
         p.error("--petals-python and --petals-model go together")
+    with_petals = petals_here(args)
+    spans = benchkit.even_spans(args.servers)
     key = SigningKey(os.urandom(32))
     parts = load_client_parts()
     prompt_ids = parts.tokenizer.encode(PROMPT)
     with tempfile.TemporaryDirectory() as tmp:
-        dirs = make_chain(Path(tmp), key)
-        procs, addrs = start_servers(dirs)
+        dirs = make_chain(Path(tmp), key, spans)
+        procs, addrs = start_servers(dirs, spans)
         petals = None
         try:
-            if args.petals_python:
+            if with_petals:
                 petals = PetalsSwarm(args.petals_python, args.petals_model, Path(tmp), prompt_ids)
-            registry = registry_from_view(control_call(dirs[0], "registry"))
+            registry = registered_servers(dirs[0])
             runs = trio.run(rounds, args, addrs[0], dirs, key, parts, registry, petals)
         finally:
             if petals:
@@ -186,6 +194,19 @@ def main() -> None:
     report(args, runs, len(prompt_ids))
 
 
+def petals_here(args) -> bool:
+    """Whether the Petals rounds run: their Python was given and, in a smoke run, imports
+    Petals (a smoke run goes on without an optional baseline; a full run fails on it)."""
+    if not args.petals_python:
+        benchkit.skipped("Petals", "no --petals-python given")
+        return False
+    if args.smoke and subprocess.run([args.petals_python, "-c", "import petals"],
+                                     capture_output=True).returncode != 0:
+        benchkit.skipped("Petals", f"{args.petals_python} cannot import petals")
+        return False
+    return True
+
+
 def report(args, runs: dict[str, list[dict]], prompt_len: int) -> None:
     med = {name: {"ttft_ms": 1000 * statistics.median(x["ttft"] for x in v),
                   "rate": statistics.median(x["rate"] for x in v),
@@ -193,20 +214,20 @@ def report(args, runs: dict[str, list[dict]], prompt_len: int) -> None:
     reference = runs["pnode warm"][0]["ids"]
     same = {name: all(x["ids"] == reference for x in v) for name, v in runs.items()}
     base = med.get("Petals")
-    doc = {"tokens": args.tokens, "prompt_tokens": prompt_len, "repeats": args.repeats,
-           "runs": med, "same_ids_as_pnode_warm": same,
+    doc = {"servers": args.servers, "tokens": args.tokens, "prompt_tokens": prompt_len,
+           "repeats": args.repeats, "runs": med, "same_ids_as_pnode_warm": same,
            "ids": {name: v[0]["ids"] for name, v in runs.items()}}
-    if args.json:
-        print(json.dumps(doc, indent=2))
-        return
-    print(f"3 servers on loopback, {prompt_len}-token prompt, {args.tokens} greedy tokens, "
-          f"{args.repeats} alternated rounds (medians)")
-    print(f"{'':14}{'first token ms':>16}{'decode tok/s':>14}"
-          + (f"{'TTFT / Petals':>15}{'decode / Petals':>17}" if base else "") + "  same ids")
-    for name, m in med.items():
-        ratios = (f"{m['ttft_ms'] / base['ttft_ms']:15.2f}{m['rate'] / base['rate']:17.2f}"
-                  if base else "")
-        print(f"{name:14}{m['ttft_ms']:16.0f}{m['rate']:14.2f}{ratios}  {same[name]}")
+
+    def table() -> None:
+        print(f"{args.servers} servers on loopback, {prompt_len}-token prompt, {args.tokens} "
+              f"greedy tokens, {args.repeats} alternated rounds (medians)")
+        print(f"{'':14}{'first token ms':>16}{'decode tok/s':>14}"
+              + (f"{'TTFT / Petals':>15}{'decode / Petals':>17}" if base else "") + "  same ids")
+        for name, m in med.items():
+            ratios = (f"{m['ttft_ms'] / base['ttft_ms']:15.2f}{m['rate'] / base['rate']:17.2f}"
+                      if base else "")
+            print(f"{name:14}{m['ttft_ms']:16.0f}{m['rate']:14.2f}{ratios}  {same[name]}")
+    benchkit.report(args, doc, table)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ standard normal with a few large outliers, as hidden states have):
   4. the round-trip error: max |x - x'| and relative RMS error.
 
 Usage:  .venv/bin/python bench/wiretensor_bench.py [--tokens T] [--dim C] [--threads N] [--json]
+            [--smoke]
 A combined benchmark can put bench/ on sys.path and call
 ``wiretensor_bench.run(tokens, dim)``, which returns the figures as a dict.
 """
@@ -19,7 +20,6 @@ A combined benchmark can put bench/ on sys.path and call
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -33,6 +33,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))  # run as a script without an install
 
+import benchkit  # noqa: E402
 from compute import wiretensor  # noqa: E402
 
 DEFAULT_TOKENS = 256
@@ -182,13 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     add("--dim", type=int, default=DEFAULT_DIM, help="hidden size C")
     add("--threads", type=int, default=1, help="torch threads (a fixed count, ARCHITECTURE.md)")
     add("--json", action="store_true", help="print a JSON object instead of a table")
-    args = parser.parse_args(argv)
+    args = benchkit.parse_args(parser, {"tokens": 8}, argv)
     torch.set_num_threads(args.threads)
     result = run(args.tokens, args.dim)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        _print_table(result)
+    benchkit.report(args, result, lambda: _print_table(result))
     return 0
 
 
