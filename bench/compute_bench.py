@@ -48,8 +48,6 @@ import datetime
 import gc
 import os
 import platform
-import resource
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -62,7 +60,8 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))  # run as a script without an install
 
 import benchkit  # noqa: E402
-from compute import wiretensor  # noqa: E402
+import compute_wire  # noqa: E402
+import llama_cpp_baseline  # noqa: E402
 from compute.generate import generate  # noqa: E402
 from compute.gguf import field, find_gguf, load_gguf, open_gguf  # noqa: E402
 from compute.kvcache import KVCache  # noqa: E402
@@ -78,108 +77,7 @@ PREFILL_TEXT = (
     "pressure of migrating peoples, the division of the army, or the cost of defending "
     "frontiers that ran from Scotland to the Euphrates. "
 )
-WIRE_PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):\n    ",
-    "The history of the Roman Empire spans many centuries. " * 4,
-    "chat:What is the capital of France?",
-    "chat:Explain photosynthesis in two sentences.",
-]
-WIRE_CUTS = (10, 20)  # three sections: layers 0-9, 10-19, 20-29
-WIRE_TOKENS = 32
-WIRE_CODECS = ("raw", "fp16", "bf16", "int8")
 TARGETS = {"prefill": 1.0, "decode": 1.5}
-
-
-def peak_rss_mib() -> float:
-    """Peak resident set size of this process so far, MiB (Linux reports KiB)."""
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kib / 1024 if sys.platform != "darwin" else kib / 2**20
-
-
-def rss_mib() -> float:
-    """Current resident set size of this process, MiB (0 where /proc is missing)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def paired_ratio(ours: list[float], base: list[float]) -> float:
-    """Median over repeats of base time / ours time (runs of one repeat are adjacent,
-    so they share the machine's load of the moment): a speed ratio robust to bursts."""
-    return statistics.median(b / o for o, b in zip(ours, base))
-
-
-def _median_rate(times: list[float], work: int) -> float:
-    return work / statistics.median(times)
-
-
-def _cpu_times() -> tuple[int, int, int] | None:
-    """(busy, total) clock ticks of all CPUs from /proc/stat, and this process's
-    own ticks (all threads) from /proc/self/stat; None without them."""
-    try:
-        with open("/proc/stat") as f:
-            values = [int(v) for v in f.readline().split()[1:]]
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, ValueError):
-        return None
-    total = sum(values[:8])  # guest time is already in user time
-    own = int(fields[11]) + int(fields[12])  # utime + stime
-    return total - values[3] - values[4], total, own  # busy excludes idle and iowait
-
-
-def machine_busy(window: float = 0.5) -> float:
-    """Fraction of all CPUs that other processes kept busy over `window` seconds
-    (our own spinning worker threads not counted); 0.0 where /proc is missing."""
-    a = _cpu_times()
-    time.sleep(window)
-    b = _cpu_times()
-    if a is None or b is None or b[1] == a[1]:
-        return 0.0
-    return max(0.0, ((b[0] - a[0]) - (b[2] - a[2])) / (b[1] - a[1]))
-
-
-WAIT_IDLE = {"max_wait_s": 20.0, "busy_below": 0.15}
-BUSY_LOG: list[float] = []
-
-
-def wait_idle() -> None:
-    """Wait (up to WAIT_IDLE's max_wait_s) until other processes leave the CPUs idle;
-    log the load found. Disabled when max_wait_s is 0."""
-    if WAIT_IDLE["max_wait_s"] <= 0:
-        return
-    deadline = time.monotonic() + WAIT_IDLE["max_wait_s"]
-    busy = machine_busy()
-    while busy >= WAIT_IDLE["busy_below"] and time.monotonic() < deadline:
-        busy = machine_busy(1.0)
-    BUSY_LOG.append(busy)
-
-
-def alternate(
-    fns: dict[str, Callable[[], Any]], repeats: int
-) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """Time each fn `repeats` times, alternating, the order reversed every repeat;
-    before each repeat, wait for the other processes on the machine to go quiet.
-
-    Returns:
-        (seconds per run for each name, each fn's last result).
-    """
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    last: dict[str, Any] = {}
-    order = list(fns)
-    for r in range(repeats):
-        wait_idle()
-        for name in order if r % 2 == 0 else reversed(order):
-            t0 = time.perf_counter()
-            last[name] = fns[name]()
-            times[name].append(time.perf_counter() - t0)
-    return times, last
 
 
 # ---------------------------------------------------------------- loading
@@ -187,7 +85,7 @@ def alternate(
 
 def load_ours() -> tuple[Transformer, Tokenizer, dict[str, float]]:
     """Our model and tokenizer from the bundled GGUF, with load time and RSS."""
-    rss_before = peak_rss_mib()
+    rss_before = benchkit.peak_rss_mib()
     t0 = time.perf_counter()
     reader = open_gguf()
     model = load_gguf(reader=reader)
@@ -199,8 +97,8 @@ def load_ours() -> tuple[Transformer, Tokenizer, dict[str, float]]:
     info = {
         "load_s": load_s,
         "peak_rss_before_load_mib": rss_before,
-        "peak_rss_after_load_mib": peak_rss_mib(),
-        "rss_after_load_mib": rss_mib(),
+        "peak_rss_after_load_mib": benchkit.peak_rss_mib(),
+        "rss_after_load_mib": benchkit.rss_mib(),
         "weights_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20,
         "file_type": file_type,
     }
@@ -261,14 +159,14 @@ def bench_prefill(ours: Transformer, ref: Any, ids: list[int], repeats: int) -> 
         }
         for fn in fns.values():
             fn()  # warm up
-        times, last = alternate(fns, repeats)
+        times, last = benchkit.alternate(fns, repeats)
         diff = float((last["ours"] - last["transformers"]).abs().max())
-        rates = {k: _median_rate(v, t) for k, v in times.items()}
+        rates = {k: benchkit.median_rate(v, t) for k, v in times.items()}
         out[label] = {
             "ours_tok_s": rates["ours"],
             "transformers_tok_s": rates["transformers"],
             "ratio": rates["ours"] / rates["transformers"],
-            "paired_ratio": paired_ratio(times["ours"], times["transformers"]),
+            "paired_ratio": benchkit.paired_ratio(times["ours"], times["transformers"]),
             "ours_runs_tok_s": [t / s for s in times["ours"]],
             "transformers_runs_tok_s": [t / s for s in times["transformers"]],
             "max_abs_logit_diff": diff,
@@ -320,10 +218,10 @@ def bench_decode(
         "transformers_loop": run_loop,
     }
     if llm is not None:
-        fns["llama_cpp"] = lambda: llama_cpp_greedy(llm, ids, n)
+        fns["llama_cpp"] = lambda: llama_cpp_baseline.llama_cpp_greedy(llm, ids, n)
     for fn in fns.values():
         fn()  # warm up (packs our weights, fills allocator caches)
-    times, last = alternate(fns, repeats)
+    times, last = benchkit.alternate(fns, repeats)
     want = last["ours"]
     assert len(want) == n, len(want)
     if tok.stop_ids & set(want):
@@ -331,7 +229,7 @@ def bench_decode(
         raise AssertionError(f"greedy output holds a stop token; pick another prompt: {want}")
     for name in ("transformers_generate", "transformers_loop"):
         assert last[name] == want, f"{name} differs from ours:\n{last[name]}\n{want}"
-    rates = {k: _median_rate(v, n) for k, v in times.items()}
+    rates = {k: benchkit.median_rate(v, n) for k, v in times.items()}
     result: dict[str, Any] = {
         "prompt_tokens": len(ids),
         "new_tokens": n,
@@ -341,207 +239,14 @@ def bench_decode(
         "runs_tok_s": {k: [n / s for s in v] for k, v in times.items()},
         "ratio_vs_generate": rates["ours"] / rates["transformers_generate"],
         "ratio_vs_loop": rates["ours"] / rates["transformers_loop"],
-        "paired_ratio_vs_generate": paired_ratio(times["ours"], times["transformers_generate"]),
-        "paired_ratio_vs_loop": paired_ratio(times["ours"], times["transformers_loop"]),
+        "paired_ratio_vs_generate": benchkit.paired_ratio(times["ours"], times["transformers_generate"]),
+        "paired_ratio_vs_loop": benchkit.paired_ratio(times["ours"], times["transformers_loop"]),
     }
     if llm is not None:
         result["ratio_vs_llama_cpp"] = rates["ours"] / rates["llama_cpp"]
-        result["paired_ratio_vs_llama_cpp"] = paired_ratio(times["ours"], times["llama_cpp"])
-        result["llama_cpp_matching_prefix"] = _matching_prefix(last["llama_cpp"], want)
+        result["paired_ratio_vs_llama_cpp"] = benchkit.paired_ratio(times["ours"], times["llama_cpp"])
+        result["llama_cpp_matching_prefix"] = compute_wire.matching_prefix(last["llama_cpp"], want)
     return result
-
-
-# ---------------------------------------------------------------- 3. llama.cpp
-
-
-def load_llama_cpp(threads: int, n_ctx: int) -> tuple[Any, str | None]:
-    """A llama_cpp.Llama on the bundled GGUF, or (None, why not)."""
-    try:
-        import llama_cpp
-    except ImportError:
-        return None, "not installed"
-    llm = llama_cpp.Llama(
-        model_path=str(find_gguf()),
-        n_ctx=n_ctx,
-        n_batch=n_ctx,
-        n_ubatch=n_ctx,
-        n_threads=threads,
-        n_threads_batch=threads,
-        seed=0,
-        verbose=False,
-    )
-    return llm, llama_cpp.__version__
-
-
-def llama_cpp_greedy(llm: Any, ids: list[int], n: int) -> list[int]:
-    """n greedy tokens after ids (prompt pass included), from a cleared context."""
-    llm.reset()  # also stops generate() from reusing the previous run's prompt
-    out: list[int] = []
-    for t in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
-        out.append(int(t))
-        if len(out) == n:  # the last token is never fed back, as in ours
-            break
-    return out
-
-
-def bench_llama_cpp_prefill(
-    llm: Any, ours: Transformer, ids: list[int], repeats: int
-) -> dict[str, Any]:
-    """llama.cpp prefill tokens/s (last position's logits) against ours (last_only)."""
-    x = torch.tensor([ids])
-
-    def run_llama() -> None:
-        llm.reset()
-        llm.eval(ids)
-
-    @torch.inference_mode()
-    def run_ours() -> torch.Tensor:
-        return ours(x, cache=KVCache(ours.config, len(ids)), last_only=True)
-
-    fns = {"ours": run_ours, "llama_cpp": run_llama}
-    for fn in fns.values():
-        fn()
-    times, _ = alternate(fns, repeats)
-    rates = {k: _median_rate(v, len(ids)) for k, v in times.items()}
-    return {
-        "rates_tok_s": rates,
-        "runs_tok_s": {k: [len(ids) / s for s in v] for k, v in times.items()},
-        "ratio": rates["ours"] / rates["llama_cpp"],
-        "paired_ratio": paired_ratio(times["ours"], times["llama_cpp"]),
-    }
-
-
-# ---------------------------------------------------------------- 4. wire
-
-
-def _wire(h: torch.Tensor, codec: str | None) -> tuple[torch.Tensor, int]:
-    """h after crossing the wire with codec (None: not at all), and the bytes sent."""
-    if codec is None:
-        return h, 0
-    data = wiretensor.encode_tensor(h, codec)
-    return wiretensor.decode_tensor(data), len(data)
-
-
-class SplitRun:
-    """The model run as sections cut at `cuts`, the hidden state crossing each cut."""
-
-    def __init__(self, model: Transformer, cuts: tuple[int, ...], codec: str | None) -> None:
-        self.model, self.codec = model, codec
-        bounds = (0, *cuts, model.config.n_layers)
-        self.sections = list(zip(bounds[:-1], bounds[1:]))
-        self.bytes_sent = 0
-        self.tokens_sent = 0
-
-    @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Logits (1, T, V) of ids (1, T), continuing after what cache holds."""
-        pos = cache.length if cache is not None else 0
-        h = self.model.embed(ids)
-        for a, b in self.sections:
-            h = self.model.run_layers(h, a, b, pos=pos, cache=cache)
-            if b < self.model.config.n_layers:
-                h, sent = _wire(h, self.codec)
-                self.bytes_sent += sent
-                self.tokens_sent += h.shape[1]
-        return self.model.head(h)
-
-    def greedy(self, ids: list[int], n: int) -> tuple[list[int], list[float]]:
-        """n greedy tokens after ids, one section pass per token, and at each
-        step the gap between the two largest logits."""
-        cache = KVCache(self.model.config, len(ids) + n)
-        logits = self.forward(torch.tensor([ids]), cache)
-        out: list[int] = []
-        gaps: list[float] = []
-        for _ in range(n):
-            top = logits[0, -1].topk(2)
-            out.append(int(top.indices[0]))
-            gaps.append(float(top.values[0] - top.values[1]))
-            if len(out) == n:
-                break
-            logits = self.forward(torch.tensor([[out[-1]]]), cache)
-        return out, gaps
-
-
-def _matching_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens a and b share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def bench_wire(ours: Transformer, tok: Tokenizer, n_prompts: int = len(WIRE_PROMPTS),
-               n_tokens: int = WIRE_TOKENS) -> dict[str, Any]:
-    """Bytes per token and the error each codec adds at the cuts, over the first
-    ``n_prompts`` of WIRE_PROMPTS and ``n_tokens`` greedy tokens."""
-    dim = ours.config.dim
-    f32_token = wiretensor.encoded_size("raw", (dim,)) - wiretensor.encoded_size("raw", (0,))
-    sizes = {}
-    for codec in WIRE_CODECS:
-        payload = wiretensor.encoded_size(codec, (dim,)) - wiretensor.encoded_size(codec, (0,))
-        sizes[codec] = {
-            "payload_bytes_per_token": payload,
-            "one_token_message_bytes": wiretensor.encoded_size(codec, (1, 1, dim)),
-            "vs_float32": payload / f32_token,
-        }
-    prompts = []
-    for p in WIRE_PROMPTS[:n_prompts]:
-        if p.startswith("chat:"):
-            prompts.append((p, tok.encode_chat([{"role": "user", "content": p[5:]}])))
-        else:
-            prompts.append((p, tok.encode(p)))
-
-    plain = SplitRun(ours, WIRE_CUTS, None)
-    reference = {}
-    for text, ids in prompts:
-        want = generate(ours, ids, n_tokens)
-        got, gaps = plain.greedy(ids, n_tokens)
-        assert got == want, f"split run without codec differs from generate() on {text!r}"
-        with torch.inference_mode():
-            reference[text] = (ours(torch.tensor([ids])), want, gaps)
-
-    errors: dict[str, Any] = {}
-    for codec in WIRE_CODECS:
-        run = SplitRun(ours, WIRE_CUTS, codec)
-        per_prompt = []
-        for text, ids in prompts:
-            base_logits, base_tokens, base_gaps = reference[text]
-            diff = (run.forward(torch.tensor([ids])) - base_logits).abs()
-            tokens, _ = run.greedy(ids, n_tokens)
-            match = _matching_prefix(tokens, base_tokens)
-            per_prompt.append({
-                "prompt": text,
-                "prompt_tokens": len(ids),
-                "max_abs_logit_err": float(diff.max()),
-                "mean_abs_logit_err": float(diff.mean()),
-                "matching_prefix": match,
-                "identical": tokens == base_tokens,
-                # How close the unquantized run was to a tie where the codec's output diverged.
-                "base_top2_gap_at_divergence": base_gaps[match] if match < n_tokens else None,
-            })
-        errors[codec] = {
-            "max_abs_logit_err": max(p["max_abs_logit_err"] for p in per_prompt),
-            "mean_abs_logit_err": statistics.fmean(p["mean_abs_logit_err"] for p in per_prompt),
-            "identical_outputs": sum(p["identical"] for p in per_prompt),
-            "bytes_per_token_measured": run.bytes_sent / run.tokens_sent,
-            "per_prompt": per_prompt,
-        }
-    logit_scale = max(float(v[0].abs().max()) for v in reference.values())
-    return {
-        "dim": dim,
-        "cuts_after_layers": [c - 1 for c in WIRE_CUTS],
-        "sections": [[a, b - 1] for a, b in SplitRun(ours, WIRE_CUTS, None).sections],
-        "greedy_tokens": n_tokens,
-        "prompts": len(prompts),
-        "max_abs_logit": logit_scale,
-        "sizes": sizes,
-        "errors": errors,
-    }
-
-
-# ---------------------------------------------------------------- driver
 
 
 def run(
@@ -552,26 +257,26 @@ def run(
     wire: bool = True,
     llama: bool = True,
     max_wait_s: float = 20.0,
-    wire_prompts: int = len(WIRE_PROMPTS),
-    wire_tokens: int = WIRE_TOKENS,
+    wire_prompts: int = len(compute_wire.WIRE_PROMPTS),
+    wire_tokens: int = compute_wire.WIRE_TOKENS,
 ) -> dict[str, Any]:
     """Run every measurement; returns a JSON-serialisable dict."""
     if min(threads, prompt_tokens, decode_tokens, repeats) < 1:
         raise ValueError("threads, prompt tokens, decode tokens and repeats must be >= 1")
     torch.set_num_threads(threads)
-    WAIT_IDLE["max_wait_s"] = max_wait_s
-    BUSY_LOG.clear()
+    benchkit.WAIT_IDLE["max_wait_s"] = max_wait_s
+    benchkit.BUSY_LOG.clear()
     ours, tok, mem = load_ours()
     generate(ours, tok.encode(DECODE_PROMPT), 2)  # builds the packed decode weights
-    mem["peak_rss_after_first_decode_mib"] = peak_rss_mib()
-    mem["rss_after_first_decode_mib"] = rss_mib()
+    mem["peak_rss_after_first_decode_mib"] = benchkit.peak_rss_mib()
+    mem["rss_after_first_decode_mib"] = benchkit.rss_mib()
 
     t0 = time.perf_counter()
     ref = load_transformers()
     ref_load_s = time.perf_counter() - t0
-    mem["peak_rss_with_transformers_mib"] = peak_rss_mib()
+    mem["peak_rss_with_transformers_mib"] = benchkit.peak_rss_mib()
 
-    llm, llama_version = (None, "skipped") if not llama else load_llama_cpp(threads, 512)
+    llm, llama_version = (None, "skipped") if not llama else llama_cpp_baseline.load_llama_cpp(threads, 512)
     if llm is None and llama:
         benchkit.skipped("the llama.cpp ceiling", "llama-cpp-python is not installed: "
                          "pip install -e '.[bench]'")
@@ -591,10 +296,10 @@ def run(
         result["llama_cpp"].update(
             n_threads=threads,
             decode_tok_s=result["decode"]["rates_tok_s"]["llama_cpp"],
-            prefill=bench_llama_cpp_prefill(llm, ours, ids, repeats),
+            prefill=llama_cpp_baseline.bench_llama_cpp_prefill(llm, ours, ids, repeats),
         )
     if wire:
-        result["wire"] = bench_wire(ours, tok, wire_prompts, wire_tokens)
+        result["wire"] = compute_wire.bench_wire(ours, tok, wire_prompts, wire_tokens)
     import transformers
 
     result.update(
@@ -605,9 +310,9 @@ def run(
         machine=platform.machine(),
         cpus=os.cpu_count(),
         # CPU fraction other processes used just before each timed repeat (after waiting).
-        busy_before_repeats=BUSY_LOG[:],
-        repeats_started_busy=sum(b >= WAIT_IDLE["busy_below"] for b in BUSY_LOG),
-        wait_idle=dict(WAIT_IDLE),
+        busy_before_repeats=benchkit.BUSY_LOG[:],
+        repeats_started_busy=sum(b >= benchkit.WAIT_IDLE["busy_below"] for b in benchkit.BUSY_LOG),
+        wait_idle=dict(benchkit.WAIT_IDLE),
         targets=TARGETS,
     )
     return result
@@ -671,37 +376,9 @@ def _speed_rows(r: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
-def _wire_rows(r: dict[str, Any]) -> list[tuple[str, ...]]:
-    w = r["wire"]
-    rows = []
-    for codec in WIRE_CODECS:
-        s, e = w["sizes"][codec], w["errors"][codec]
-        prefixes = " ".join(
-            str(p["matching_prefix"])
-            + ("" if p["identical"] else f" (gap {p['base_top2_gap_at_divergence']:.2f})")
-            for p in e["per_prompt"]
-        )
-        rows.append((
-            "float32 (raw)" if codec == "raw" else codec,
-            f"{s['payload_bytes_per_token']:,}",
-            f"{s['one_token_message_bytes']:,}",
-            f"{s['vs_float32']:.3f}",
-            f"{e['max_abs_logit_err']:.2e}",
-            f"{e['mean_abs_logit_err']:.2e}",
-            f"{e['identical_outputs']}/{len(e['per_prompt'])}",
-            prefixes,
-        ))
-    return rows
-
-
 SPEED_HEADERS = ("measure", "ours tok/s", "baseline", "baseline tok/s",
                  "ratio of medians (median of paired ratios)", "target",
                  "runs tok/s (ours / baseline)")
-WIRE_HEADERS = ("codec", "payload B/token", "1-token msg B", "vs f32", "max |logit err|",
-                "mean |logit err|", "same greedy tokens",
-                "matching prefix per prompt (unquantized top-2 logit gap there)")
-
-
 def _print_tables(r: dict[str, Any]) -> None:
     """Print the figures with rich if available, else as plain text."""
     m = r["memory"]
@@ -732,7 +409,7 @@ def _print_tables(r: dict[str, Any]) -> None:
             f"Wire: hidden state (dim {w['dim']}) cut after layers "
             f"{', '.join(map(str, w['cuts_after_layers']))}, {w['prompts']} prompts, "
             f"{w['greedy_tokens']} greedy tokens (logits up to {w['max_abs_logit']:.1f})",
-            WIRE_HEADERS, _wire_rows(r),
+            compute_wire.WIRE_HEADERS, compute_wire.wire_rows(r),
         ))
     try:
         from rich.console import Console
@@ -769,9 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     add("--max-wait", type=float, default=20.0,
         help="seconds to wait before each repeat for other processes to leave the CPUs "
              "idle (0: never wait)")
-    add("--wire-prompts", type=int, default=len(WIRE_PROMPTS),
+    add("--wire-prompts", type=int, default=len(compute_wire.WIRE_PROMPTS),
         help="how many of the wire prompts to run")
-    add("--wire-tokens", type=int, default=WIRE_TOKENS, help="greedy tokens per wire prompt")
+    add("--wire-tokens", type=int, default=compute_wire.WIRE_TOKENS, help="greedy tokens per wire prompt")
     add("--json", action="store_true", help="print one JSON object instead of tables")
     smoke = {"threads": 1, "prompt_tokens": 8, "decode_tokens": 2, "repeats": 1,
              "max_wait": 0.0, "wire_prompts": 1, "wire_tokens": 2}

@@ -58,7 +58,7 @@ from node.datadir import DataDir  # noqa: E402
 from wallet.client import InferRequest  # noqa: E402
 from wallet.payer import Payer  # noqa: E402
 from wallet.registry import registry_from_view  # noqa: E402
-from wallet.client.remote import ClientConfig, load_client_parts, open_remote
+from wallet.client.remote import ClientConfig, load_client_parts, open_remote  # noqa: E402
 
 PROMPT = "The history of the Roman Empire"
 SPANS = benchkit.even_spans(3)  # --servers 3: 0-10, 10-20, 20-30

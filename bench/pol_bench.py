@@ -53,16 +53,16 @@ import trio  # noqa: E402
 from ledger.codec import encode  # noqa: E402
 from ledger.crypto import SigningKey  # noqa: E402
 from ledger.types import ZERO_SIG, Verdict  # noqa: E402
-from node.pol import WORKER_ATTACKS, ArchiveFetcher, PolArchive, WorkerAttack
-from proof_of_learning.reexecute import Reexecutor
-from proof_of_learning import judge
+from node.pol import WORKER_ATTACKS, ArchiveFetcher, PolArchive, WorkerAttack  # noqa: E402
 from node.wire import PolReply  # noqa: E402
 from proof_of_learning.certificate import (  # noqa: E402
     EXACT, FAILING, PASS, REASONS, UNAVAILABLE, bits_float,
 )
+from proof_of_learning.judge import judge  # noqa: E402
+from proof_of_learning.reexecute import Reexecutor  # noqa: E402
 from node.pol.archive import state_key  # noqa: E402
-from proof_of_learning.joinaudit import replay_window
-from proof_of_learning.replay import Replayer
+from proof_of_learning.joinaudit import replay_window  # noqa: E402
+from proof_of_learning.replay import Replayer  # noqa: E402
 from tests.node.pol.polkit import JOB, case_of, make_worker, run_step  # noqa: E402
 
 DEFAULT_JOB = {"batch_size": 16, "seq_len": 64}  # the devnet's: `devnet_job`'s defaults

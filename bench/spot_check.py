@@ -39,7 +39,7 @@ import trio  # noqa: E402
 
 from compute.generate import Sampling  # noqa: E402
 from wallet.client import InferRequest  # noqa: E402
-from wallet.client.remote import ClientConfig, load_client_parts, open_remote
+from wallet.client.remote import ClientConfig, load_client_parts, open_remote  # noqa: E402
 
 SPANS = ((0, 15), (15, 30), (0, 30))
 

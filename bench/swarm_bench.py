@@ -66,7 +66,9 @@ import trio  # noqa: E402
 
 from compute.generate import Sampling  # noqa: E402
 from wallet.client import InferRequest, LocalModel  # noqa: E402
-from wallet.client.remote import ClientConfig, ClientParts, load_client_parts, open_remote
+from wallet.client.remote import (  # noqa: E402
+    ClientConfig, ClientParts, load_client_parts, open_remote,
+)
 
 PROMPT = "The history of the Roman Empire"
 ROUTES = {n: benchkit.even_spans(n) for n in (1, 2, 3)}  # servers -> their layer spans

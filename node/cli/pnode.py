@@ -139,7 +139,7 @@ def _new_genesis(chain_id, premine, alloc, bond, layers, slot_ms, node_key, peer
                             common.parse_coins(bond))
     jobs = ()
     if job_config is not None:
-        from proof_of_learning.units import job_tx
+        from proof_of_learning.units import job_tx  # torch loads with it
 
         jobs = (job_tx(job_config, chain_id, wallet, 1),)  # nonce 0 is the registration's
     return new_genesis(chain_id, now_ms(), params, allocations.items(), (reg,), jobs)

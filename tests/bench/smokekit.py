@@ -26,9 +26,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-#: Modules in bench/ that are not benches: the shared helpers, and Petals' client
-#: (bench/ttft_bench.py runs it in a Petals environment, never here).
-NOT_BENCHES = {"benchkit", "petals_client"}
+#: Modules in bench/ that are not benches: the shared helpers, compute_bench's parts,
+#: and Petals' client (bench/ttft_bench.py runs it in a Petals environment, never here).
+NOT_BENCHES = {"benchkit", "compute_wire", "llama_cpp_baseline", "petals_client"}
 LIMIT_S = 600  # a smoke run takes seconds to two minutes on a loaded 2-core machine
 LOAD_LINE = re.compile(r"^load average: start [\d.]+ [\d.]+ [\d.]+, end [\d.]+ [\d.]+ [\d.]+",
                        re.M)

@@ -67,7 +67,7 @@ from node.wire import Announce, ServerInfo
 from wallet.client.prompt import InferRequest, Token, prompt_ids
 from wallet.client.directory import SwarmDirectory
 from wallet.errors import HopFailed, RemoteError, RouteError, ServerBusy  # noqa: F401
-from wallet.client.generation import ClientConfig, Generation, Served
+from wallet.client.generation import ClientConfig, Generation, Served  # noqa: F401
 from wallet.payer import InsufficientFunds, Payer, need
 from wallet.client.route import Hop
 from wallet.client.session import RouteRun
