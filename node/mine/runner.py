@@ -19,9 +19,13 @@ from pathlib import Path
 import trio
 
 from ledger.codec import decode, encode
+from ledger.crypto import SigningKey
+from node.chain import ChainService, TxGossip
 from node.errors import DataUnavailable, MinerError, NothingToMine
+from node.mine.data import DataShelf
 from node.mine.jobs import job_to_mine
 from node.mine.miner import Miner
+from node.pol import PolArchive, PolFetcher
 from node.wire import STATE_PROTOCOL, StateReply, StateRequest
 
 __all__ = ["JobRunner"]
@@ -42,8 +46,9 @@ class JobRunner:
             it, or from peers into it.
     """
 
-    def __init__(self, service, txs, key, mine, *, log_file: Path,
-                 report: Callable[[str], None], archive, fetcher, shelf) -> None:
+    def __init__(self, service: ChainService, txs: TxGossip, key: SigningKey, mine, *,
+                 log_file: Path, report: Callable[[str], None], archive: PolArchive,
+                 fetcher: PolFetcher, shelf: DataShelf) -> None:
         self.service, self.txs, self.key, self.mine = service, txs, key, mine
         self.shelf = shelf
         self.log_file, self.report, self.archive, self.fetcher = log_file, report, archive, fetcher

@@ -37,10 +37,10 @@ from proof_of_learning.units import hyper_hash
 from node.pol.archive import KEEP_STATES, PolArchive, state_key
 from node.pol.fetch import PolFetcher
 from proof_of_learning.joinaudit import ReplayReport, replay_window, windows_of
-from proof_of_learning.judge import Case, judge
+from proof_of_learning.judge import Case, Judgement, judge
 from proof_of_learning.reexecute import Reexecutor
 from proof_of_learning.replay import Replayer
-from proof_of_learning.certificate import FAILING, REASONS
+from proof_of_learning.certificate import FAILING, REASONS, Evidence
 from proof_of_learning.errors import PolError
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ class Verifier:
 
     def __init__(self, service: ChainService, txs: TxGossip, key: SigningKey,
                  config: JobConfig, archive: PolArchive, fetcher: PolFetcher, *,
-                 report: Callable[[str], None] = lambda line: None, tamper=None,
+                 report: Callable[[str], None] = lambda line: None,
+                 tamper: Callable[[Case, Judgement], Evidence] | None = None,
                  job_id: bytes | None = None):
         self.service, self.txs, self.key, self.config = service, txs, key, config
         self.wanted = job_id
