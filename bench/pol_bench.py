@@ -58,7 +58,7 @@ from node.wire import PolReply  # noqa: E402
 from proof_of_learning.certificate import (  # noqa: E402
     EXACT, FAILING, PASS, REASONS, UNAVAILABLE, bits_float,
 )
-from proof_of_learning.judge import judge  # noqa: E402
+from proof_of_learning.judge import judge, run_inline  # noqa: E402
 from proof_of_learning.reexecute import Reexecutor  # noqa: E402
 from node.pol.archive import state_key  # noqa: E402
 from proof_of_learning.joinaudit import replay_window  # noqa: E402
@@ -93,14 +93,11 @@ def judge_step(w, t: int, threads: int | None = None, archive=None, chain=None
             continue
         fetcher = ArchiveFetcher({"worker": w.archive})
         case = case_of(w, t, index, None if chain is None else chain(index))
-        out[index] = trio.run(functools.partial(judge, run_sync=_direct), case,
+        out[index] = trio.run(functools.partial(judge, run_sync=run_inline), case,
                               fetcher, rx, archive or PolArchive())
         sizes.append(fetcher.bytes)
     return out, time.perf_counter() - began, sizes
 
-
-async def _direct(fn, *args):
-    return fn(*args)
 
 
 def cost_and_noise(steps: int, seed: int = 0) -> dict:
@@ -184,7 +181,7 @@ def join_replay(steps: int, every: int = 16) -> dict:
     rp = Replayer(w.config)
     torch.set_num_threads(2)  # another node, another count: the job's pin holds
     began = time.perf_counter()
-    whole = trio.run(replay_window, rp, JOB, w.units, 0, steps, w.receipts, None, _direct)
+    whole = trio.run(replay_window, rp, JOB, w.units, 0, steps, w.receipts, None, run_inline)
     out = {"steps": steps, "train_s": train_s, "replay_s": time.perf_counter() - began,
            "replay_status": whole.status, "units_bit_exact": whole.matched,
            "units": len(w.receipts), "window_first": None}
@@ -192,7 +189,7 @@ def join_replay(steps: int, every: int = 16) -> dict:
     if kept:
         began = time.perf_counter()
         window = trio.run(replay_window, rp, JOB, w.units, kept[-1],
-                          min(every, steps - kept[-1]), w.receipts, source, _direct)
+                          min(every, steps - kept[-1]), w.receipts, source, run_inline)
         out.update(window_first=kept[-1], window_steps=window.replayed,
                    window_s=time.perf_counter() - began, window_status=window.status)
     return out

@@ -25,7 +25,7 @@ from node.errors import DataUnavailable, MinerError, NothingToMine
 from node.mine.data import DataShelf
 from node.mine.jobs import job_to_mine
 from node.mine.miner import Miner
-from node.pol import PolArchive, PolFetcher
+from node.pol import PolArchive, PolFetcher, StateCheck, Verifier, attack_hooks
 from node.wire import STATE_PROTOCOL, StateReply, StateRequest
 
 __all__ = ["JobRunner"]
@@ -63,8 +63,6 @@ class JobRunner:
 
     async def run(self) -> None:
         """Mine job after job until cancelled."""
-        from node.pol import StateCheck, Verifier, attack_hooks  # torch loads with them
-
         worker_tamper, verifier_tamper = attack_hooks(self.mine.attack)
         async with trio.open_nursery() as verifiers:
             while True:

@@ -19,15 +19,10 @@ from proof_of_learning.joinaudit import (
 )
 from proof_of_learning.replay import Replayer
 
+from proof_of_learning.judge import run_inline
 from tests.node.pol.polkit import JOB, make_worker, run_step
 
 EVERY = 2  # checkpoints at steps 2, 4, ...
-
-
-def direct(fn, *args):
-    async def call():
-        return fn(*args)
-    return call()
 
 
 def replay(w, first, steps, sources=()):
@@ -37,7 +32,7 @@ def replay(w, first, steps, sources=()):
             return None
         return sources[n].state(state_key(JOB, step, part)) or {}
     rp = Replayer(w.config)
-    return trio.run(replay_window, rp, JOB, w.units, first, steps, w.receipts, source, direct)
+    return trio.run(replay_window, rp, JOB, w.units, first, steps, w.receipts, source, run_inline)
 
 
 @pytest.fixture(scope="module")
