@@ -2,12 +2,14 @@
 
 Pure functions of chain state; `ledger.rules` applies them (the draw in a
 block's prelude, verdicts, silence). Owns the `Pending` statuses, the audit
-seed and sampling, the verifier choice and the genesis economics check.
+seed and sampling, the verifier choice and the genesis economics check
+under collusion and withholding.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from fractions import Fraction
 
 from ledger import crypto, schedule
 
@@ -20,14 +22,18 @@ DRAW_DUE, UNSAMPLED, SAMPLED, PASSED, FORCED, RECHECK_DUE, RECHECKING = range(7)
 BPS = 10_000
 
 
-def audit_seed(block_hash: bytes, receipt_hash: bytes) -> bytes:
-    """H("pnode:audit:" || hash of the block after the receipt's || receipt hash).
+def audit_seed(beacon_value: bytes, receipt_hash: bytes) -> bytes:
+    """H("pnode:audit:" || the beacon of the block after the event || receipt hash).
 
-    Attack note: the worker signed its receipt before that block existed,
-    so it cannot steer the draw; that block's producer still can, by
-    grinding its hash (specs/pol.md 5.1: a hash-onion beacon is planned).
+    The event is the receipt's inclusion, the failing verdict that forces
+    its audit, or the pass to re-check (specs/pol.md 5).
+
+    Attack note: the worker signed before that block existed, and the
+    beacon is a VRF output its producer cannot choose (`ledger.beacon`):
+    that producer can only withhold its block, one re-draw per slot it
+    holds (priced by `economics_problem`).
     """
-    return crypto.domain_hash(crypto.H_AUDIT, block_hash + receipt_hash)
+    return crypto.domain_hash(crypto.H_AUDIT, beacon_value + receipt_hash)
 
 
 def is_sampled(seed: bytes, audit_bps: int) -> bool:
@@ -36,46 +42,68 @@ def is_sampled(seed: bytes, audit_bps: int) -> bool:
 
 
 def audit_verifier(candidates: Iterable[tuple[schedule.Candidate, bytes]], seed: bytes,
-                   worker_account: bytes, layers: tuple[int, int], height: int,
-                   also_excluded: bytes | None = None) -> bytes | None:
+                   excluded: Iterable[bytes], height: int) -> bytes | None:
     """The node key that must re-execute a sampled unit; None when no one may.
 
     Args:
         candidates: (candidate, its account) of the mature bonded nodes.
-        seed: the receipt's `audit_seed`.
-        worker_account: the account the receipt pays (its nodes never judge it).
-        layers: the unit's [layer_start, layer_end).
+        seed: the draw's `audit_seed`.
+        excluded: accounts whose nodes may not judge it (the worker's, and
+            on a re-check the first verifier's).
         height: the current height (a jailed node comes after a free one).
-        also_excluded: another account whose nodes may not judge it (a
-            re-check: the first verifier's).
 
     Returns:
-        The candidate minimising (does not cover the layers, jailed,
-        tiebreak(seed, key)): a holder of the unit's layers if any, then
-        one not jailed, then the lowest tiebreak.
+        The candidate minimising (jailed, tiebreak(seed, key)): uniform over
+        the free nodes of other accounts.
+
+    Attack note: the draw once preferred holders of the unit's layers (they
+    keep the weights to compare); a worker's partner holding the same
+    layers was then drawn for every audit of its partner's units. Uniform,
+    a partner is drawn as often as its share of the nodes.
     """
-    others = [c for c, account in candidates
-              if account != worker_account and account != also_excluded]
+    barred = set(excluded)
+    others = [c for c, account in candidates if account not in barred]
     if not others:
         return None
-    best = min(others, key=lambda c: (not c.covers(*layers), c.jailed_until > height,
+    best = min(others, key=lambda c: (c.jailed_until > height,
                                       schedule.tiebreak(seed, c.node_key)))
     return best.node_key
 
 
-def economics_problem(min_bond: int, reward: int, slash_bps: int, audit_bps: int) -> str | None:
+def caught_rate(audit_bps: int, recheck_bps: int, cartel_bps: int) -> Fraction:
+    """The chance that one cheated receipt of a cartel's worker is caught (specs/pol.md 5.1).
+
+    A cartel holding a share f of the nodes withholds its block whenever
+    the beacon it would publish samples its own receipt: the next producer
+    in the ladder draws again, so the draw ends sampled with probability
+    p(1-f) / (1-fp). A sampled receipt meets a cartel verifier with
+    probability f, which passes it; that pass is caught only if it is
+    re-checked (drawn the same way, rate r) by an honest second verifier.
+    """
+    f, p, r = (Fraction(x, BPS) for x in (cartel_bps, audit_bps, recheck_bps))
+    sampled = p * (1 - f) / (1 - f * p)
+    rechecked = r * (1 - f) / (1 - f * r)
+    return sampled * ((1 - f) + f * rechecked * (1 - f))
+
+
+def economics_problem(params) -> str | None:
     """Why cheating would pay under these parameters; None when it does not.
 
-    A worker audited with probability p = audit_bps / 10000 collects about
-    (1 - p) / p unaudited rewards before an audit catches it and slashes
-    ``min_bond * slash_bps / 10000``, so cheating must lose on average:
-    p * slash > (1 - p) * reward, in integers. No audit (audit_bps 0): no
-    claim is made, so nothing to check.
+    A cheater caught with probability q per receipt (`caught_rate`, at the
+    chain's ``cartel_bps``) collects about (1 - q) / q unaudited rewards
+    before it is caught and slashed ``min_bond * slash_bps / 10000``, so
+    cheating must lose on average: q * slash > (1 - q) * reward, exactly
+    (rationals). No audit (audit_bps 0): no claim is made, so nothing to
+    check.
     """
-    if audit_bps == 0:
+    if params.audit_bps == 0:
         return None
-    if min_bond * slash_bps * audit_bps > (BPS - audit_bps) * reward * BPS:
+    q = caught_rate(params.audit_bps, params.recheck_bps, params.cartel_bps)
+    slash = params.min_bond * params.slash_bps // BPS
+    if q * slash > (1 - q) * params.reward:
         return None
-    return (f"cheating would pay: audited {audit_bps} bps of receipts, a cheater's slash of "
-            f"{min_bond * slash_bps // BPS} (min_bond x slash_bps) does not outweigh the "
-            f"{BPS - audit_bps}/{audit_bps} rewards it collects unaudited first")
+    return (f"cheating would pay: a cheated receipt is caught with probability {float(q):.4f} "
+            f"(audit_bps {params.audit_bps}, recheck_bps {params.recheck_bps}, a cartel of "
+            f"cartel_bps {params.cartel_bps} withholding blocks and passing its own), and a "
+            f"slash of {slash} (min_bond x slash_bps) does not outweigh the "
+            f"{float((1 - q) / q):.1f} rewards of {params.reward} it collects first")

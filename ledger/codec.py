@@ -61,6 +61,7 @@ U64 = Annotated[int, Range(0, 0xFFFF_FFFF_FFFF_FFFF)]
 Hash32 = Annotated[bytes, Size(32)]
 Key32 = Annotated[bytes, Size(32)]
 Sig64 = Annotated[bytes, Size(64)]
+Proof80 = Annotated[bytes, Size(80)]  # an ECVRF proof (ledger/vrf.py)
 ChainId = Annotated[str, MaxLen(64)]
 
 _Check = Callable[[Any, str], Any]  # (value, where) -> value to keep

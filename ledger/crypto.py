@@ -31,6 +31,7 @@ H_AUDIT = b"pnode:audit:"  # the audit draw's seed per receipt (specs/pol.md)
 H_STATE = b"pnode:state:"
 H_POL_STATE = b"pnode:pol-state:"  # a held part's full state at a step (specs/pol.md 8)
 H_TIEBREAK = b"pnode:tiebreak:"
+H_BEACON = b"pnode:beacon:"  # a block's VRF beacon (specs/ledger.md 5.1)
 H_GENESIS = b"pnode:genesis:"
 
 # Signature domains.

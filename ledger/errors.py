@@ -127,6 +127,10 @@ class TimeInFuture(BadTime):
     """A block time further ahead of the local clock than the chain allows."""
 
 
+class BadBeacon(ValidationError):
+    """A VRF proof (a block's beacon, specs/ledger.md 5.1) that does not verify."""
+
+
 class BadTxsRoot(ValidationError):
     """A header whose txs_root does not match its transactions."""
 

@@ -31,13 +31,18 @@ DEFAULT_PARAMS: Mapping[str, int] = MappingProxyType(dict(
     unit_timeout=20, max_block_txs=5000, slash_bps=10_000,
     # No audits until nodes run verifiers (specs/pol.md, Status): a drawn
     # verifier that cannot answer would be struck for its silence.
-    audit_bps=0, verify_fee=COIN, verdict_window=30, recheck_bps=1000))
+    audit_bps=0, verify_fee=COIN, verdict_window=30, recheck_bps=1000,
+    # The economics must hold against a fifth of the nodes colluding
+    # (ledger.audit.economics_problem).
+    cartel_bps=2000))
 
 #: A devnet chain: fast slots and short windows, so a short run pays out.
 DEVNET_PARAMS: Mapping[str, int] = MappingProxyType(dict(
     DEFAULT_PARAMS, slot_ms=300, challenge_window=4, unit_timeout=15,
-    # Every devnet node mines and verifies: audit a tenth of the receipts.
-    audit_bps=1000, verdict_window=10))
+    # Every devnet node mines and verifies: audit a tenth of the receipts. A
+    # cheated receipt is then caught with probability 0.066 against a fifth
+    # of the nodes colluding, so a bond of 20 rewards makes cheating lose.
+    audit_bps=1000, verdict_window=10, min_bond=20 * COIN))
 
 #: The test chains (tests/ledger/chainkit.py): windows of a few blocks, so a
 #: test reaches a payout or a timeout in a handful of blocks.

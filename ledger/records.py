@@ -78,7 +78,7 @@ class Assignment:
     output_hash: Hash32
 
 
-@wire(24, 4)
+@wire(24, 5)
 @dataclass(frozen=True, slots=True)
 class Pending:
     """An accepted receipt whose reward waits for its window (and its audit, if drawn).
@@ -89,7 +89,9 @@ class Pending:
     pass is re-checked, the verifier that passed it (version 3), else zeros;
     status: `ledger.audit` DRAW_DUE, UNSAMPLED, SAMPLED, PASSED, FORCED,
     RECHECK_DUE or RECHECKING; job_id (version 4): whose deposit pays it (or
-    nothing, for a minted job's).
+    nothing, for a minted job's); draw_at (version 5): the height whose
+    prelude draws its audit, re-check or forced audit (two blocks after the
+    event, seeded by the beacon of the block between: specs/pol.md 5).
     """
 
     job_id: Hash32
@@ -102,6 +104,7 @@ class Pending:
     verifier: Key32
     first_verifier: Key32
     status: U8
+    draw_at: U64
 
 
 @wire(25)
@@ -134,3 +137,12 @@ class LogState:
 
     size: U64
     peaks: Annotated[tuple[Hash32, ...], MaxLen(64)]
+
+
+@wire(37)
+@dataclass(frozen=True, slots=True)
+class Beacon:
+    """The latest block's beacon (`ledger.beacon`): the VRF output its producer could not choose."""
+
+    value: Hash32
+

@@ -23,7 +23,7 @@ from ledger.errors import (
 )
 from ledger.tab import Claim, OpenTab
 from ledger.tabrules import apply_claim, apply_open_tab
-from ledger.state import JAIL, JOB, NODE, PENDING, UNIT, KEY_LOG, KEY_SUPPLY, Overlay
+from ledger.state import JAIL, JOB, NODE, PENDING, UNIT, KEY_BEACON, KEY_LOG, KEY_SUPPLY, Overlay
 from ledger.crypto import ZERO32
 from ledger.types import (
     BACKWARD, FAILING_REASONS, FORWARD, PASS, UNAVAILABLE, VERDICT_REASONS, Job, Receipt, Register,
@@ -182,10 +182,12 @@ def _apply_receipt(st: Overlay, ctx: Any, tx: Receipt, raw: bytes) -> None:
     jail = st.get(JAIL + node.account)
     if jail is not None and jail.until <= ctx.height:  # served its term and works again
         st.delete(JAIL + node.account)
-    # Its audit is drawn at height + 2, from a block hash nobody knew when it was signed.
+    # Its audit is drawn at height + 2, from the beacon of the block in between,
+    # which nobody knew when it was signed and its producer cannot choose.
     st.put(PENDING + receipt_hash, Pending(tx.job_id, node.account, tx.node_key,
                                            unit.layer_start, unit.layer_end, ctx.height,
-                                           ctx.height + window, ZERO32, ZERO32, audit.DRAW_DUE))
+                                           ctx.height + window, ZERO32, ZERO32, audit.DRAW_DUE,
+                                           ctx.height + 2))
     log = st.log()
     frontier = merkle.Frontier(log.size, log.peaks).append(merkle.leaf_hash(raw))
     st.put(KEY_LOG, replace(log, size=frontier.size, peaks=frontier.peaks))
@@ -272,10 +274,13 @@ def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict, raw: bytes) -> None:
     # A flat fee, pass or fail alike, paid as the job pays its work.
     pay_work(st, pending.job_id, verifier.account, st.params().verify_fee)
     if tx.reason == PASS:
-        # A first pass is re-checked with probability recheck_bps (drawn next prelude).
-        again = not recheck and st.params().recheck_bps > 0
-        st.put(PENDING + tx.receipt_hash, replace(
-            pending, status=audit.RECHECK_DUE if again else audit.PASSED))
+        # A first pass is re-checked with probability recheck_bps, drawn two
+        # blocks on from the beacon of the block in between: never by the block
+        # holding the pass, whose producer may be the verifier's partner.
+        if recheck or st.params().recheck_bps == 0:
+            st.put(PENDING + tx.receipt_hash, replace(pending, status=audit.PASSED))
+        else:
+            st.put(PENDING + tx.receipt_hash, _draw_later(pending, audit.RECHECK_DUE, ctx))
         return
     # A failing verdict: the reward is never minted, the bond burned, a strike,
     # and every other receipt of the account still unaudited gets audited. On a
@@ -290,7 +295,14 @@ def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict, raw: bytes) -> None:
         other = st.get(PENDING + receipt_hash)
         if other.account == pending.account and other.status in (audit.DRAW_DUE,
                                                                   audit.UNSAMPLED):
-            st.put(PENDING + receipt_hash, replace(other, status=audit.FORCED))
+            st.put(PENDING + receipt_hash, _draw_later(other, audit.FORCED, ctx))
+
+
+def _draw_later(pending: Pending, status: int, ctx: Any) -> Pending:
+    """``pending`` with a draw due two blocks on, its window kept open until then."""
+    draw_at = ctx.height + 2
+    return replace(pending, status=status, draw_at=draw_at,
+                   final_height=max(pending.final_height, draw_at))
 
 
 def _slash(st: Overlay, ctx: Any, account_id: bytes, node_key: bytes) -> None:
@@ -304,33 +316,34 @@ def _slash(st: Overlay, ctx: Any, account_id: bytes, node_key: bytes) -> None:
 
 
 def draw_audits(st: Overlay, ctx: Any) -> None:
-    """Draw the audit of every receipt included two blocks ago, of the FORCED ones, and
-    the re-check of every pass of the last block.
+    """Draw every audit, forced audit and re-check due at this height (``Pending.draw_at``).
 
-    The seed is the parent's hash: the block after the receipt's (or after
-    the failing verdict that forced it, or the block holding the pass). A
-    sampled receipt gets its verifier and ``verdict_window`` more blocks;
-    one with no possible verifier is not sampled. A re-check's verifier is
-    of neither the worker's nor the first verifier's account
-    (specs/pol.md 6.5); a pass not drawn for one stays passed.
+    Each was set two blocks after its event (the receipt's inclusion, the
+    failing verdict that forces it, the pass to re-check); the seed is the
+    parent's beacon (`ledger.beacon`), the block in between's, read before
+    this block's own replaces it. A sampled receipt gets its verifier and
+    ``verdict_window`` more blocks; one with no possible verifier is not
+    sampled. A re-check's verifier is of neither the worker's nor the first
+    verifier's account (specs/pol.md 6.5); a pass not drawn for one stays
+    passed.
     """
     params = st.params()
+    beacon_value = st.get(KEY_BEACON).value
     mature = None  # the same for every draw of this block: computed once, when needed
     for receipt_hash in st.ids(PENDING):
         pending = st.get(PENDING + receipt_hash)
-        due = pending.status == audit.DRAW_DUE and pending.height + 2 <= ctx.height
-        if not (due or pending.status in (audit.FORCED, audit.RECHECK_DUE)):
+        if pending.status not in (audit.DRAW_DUE, audit.FORCED, audit.RECHECK_DUE) \
+                or pending.draw_at > ctx.height:
             continue
-        seed = audit.audit_seed(ctx.prev_hash, receipt_hash)
+        seed = audit.audit_seed(beacon_value, receipt_hash)
         recheck = pending.status == audit.RECHECK_DUE
         rate = params.recheck_bps if recheck else params.audit_bps
         verifier = None
         if pending.status == audit.FORCED or audit.is_sampled(seed, rate):
             mature = _mature(st, ctx.height - 2) if mature is None else mature
             first = st.get(NODE + pending.verifier) if recheck else None
-            verifier = audit.audit_verifier(mature, seed, pending.account,
-                                            (pending.layer_start, pending.layer_end),
-                                            ctx.height, first.account if first else None)
+            excluded = (pending.account, first.account) if first else (pending.account,)
+            verifier = audit.audit_verifier(mature, seed, excluded, ctx.height)
         if verifier is None:
             st.put(PENDING + receipt_hash, replace(
                 pending, status=audit.PASSED if recheck else audit.UNSAMPLED))

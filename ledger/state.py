@@ -24,21 +24,23 @@ from ledger.codec import decode, encode
 from ledger.errors import DecodeError, SupplyMismatch
 from ledger.tab import TabRecord, locked
 from ledger.records import (
-    Account, Assignment, Jail, JobRecord, LogState, NodeRecord, Pending, Supply,
+    Account, Assignment, Beacon, Jail, JobRecord, LogState, NodeRecord, Pending, Supply,
 )
 from ledger.types import Params
 
 ACCOUNT, NODE, JOB, UNIT, PENDING, META = b"A", b"N", b"J", b"U", b"P", b"M"
 JAIL, TAB = b"X", b"T"
 KEY_PARAMS, KEY_SUPPLY, KEY_LOG = META + b"params", META + b"supply", META + b"log"
+KEY_BEACON = META + b"beacon"
 
 _KIND_TYPES: dict[bytes, tuple[type, ...]] = {
     ACCOUNT: (Account,), NODE: (NodeRecord,), JOB: (JobRecord,), UNIT: (Assignment,),
-    PENDING: (Pending,), JAIL: (Jail,), TAB: (TabRecord,), META: (Params, Supply, LogState),
+    PENDING: (Pending,), JAIL: (Jail,), TAB: (TabRecord,),
+    META: (Params, Supply, LogState, Beacon),
 }
 
 _META_TYPES: dict[bytes, tuple[type, ...]] = {
-    KEY_PARAMS: (Params,), KEY_SUPPLY: (Supply,), KEY_LOG: (LogState,),
+    KEY_PARAMS: (Params,), KEY_SUPPLY: (Supply,), KEY_LOG: (LogState,), KEY_BEACON: (Beacon,),
 }
 
 EMPTY_ACCOUNT = Account(balance=0, nonce=0, bond=0, last_served_height=0)

@@ -5,7 +5,9 @@
 fail); ``genesis_block`` starts a chain. All three run the same rules, in
 this order, so producer and validators always agree:
 
-1. header: chain id, height, parent hash, producer rank and time, signature;
+1. header: chain id, height, parent hash, producer rank and time, signature,
+   and the producer's VRF proof, whose output becomes the block's beacon
+   (the audit draws of step 2b read the parent's beacon first);
 2. the producer and every higher-ranked producer it skipped count as served;
 3. pending rewards whose challenge window has closed are paid (minted, or
    out of a paid job's deposit); tabs that expired give their locked rest
@@ -26,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from ledger import audit, merkle, schedule
+from ledger import audit, beacon, merkle, schedule
 from ledger.codec import encode
 from ledger.crypto import ZERO32, SigningKey
 from ledger.errors import (
@@ -40,13 +42,13 @@ from ledger.rules import (
 from ledger.jobrules import refund_finished
 from ledger.tabrules import refund_expired
 from ledger.state import (
-    KEY_LOG, KEY_PARAMS, KEY_SUPPLY, NODE, MemoryState, Overlay, StateReader, check_supply,
+    KEY_BEACON, KEY_LOG, KEY_PARAMS, KEY_SUPPLY, NODE, MemoryState, Overlay, StateReader, check_supply,
     state_root,
 )
 from ledger.types import (
     MAX_BLOCK_BYTES, ZERO_SIG, Block, Genesis, Header, block_hash, sign, signature_ok,
 )
-from ledger.records import LogState, Supply
+from ledger.records import Beacon, LogState, Supply
 
 
 @dataclass(slots=True)
@@ -92,6 +94,7 @@ def genesis_block(genesis: Genesis) -> Applied:
     st.put(KEY_PARAMS, genesis.params)
     st.put(KEY_SUPPLY, Supply(premine=premine, minted=0, burned=0))
     st.put(KEY_LOG, LogState(size=0, peaks=()))
+    st.put(KEY_BEACON, Beacon(beacon.genesis_beacon(genesis.chain_id)))
     for alloc in genesis.allocations:
         st.put_account(alloc.account, replace(st.account(alloc.account), balance=alloc.amount))
     try:
@@ -102,7 +105,8 @@ def genesis_block(genesis: Genesis) -> Applied:
     if not candidates(st):
         raise BadGenesis("genesis registers no bonded node, so nobody could produce block 1")
     _finish(st, ctx)
-    header = _header(st, ctx, (), time_ms=genesis.time_ms, producer=ZERO32, height=0)
+    header = _header(st, ctx, (), time_ms=genesis.time_ms, producer=ZERO32, height=0,
+                     vrf_proof=beacon.NO_PROOF)
     block = Block(header=header, txs=())
     return _applied(block, st, ctx, log_start=0, rank=0, encoded=())
 
@@ -126,7 +130,9 @@ def _check_params(p) -> None:
         problems.append("challenge_window must be at least 3")
     if p.verify_fee > MAX_REWARD:
         problems.append(f"verify_fee {p.verify_fee} is above {MAX_REWARD}")
-    cheat = audit.economics_problem(p.min_bond, p.reward, p.slash_bps, p.audit_bps)
+    if p.cartel_bps >= 10_000:
+        problems.append("cartel_bps is the colluding share of nodes: below 10000")
+    cheat = audit.economics_problem(p)
     if cheat:
         problems.append(cheat)
     if not 1 <= p.reward <= MAX_REWARD:
@@ -171,6 +177,8 @@ def validate_block(parent: StateReader, parent_header: Header, block: Block,
     if h.txs_root != merkle.merkle_root(encoded):
         raise BadTxsRoot("txs_root does not match the block's transactions")
     st, ctx, rank = _begin(parent, parent_header, h.producer, h.time_ms)
+    st.put(KEY_BEACON, Beacon(beacon.beacon_from_proof(
+        h.producer, parent.get(KEY_BEACON).value, h.height, h.vrf_proof)))
     log_start = st.log().size
     for i, (tx, raw) in enumerate(zip(block.txs, encoded)):
         try:
@@ -198,6 +206,8 @@ def build_block(parent: StateReader, parent_header: Header, txs: Sequence[Any],
         WrongProducer / BadTime: ``key`` may not produce at ``time_ms``.
     """
     st, ctx, rank = _begin(parent, parent_header, key.public, time_ms)
+    proof, new_beacon = beacon.prove_beacon(key, parent.get(KEY_BEACON).value, ctx.height)
+    st.put(KEY_BEACON, Beacon(new_beacon))
     log_start = st.log().size
     limit = st.params().max_block_txs
     included, encoded, size = [], [], 0
@@ -216,14 +226,14 @@ def build_block(parent: StateReader, parent_header: Header, txs: Sequence[Any],
         size += len(raw)
     _finish(st, ctx)
     header = _header(st, ctx, encoded, time_ms=time_ms, producer=key.public,
-                     height=ctx.height, prev_hash=ctx.prev_hash)
+                     height=ctx.height, prev_hash=ctx.prev_hash, vrf_proof=proof)
     block = Block(header=sign(header, key), txs=tuple(included))
     return _applied(block, st, ctx, log_start, rank, encoded)
 
 
 def producer_rank(parent: StateReader, parent_header: Header, producer: bytes) -> int | None:
     """Rank of ``producer`` for the block after ``parent_header`` (None: not eligible)."""
-    ranking = schedule.producer_ranking(candidates(Overlay(parent)), block_hash(parent_header))
+    ranking = schedule.producer_ranking(candidates(Overlay(parent)), parent.get(KEY_BEACON).value)
     return ranking.index(producer) if producer in ranking else None
 
 
@@ -232,11 +242,18 @@ def producer_rank(parent: StateReader, parent_header: Header, producer: bytes) -
 
 def _begin(parent: StateReader, parent_header: Header, producer: bytes,
            time_ms: int) -> tuple[Overlay, Context, int]:
+    """The header's producer and time checked, then the prelude; the caller sets the beacon.
+
+    The caller puts the block's beacon after this returns: the prelude's
+    draws read the parent's.
+    """
     st = Overlay(parent)
     ctx = Context(height=parent_header.height + 1, prev_hash=block_hash(parent_header),
                   chain_id=parent_header.chain_id)
     params = st.params()
-    ranking = schedule.producer_ranking(candidates(st), ctx.prev_hash)
+    # The tiebreak among equal waits is the parent's beacon, which its
+    # producer could not choose (a block hash it could grind).
+    ranking = schedule.producer_ranking(candidates(st), st.get(KEY_BEACON).value)
     if producer not in ranking:
         raise WrongProducer(f"{producer.hex()[:16]}.. is not a bonded, registered node")
     rank = ranking.index(producer)
@@ -264,11 +281,11 @@ def _finish(st: Overlay, ctx: Context) -> None:
 
 
 def _header(st: Overlay, ctx: Context, encoded_txs: Sequence[bytes], *, time_ms: int,
-            producer: bytes, height: int, prev_hash: bytes = ZERO32) -> Header:
+            producer: bytes, height: int, vrf_proof: bytes, prev_hash: bytes = ZERO32) -> Header:
     log = st.log()
     return Header(
         chain_id=ctx.chain_id, height=height, prev_hash=prev_hash, time_ms=time_ms,
-        producer=producer, txs_root=merkle.merkle_root(encoded_txs),
+        producer=producer, vrf_proof=vrf_proof, txs_root=merkle.merkle_root(encoded_txs),
         log_root=merkle.Frontier(log.size, log.peaks).root(), log_size=log.size,
         state_root=state_root(st), signature=ZERO_SIG,
     )

@@ -14,7 +14,7 @@ from typing import Annotated, Sequence, Union
 
 from ledger import crypto
 from ledger.codec import (
-    U8, U32, U64, ChainId, Hash32, Key32, MaxLen, Sig64, concat_array, encode, encode_from_parts,
+    U8, U32, U64, ChainId, Hash32, Key32, MaxLen, Proof80, Sig64, concat_array, encode, encode_from_parts,
     encode_unsigned, wire,
 )
 from ledger.tab import Claim, OpenTab
@@ -225,16 +225,23 @@ class UnitId:
 # -- blocks ---------------------------------------------------------------------
 
 
-@wire(12)
+@wire(12, 2)
 @dataclass(frozen=True, slots=True)
 class Header:
-    """A block header; its hash (over the full encoding) names the block."""
+    """A block header; its hash (over the full encoding) names the block.
+
+    vrf_proof (version 2): the producer's ECVRF proof over the parent's
+    beacon and this height (`ledger.beacon`); its output is the block's
+    beacon, which seeds the audit draw and the next producer ranking and
+    which the producer cannot choose (80 zero bytes in block 0).
+    """
 
     chain_id: ChainId
     height: U64
     prev_hash: Hash32
     time_ms: U64
     producer: Key32
+    vrf_proof: Proof80
     txs_root: Hash32
     log_root: Hash32
     log_size: U64
@@ -249,7 +256,7 @@ class Block:
     txs: Annotated[tuple[Tx, ...], MaxLen(100_000)]
 
 
-@wire(14, 3)
+@wire(14, 4)
 @dataclass(frozen=True, slots=True)
 class Params:
     """Chain-wide constants, fixed at genesis and committed in the state root."""
@@ -266,6 +273,7 @@ class Params:
     verify_fee: U64  # minted to the verifier of a sampled receipt, pass or fail
     verdict_window: U32  # blocks a drawn verifier has for its verdict
     recheck_bps: U32  # passes re-checked by a second verifier (version 3, specs/pol.md 6.5)
+    cartel_bps: U32  # the colluding share of nodes the economics must withstand (version 4)
     job_authority: Key32
 
 

@@ -27,7 +27,7 @@ PURE_CORE = {
     "proof_of_learning/certificate.py",
     "wallet/client/route.py", "node/serve/placement.py", "ledger/genesis.py", "ledger/tab.py",
     "ledger/tabrules.py", "ledger/accounts.py", "ledger/jobrules.py", "proof_of_learning/kinds.py",
-    "ledger/audit.py", "ledger/records.py",
+    "ledger/audit.py", "ledger/records.py", "ledger/vrf.py", "ledger/beacon.py",
 }
 PURE_FORBIDDEN = {
     "time", "datetime", "random", "secrets", "socket", "os", "pathlib", "io", "shutil",

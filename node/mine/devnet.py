@@ -16,12 +16,12 @@ from compute.blocks import model_partition
 from compute.data import JobConfig, make_model
 from ledger.crypto import SigningKey, libp2p_peer_id
 from ledger.genesis import DEVNET_PARAMS, chain_params, new_genesis, node_registration
-from ledger.types import COIN, Genesis
+from ledger.types import Genesis
 from proof_of_learning.units import job_tx
 
 __all__ = ["BOND", "DEVNET_PARAMS", "DevnetKeys", "devnet_genesis", "devnet_job", "devnet_spans"]
 
-BOND = 10 * COIN
+BOND = DEVNET_PARAMS["min_bond"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,8 @@ claims = st.builds(Claim, chain, b32, vouchers, st.booleans(), b64)
 registers = st.builds(Register, chain, b32, b32, st.binary(max_size=64), u32, u32, u64, u64, b64, b64,
                       b64)
 txs = st.one_of(transfers, jobs, tabs, claims, registers)
-headers = st.builds(Header, chain, u64, b32, u64, b32, b32, b32, u64, b32, b64)
+b80 = st.binary(min_size=80, max_size=80)
+headers = st.builds(Header, chain, u64, b32, u64, b32, b80, b32, b32, u64, b32, b64)
 blocks = st.builds(Block, headers, st.lists(txs, max_size=4).map(tuple))
 
 
@@ -148,7 +149,8 @@ def test_expected_type_is_enforced():
 
 
 def test_union_field_rejects_other_types():
-    header = Header("c", 1, bytes(32), 0, bytes(32), bytes(32), bytes(32), 0, bytes(32), ZERO_SIG)
+    header = Header("c", 1, bytes(32), 0, bytes(32), bytes(80), bytes(32), bytes(32), 0, bytes(32),
+                    ZERO_SIG)
     plain = list(msgpack.unpackb(encode(Block(header, (_transfer(),))), use_list=True))
     plain[3] = [list(msgpack.unpackb(encode(header), use_list=True))]  # a header among the txs
     with pytest.raises(DecodeError, match="expected Transfer"):

@@ -26,7 +26,7 @@ def key(i: int) -> SigningKey:
 def one_node_genesis(preset=DEFAULT_PARAMS, chain_id=CHAIN, **overrides) -> Genesis:
     wallet, node, peer = key(1), key(2), key(3)
     reg = node_registration(chain_id, wallet, node, peer, (0, 30),
-                            10 * COIN)
+                            {**preset, **overrides}["min_bond"])
     return new_genesis(chain_id, 1_000, chain_params(preset, wallet.public, **overrides),
                        [(wallet.public, 100 * COIN)], [reg])
 

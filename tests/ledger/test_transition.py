@@ -428,7 +428,13 @@ def test_a_verifier_must_have_registered_by_the_receipts_block():
 def test_genesis_refuses_parameters_under_which_cheating_pays():
     with pytest.raises(E.BadGenesis, match="cheating would pay"):
         new_db(make_net(audit_bps=500, slash_bps=1000))  # 1 coin slashed vs 19 rewards
-    new_db(make_net(audit_bps=1000, slash_bps=10_000))  # 10 coins vs 9: it does not pay
+    # A fifth of the nodes colluding (withholding blocks, passing their own):
+    # caught 0.065 of the time, so a 10-coin bond loses to 14.3 rewards.
+    with pytest.raises(E.BadGenesis, match="cartel_bps 2000"):
+        new_db(make_net(audit_bps=1000, slash_bps=10_000, cartel_bps=2000, min_bond=10 * COIN))
+    new_db(make_net(audit_bps=1000, slash_bps=10_000, cartel_bps=0, min_bond=10 * COIN))
+
+
 def test_reward_must_be_in_range():
     with pytest.raises(E.BadGenesis, match="reward"):
         new_db(make_net(reward=0))

@@ -10,7 +10,7 @@ import pytest
 
 from ledger import audit
 from ledger import errors as E
-from ledger.state import ACCOUNT, JAIL, KEY_PARAMS, KEY_SUPPLY, NODE, PENDING, check_supply
+from ledger.state import ACCOUNT, JAIL, KEY_BEACON, KEY_PARAMS, KEY_SUPPLY, NODE, PENDING, check_supply
 from ledger.types import (
     COIN, GRADIENT_MISMATCH, MALFORMED, OUTPUT_MISMATCH, PASS, UNAVAILABLE, ZERO_SIG, Verdict,
     sign, tx_hash,
@@ -96,12 +96,14 @@ def test_a_failing_verdict_has_every_other_pending_receipt_of_the_account_audite
     assert second, "step 1 gave the worker no unit"
     grow(db, net, 1, second)  # h+1: the worker's next receipt
     b = tx_hash(second[0])
-    chosen.add(real_draw(db.tip_hash, a))  # A's draw at h+2 is seeded by block h+1
+    chosen.add(real_draw(db.state.get(KEY_BEACON).value, a))  # A's draw at h+2: h+1's beacon
     grow(db, net, 1)
     pa = db.state.get(PENDING + a)
     assert pa.status == audit.SAMPLED
     grow(db, net, 1, [_verdict(net, pa, a, GRADIENT_MISMATCH)])  # h+3: A fails
     assert db.state.get(PENDING + b).status == audit.FORCED  # B was drawn, not sampled
+    grow(db, net, 1)
+    assert db.state.get(PENDING + b).status == audit.FORCED  # its draw: two blocks on
     grow(db, net, 1)
     pb = db.state.get(PENDING + b)
     assert pb.status == audit.SAMPLED and pb.verifier != worker
@@ -147,9 +149,15 @@ def rechecked():
 
 
 def _rechecking(net, db):
-    """A sampled receipt, passed by its verifier; the block after, its re-check drawn."""
+    """A sampled receipt, passed by its verifier in block b; its re-check drawn at b + 2.
+
+    Never at b + 1: the seed would then be block b's beacon, and b's
+    producer chose to include the pass knowing it.
+    """
     receipt, rh, first = _sampled(net, db)
     grow(db, net, 1, [_verdict(net, first, rh, PASS, bytes(32))])
+    assert db.state.get(PENDING + rh).status == audit.RECHECK_DUE
+    grow(db, net, 1)
     assert db.state.get(PENDING + rh).status == audit.RECHECK_DUE
     grow(db, net, 1)
     second = db.state.get(PENDING + rh)
