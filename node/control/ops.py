@@ -152,13 +152,15 @@ class NodeOps:
 
     async def pol_export(self, args: dict) -> dict:
         """The ``pol_export`` op: a window file of the kept units (`node.pol.export_op`)."""
-        from compute.jobfile import config_json
+        from ledger.state import JOB
         from node.pol import export_op
 
-        jobs = self._jobs()
-        miner = jobs.miner
-        return await _pol_refusal(export_op(jobs.archive, config_json(miner.config) if miner
-                                            else "", miner.job_id if miner else None, args))
+        jobs, job = self._jobs(), None
+        if jobs.miner is not None:  # the window carries the job's signed transaction
+            service, job_id = self._running(), jobs.miner.job_id
+            record = await service.call(lambda: service.chain.state.get(JOB + job_id))
+            job = record.job if record is not None else None
+        return await _pol_refusal(export_op(jobs.archive, job, args))
 
     async def pol_audit(self, args: dict) -> dict:
         """The ``pol_audit`` op: judge recent receipts, replay windows (`Verifier.audit`)."""

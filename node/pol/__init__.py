@@ -6,7 +6,8 @@ Sub-modules: `archive` (what a worker keeps for its verifiers, a miner's
 own weight versions), `fetch` (`/pnode/pol/1.0.0`, both sides), `verifier`
 (the service a mining node runs: draws, judges, submits verdicts),
 `catchup` (a catching-up miner's check of a holder's state), `window`
-(window files: `pnode pol export`, `pnode verify cert`), `attacks`
+(window files: `pnode pol export`, `pnode verify cert`), `windowcheck`
+(a window file's every byte against its job and receipts), `attacks`
 (cheating, for the attack battery only).
 """
 
@@ -17,8 +18,10 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.pol.fetch": ("ArchiveFetcher", "PolFetcher", "serve_pol"),
     "node.pol.verifier": ("Verifier",),
     "node.pol.catchup": ("MAX_CHECKED", "StateCheck"),
-    "node.pol.window": ("WindowError", "WindowReport", "export_op", "export_window",
-                        "read_window", "verify_window", "write_window"),
+    "node.pol.window": ("WINDOW_MAGIC", "WindowReport", "decode_window", "encode_window",
+                        "export_op", "export_window", "read_window", "verify_window",
+                        "write_window"),
+    "node.pol.windowcheck": ("CheckedWindow", "Problem", "WindowError", "check_window"),
     "node.pol.attacks": ("ATTACKS", "VERIFIER_ATTACKS", "WORKER_ATTACKS", "WorkerAttack",
                          "attack_hooks", "verifier_tamper"),
 })

@@ -47,7 +47,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "step_claim",
     ),
     "node.wire.pol": (
-        "CERT", "EVIDENCE", "MAX_POL_FRAME", "MAX_POL_REQUEST", "MAX_WINDOW_ITEMS", "NAMED",
+        "CERT", "EVIDENCE", "MAX_POL_FRAME", "MAX_POL_REQUEST", "MAX_WINDOW_ITEMS",
+        "MAX_WINDOW_JOB", "NAMED",
         "POL_KINDS", "POL_PROTOCOL", "STATE", "TENSOR", "NamedSet", "PolReply", "PolRequest",
         "PolWindow",
     ),

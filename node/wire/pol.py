@@ -62,30 +62,35 @@ class NamedSet:
 
 #: A window file's limits: the units of up to a few hundred steps of a small job.
 MAX_WINDOW_ITEMS = 1 << 16
+#: A window's `Job` transaction: a spec of 16 KiB and 4096 units fit with room.
+MAX_WINDOW_JOB = 1 << 18
 
 
-@wire(80)
+@wire(80, version=2)
 @dataclass(frozen=True, slots=True)
 class PolWindow:
     """K steps of a worker's archive, for re-execution offline (`pnode pol export`,
     `pnode verify cert`; specs/pol.md 10).
 
+    Every field is committed by the job or the receipts, so that `pnode
+    verify cert` can refuse any edit: ``job``: the encoded, signed `Job`
+    transaction (its hash is ``job_id``; its ``spec`` the config the units
+    ran); ``first_step``/``steps``: the span of the units' steps;
     ``receipts``: each unit's encoded `Receipt` in (step, unit) order;
-    ``receipts_root``: the Merkle root (specs/ledger.md 3) over their hashes;
-    ``objects``: their certificates' encodings; ``named``: the named sets
-    they commit; ``tensors``: every tensor by its digest (hex as the name);
-    ``start_state``/``end_state``: `tensors_digest` of the exporter's own
-    weights after ``first_step`` and ``first_step + steps`` updates (zeros
-    when it kept none).
+    ``receipts_root``: the Merkle root (specs/ledger.md 3) over their
+    hashes; ``objects``: their certificates' encodings, one per receipt in
+    its order; ``named``: the named sets their certificates commit;
+    ``tensors``: every tensor a certificate or named set commits, by its
+    digest (hex as the name). Version 2: version 1's ``config`` (unsigned)
+    and ``start_state``/``end_state`` (the exporter's word, committed by
+    nothing) gave way to ``job``.
     """
 
-    config: Annotated[str, MaxLen(1 << 16)]
+    job: Annotated[bytes, MaxLen(MAX_WINDOW_JOB)]
     job_id: Hash32
     first_step: U64
     steps: U32
     receipts_root: Hash32
-    start_state: Hash32
-    end_state: Hash32
     receipts: Annotated[tuple[Annotated[bytes, MaxLen(4096)], ...], MaxLen(MAX_WINDOW_ITEMS)]
     objects: Annotated[tuple[Annotated[bytes, MaxLen(1 << 20)], ...], MaxLen(MAX_WINDOW_ITEMS)]
     named: Annotated[tuple[NamedSet, ...], MaxLen(MAX_WINDOW_ITEMS)]

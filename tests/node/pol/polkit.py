@@ -33,6 +33,7 @@ class Worker:
     units: tuple
     seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # each unit's run
     key: SigningKey = KEY  # its node key: it signs its receipts
+    job_id: bytes = JOB  # the job its receipts name (a real `Job`'s hash where one is needed)
 
     @property
     def config(self):
@@ -74,15 +75,15 @@ def run_step(w: Worker, t: int, run=None, certify=None) -> None:
     def signed(index, uid, cert, results, hashes):
         if certify is not None:
             cert = certify(cert)
-            hashes = w.plan.receipt_hashes(JOB, t, uid, index, results, cert)
-        receipt = sign(Receipt("test", w.key.public, JOB, uid, *hashes, ZERO_SIG), w.key)
+            hashes = w.plan.receipt_hashes(w.job_id, t, uid, index, results, cert)
+        receipt = sign(Receipt("test", w.key.public, w.job_id, uid, *hashes, ZERO_SIG), w.key)
         w.archive.keep_unit(t, cert, results, receipt)
         w.receipts[(t, index)] = receipt
 
-    w.replayer.step(JOB, t, w.units, run=timed, on_unit=signed)
+    w.replayer.step(w.job_id, t, w.units, run=timed, on_unit=signed)
     if (t + 1) % w.config.state_every == 0:  # a checkpoint, as a miner keeps it
         for part in w.replayer.parts:
-            w.archive.keep_state(JOB, t + 1, part, w.replayer.part_state(part))
+            w.archive.keep_state(w.job_id, t + 1, part, w.replayer.part_state(part))
 
 
 def case_of(w: Worker, t: int, index: int, receipts: dict | None = None) -> Case:
