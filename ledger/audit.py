@@ -19,6 +19,15 @@ from ledger import crypto, schedule
 #: pass's re-check is drawn at the next prelude, or a second verifier
 #: re-checks its pass (specs/pol.md 6.5).
 DRAW_DUE, UNSAMPLED, SAMPLED, PASSED, FORCED, RECHECK_DUE, RECHECKING = range(7)
+#: A failing verdict stands once its appeal window closes unappealed; an
+#: appeal's verifiers are drawn at `draw_at`; they are judging it
+#: (specs/pol.md 6.6).
+FAILED, APPEAL_DUE, APPEALING = 7, 8, 9
+#: Fresh verifiers drawn for an appeal, each of a distinct account; the
+#: majority of those who vote pass or fail decides.
+APPEAL_VERIFIERS = 3
+#: An appeal verifier's vote before its verdict.
+NO_VOTE = 0xFF
 BPS = 10_000
 
 
@@ -68,6 +77,33 @@ def audit_verifier(candidates: Iterable[tuple[schedule.Candidate, bytes]], seed:
     best = min(others, key=lambda c: (c.jailed_until > height,
                                       schedule.tiebreak(seed, c.node_key)))
     return best.node_key
+
+
+def appeal_verifiers(candidates: Iterable[tuple[schedule.Candidate, bytes]], seed: bytes,
+                     excluded: Iterable[bytes], height: int) -> tuple[bytes, ...]:
+    """Up to `APPEAL_VERIFIERS` node keys, one per account, drawn as `audit_verifier` draws one.
+
+    Args:
+        candidates, seed, height: as for `audit_verifier`.
+        excluded: the worker's account, the accused verifier's, and a
+            failed re-check's first verifier's: none of them judges the
+            appeal.
+
+    Returns:
+        The keys in draw order (fewer when fewer accounts may judge).
+    """
+    barred = set(excluded)
+    order = sorted(((c.jailed_until > height, schedule.tiebreak(seed, c.node_key)), c.node_key,
+                    account) for c, account in candidates if account not in barred)
+    chosen: list[bytes] = []
+    for _, node_key, account in order:
+        if account in barred:
+            continue
+        chosen.append(node_key)
+        barred.add(account)
+        if len(chosen) == APPEAL_VERIFIERS:
+            break
+    return tuple(chosen)
 
 
 def caught_rate(audit_bps: int, recheck_bps: int, cartel_bps: int) -> Fraction:

@@ -168,6 +168,10 @@ class BadVerdict(ValidationError):
     """A verdict on an unknown receipt, from the wrong verifier, or repeated."""
 
 
+class BadAppeal(ValidationError):
+    """An appeal against no failing verdict, out of its window, or by another node."""
+
+
 class BadJob(ValidationError):
     """A job from a creator who may not post jobs, or with a malformed plan."""
 

@@ -15,8 +15,8 @@ from typing import Annotated
 from ledger.codec import U8, U32, U64, Hash32, Key32, MaxLen, wire
 from ledger.types import Job, PeerId
 
-__all__ = ["Account", "Assignment", "Jail", "JobRecord", "LogState", "NodeRecord", "Pending",
-           "Supply"]
+__all__ = ["Account", "AppealRecord", "Assignment", "Beacon", "Jail", "JobRecord", "LogState",
+           "NodeRecord", "Pending", "Supply"]
 
 
 
@@ -145,4 +145,14 @@ class Beacon:
     """The latest block's beacon (`ledger.beacon`): the VRF output its producer could not choose."""
 
     value: Hash32
+
+
+@wire(39)
+@dataclass(frozen=True, slots=True)
+class AppealRecord:
+    """An appeal being judged: its verifiers and their votes (`ledger.audit.NO_VOTE` until
+    each verdict), by position."""
+
+    verifiers: Annotated[tuple[Key32, ...], MaxLen(3)]
+    votes: Annotated[tuple[U8, ...], MaxLen(3)]
 

@@ -15,24 +15,27 @@ from typing import Any
 
 from ledger import audit, crypto, merkle, schedule
 from ledger.accounts import U64_MAX, check_nonce, credit
-from ledger.jobrules import apply_job, give_up_stalled, job_queue, pay_work
-from ledger.codec import encode
+from ledger.auditrules import apply_appeal, apply_verdict, draw_audits, settle_pending
+from ledger.jobrules import apply_job, give_up_stalled, job_queue
 from ledger.errors import (
-    BadAmount, BadRegistration, BadSignature, BadVerdict, InsufficientFunds,
+    BadAmount, BadRegistration, BadSignature, InsufficientFunds,
     NotRegistered, PeerIdError, UnassignedReceipt, UnchainedReceipt, WrongChainId,
 )
+from ledger.standing import bonded_nodes, candidates, jail, mark_served
 from ledger.tab import Claim, OpenTab
 from ledger.tabrules import apply_claim, apply_open_tab
-from ledger.state import JAIL, JOB, NODE, PENDING, UNIT, KEY_BEACON, KEY_LOG, KEY_SUPPLY, Overlay
+from ledger.state import JAIL, JOB, NODE, PENDING, UNIT, KEY_LOG, Overlay
 from ledger.crypto import ZERO32
+from ledger.codec import encode
 from ledger.types import (
-    BACKWARD, FAILING_REASONS, FORWARD, PASS, UNAVAILABLE, VERDICT_REASONS, Job, Receipt, Register,
-    Transfer, UnitTemplate, Verdict, binding_ok, peer_binding_ok, signature_ok, tx_hash, unit_id,
+    BACKWARD, FORWARD, Appeal, Job, Receipt, Register, Transfer, UnitTemplate, Verdict,
+    binding_ok, peer_binding_ok, signature_ok, tx_hash, unit_id,
 )
-from ledger.records import Account, Assignment, Jail, JobRecord, NodeRecord, Pending
+from ledger.records import Assignment, JobRecord, NodeRecord, Pending
 
-#: A jail term is ``unit_timeout << min(strikes - 1, MAX_JAIL_DOUBLINGS)`` blocks.
-MAX_JAIL_DOUBLINGS = 6
+#: Re-exported: the nodes that may work, as the chain's other readers know them.
+__all__ = ["U64_MAX", "apply_tx", "bonded_nodes", "candidates", "draw_audits", "open_steps",
+           "reassign_timeouts", "settle_pending"]
 
 
 def apply_tx(st: Overlay, ctx: Any, tx: Any, encoded: bytes | None = None) -> None:
@@ -56,39 +59,6 @@ def apply_tx(st: Overlay, ctx: Any, tx: Any, encoded: bytes | None = None) -> No
     if not signature_ok(tx, encoded):
         raise BadSignature(f"{type(tx).__name__} signature does not verify")
     handler(st, ctx, tx, encoded)
-
-
-def bonded_nodes(st: Overlay) -> list[tuple[bytes, NodeRecord, Account]]:
-    """Registered nodes whose account holds at least the minimum bond, in node-key order.
-
-    The nodes that may be assigned work, and the servers a client routes
-    inference through (`node.chain.views.registry_view`).
-
-    Args:
-        st: the state (to read a `ChainDB`'s: ``Overlay(chain.state)``).
-
-    Returns:
-        (node key, its record, its account) for each such node.
-    """
-    min_bond = st.params().min_bond
-    out = []
-    for node_key in st.ids(NODE):
-        node = st.get(NODE + node_key)
-        account = st.account(node.account)
-        if account.bond >= min_bond:
-            out.append((node_key, node, account))
-    return out
-
-
-def candidates(st: Overlay) -> list[schedule.Candidate]:
-    """`bonded_nodes`, as the schedule ranks them (with any jail term)."""
-    out = []
-    for node_key, node, account in bonded_nodes(st):
-        jail = st.get(JAIL + node.account)
-        out.append(schedule.Candidate(node_key, account.last_served_height,
-                                      node.layer_start, node.layer_end,
-                                      0 if jail is None else jail.until))
-    return out
 
 
 # -- accounts ----------------------------------------------------------------------
@@ -237,142 +207,14 @@ def _check_links(st: Overlay, assignment: Assignment, tx: Receipt) -> None:
                                    f"{other.input_hash.hex()[:16]}.. of unit {j}")
 
 
-def _mature(st: Overlay, height: int) -> list[tuple[schedule.Candidate, bytes]]:
-    """(candidate, account) of the bonded nodes registered at ``height`` or before.
-
-    Attack note: only nodes registered before the seed's block existed may
-    be drawn, so a key registered once the seed is known cannot place
-    itself (specs/pol.md 5).
-    """
-    return [(c, node.account) for c in candidates(st)
-            if (node := st.get(NODE + c.node_key)).registered_height <= height]
-
-
-def _apply_verdict(st: Overlay, ctx: Any, tx: Verdict, raw: bytes) -> None:
-    pending = st.get(PENDING + tx.receipt_hash)
-    if pending is None:
-        raise BadVerdict("no receipt with that hash is waiting in its challenge window")
-    if pending.status not in (audit.SAMPLED, audit.RECHECKING):
-        raise BadVerdict("that receipt is not awaiting a verdict (not sampled, not drawn "
-                         "yet, or judged)")
-    if tx.verifier != pending.verifier:
-        raise BadVerdict(f"verifier {tx.verifier.hex()[:16]}.. is not the one assigned")
-    if tx.reason >= len(VERDICT_REASONS):
-        raise BadVerdict(f"unknown verdict reason {tx.reason}")
-    if tx.reason in FAILING_REASONS and tx.evidence_hash == bytes(32):
-        raise BadVerdict(f"a {VERDICT_REASONS[tx.reason]!r} verdict must name its evidence")
-    verifier = st.get(NODE + tx.verifier)
-    if verifier is None:
-        raise NotRegistered("verifier is no longer registered")
-    recheck = pending.status == audit.RECHECKING
-    if tx.reason == UNAVAILABLE:
-        if recheck:  # the first verifier's pass stands: the worker is paid, no fee
-            st.put(PENDING + tx.receipt_hash, replace(pending, status=audit.PASSED))
-        else:  # no proof, no pay; no fee, and nobody is at fault for sure
-            st.delete(PENDING + tx.receipt_hash)
-        return
-    # A flat fee, pass or fail alike, paid as the job pays its work.
-    pay_work(st, pending.job_id, verifier.account, st.params().verify_fee)
-    if tx.reason == PASS:
-        # A first pass is re-checked with probability recheck_bps, drawn two
-        # blocks on from the beacon of the block in between: never by the block
-        # holding the pass, whose producer may be the verifier's partner.
-        if recheck or st.params().recheck_bps == 0:
-            st.put(PENDING + tx.receipt_hash, replace(pending, status=audit.PASSED))
-        else:
-            st.put(PENDING + tx.receipt_hash, _draw_later(pending, audit.RECHECK_DUE, ctx))
-        return
-    # A failing verdict: the reward is never minted, the bond burned, a strike,
-    # and every other receipt of the account still unaudited gets audited. On a
-    # re-check, the first verifier passed work that fails: it pays the same.
-    st.delete(PENDING + tx.receipt_hash)
-    _slash(st, ctx, pending.account, pending.node_key)
-    if recheck:
-        lazy = st.get(NODE + pending.first_verifier)
-        if lazy is not None:
-            _slash(st, ctx, lazy.account, pending.first_verifier)
-    for receipt_hash in st.ids(PENDING):
-        other = st.get(PENDING + receipt_hash)
-        if other.account == pending.account and other.status in (audit.DRAW_DUE,
-                                                                  audit.UNSAMPLED):
-            st.put(PENDING + receipt_hash, _draw_later(other, audit.FORCED, ctx))
-
-
-def _draw_later(pending: Pending, status: int, ctx: Any) -> Pending:
-    """``pending`` with a draw due two blocks on, its window kept open until then."""
-    draw_at = ctx.height + 2
-    return replace(pending, status=status, draw_at=draw_at,
-                   final_height=max(pending.final_height, draw_at))
-
-
-def _slash(st: Overlay, ctx: Any, account_id: bytes, node_key: bytes) -> None:
-    """Burn ``slash_bps`` of the account's bond and give it a jail strike (specs/pol.md 6.2)."""
-    account = st.account(account_id)
-    slashed = account.bond * st.params().slash_bps // audit.BPS
-    st.put_account(account_id, replace(account, bond=account.bond - slashed))
-    supply = st.get(KEY_SUPPLY)
-    st.put(KEY_SUPPLY, replace(supply, burned=supply.burned + slashed))
-    _jail(st, ctx, node_key)
-
-
-def draw_audits(st: Overlay, ctx: Any) -> None:
-    """Draw every audit, forced audit and re-check due at this height (``Pending.draw_at``).
-
-    Each was set two blocks after its event (the receipt's inclusion, the
-    failing verdict that forces it, the pass to re-check); the seed is the
-    parent's beacon (`ledger.beacon`), the block in between's, read before
-    this block's own replaces it. A sampled receipt gets its verifier and
-    ``verdict_window`` more blocks; one with no possible verifier is not
-    sampled. A re-check's verifier is of neither the worker's nor the first
-    verifier's account (specs/pol.md 6.5); a pass not drawn for one stays
-    passed.
-    """
-    params = st.params()
-    beacon_value = st.get(KEY_BEACON).value
-    mature = None  # the same for every draw of this block: computed once, when needed
-    for receipt_hash in st.ids(PENDING):
-        pending = st.get(PENDING + receipt_hash)
-        if pending.status not in (audit.DRAW_DUE, audit.FORCED, audit.RECHECK_DUE) \
-                or pending.draw_at > ctx.height:
-            continue
-        seed = audit.audit_seed(beacon_value, receipt_hash)
-        recheck = pending.status == audit.RECHECK_DUE
-        rate = params.recheck_bps if recheck else params.audit_bps
-        verifier = None
-        if pending.status == audit.FORCED or audit.is_sampled(seed, rate):
-            mature = _mature(st, ctx.height - 2) if mature is None else mature
-            first = st.get(NODE + pending.verifier) if recheck else None
-            excluded = (pending.account, first.account) if first else (pending.account,)
-            verifier = audit.audit_verifier(mature, seed, excluded, ctx.height)
-        if verifier is None:
-            st.put(PENDING + receipt_hash, replace(
-                pending, status=audit.PASSED if recheck else audit.UNSAMPLED))
-        else:
-            st.put(PENDING + receipt_hash, replace(
-                pending, status=audit.RECHECKING if recheck else audit.SAMPLED,
-                verifier=verifier, first_verifier=pending.verifier if recheck else ZERO32,
-                final_height=ctx.height + params.verdict_window))
-
-
 _HANDLERS = {
     Transfer: _apply_transfer, Register: _apply_register, Receipt: _apply_receipt,
-    Verdict: _apply_verdict, Job: apply_job, OpenTab: apply_open_tab, Claim: apply_claim,
+    Verdict: apply_verdict, Appeal: apply_appeal, Job: apply_job, OpenTab: apply_open_tab,
+    Claim: apply_claim,
 }
 
 
 # -- per-block bookkeeping ------------------------------------------------------------
-
-
-def finalize_rewards(st: Overlay, ctx: Any) -> None:
-    """Pay the reward of every receipt whose challenge window has closed (`pay_work`)."""
-    reward = st.params().reward
-    for receipt_hash in st.ids(PENDING):
-        pending = st.get(PENDING + receipt_hash)
-        if pending.final_height <= ctx.height:
-            pay_work(st, pending.job_id, pending.account, reward)
-            if pending.status in (audit.SAMPLED, audit.RECHECKING):  # its verifier was silent
-                _jail(st, ctx, pending.verifier)
-            st.delete(PENDING + receipt_hash)
 
 
 def reassign_timeouts(st: Overlay, ctx: Any) -> None:
@@ -382,7 +224,7 @@ def reassign_timeouts(st: Overlay, ctx: Any) -> None:
     if not late:
         return
     for node_key in sorted({a.node_key for _, a in late}):
-        _jail(st, ctx, node_key)
+        jail(st, ctx, node_key)
     able = candidates(st)
     units = []
     for _, a in late:
@@ -394,7 +236,7 @@ def reassign_timeouts(st: Overlay, ctx: Any) -> None:
     for (uid, a), node_key in zip(late, chosen):
         st.put(UNIT + uid, replace(a, node_key=node_key or a.node_key, deadline=deadline))
         if node_key is not None:
-            _mark_served(st, node_key, ctx.height)
+            mark_served(st, node_key, ctx.height)
 
 
 def open_steps(st: Overlay, ctx: Any) -> None:
@@ -436,27 +278,5 @@ def _assign_step(st: Overlay, ctx: Any, job_id: bytes, record: JobRecord, uids: 
     for index, (uid, node_key) in enumerate(zip(uids, chosen)):
         st.put(UNIT + uid, Assignment(job_id, record.step, index, node_key, deadline, False,
                                       ZERO32, ZERO32))
-        _mark_served(st, node_key, ctx.height)
+        mark_served(st, node_key, ctx.height)
     return True
-
-
-def _jail(st: Overlay, ctx: Any, node_key: bytes) -> None:
-    """One more strike for the account of ``node_key``: a term twice the last one.
-
-    Attack note: the jail is kept per account, not per node key, so that
-    registering a fresh node key does not walk out of it. A node that missed
-    a deadline only because it was slow pays with a shorter queue position,
-    never with coins: slashing is for work that verifiably lied.
-    """
-    node = st.get(NODE + node_key)
-    if node is None:  # deregistered since: nothing to keep out
-        return
-    jail = st.get(JAIL + node.account)
-    strikes = 1 if jail is None else jail.strikes + 1
-    term = st.params().unit_timeout << min(strikes - 1, MAX_JAIL_DOUBLINGS)
-    st.put(JAIL + node.account, Jail(ctx.height + term, min(strikes, 2**32 - 1)))
-
-
-def _mark_served(st: Overlay, node_key: bytes, height: int) -> None:
-    account_id = st.get(NODE + node_key).account
-    st.put_account(account_id, replace(st.account(account_id), last_served_height=height))

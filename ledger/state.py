@@ -24,18 +24,18 @@ from ledger.codec import decode, encode
 from ledger.errors import DecodeError, SupplyMismatch
 from ledger.tab import TabRecord, locked
 from ledger.records import (
-    Account, Assignment, Beacon, Jail, JobRecord, LogState, NodeRecord, Pending, Supply,
+    Account, AppealRecord, Assignment, Beacon, Jail, JobRecord, LogState, NodeRecord, Pending, Supply,
 )
 from ledger.types import Params
 
 ACCOUNT, NODE, JOB, UNIT, PENDING, META = b"A", b"N", b"J", b"U", b"P", b"M"
-JAIL, TAB = b"X", b"T"
+JAIL, TAB, APPEAL = b"X", b"T", b"V"
 KEY_PARAMS, KEY_SUPPLY, KEY_LOG = META + b"params", META + b"supply", META + b"log"
 KEY_BEACON = META + b"beacon"
 
 _KIND_TYPES: dict[bytes, tuple[type, ...]] = {
     ACCOUNT: (Account,), NODE: (NodeRecord,), JOB: (JobRecord,), UNIT: (Assignment,),
-    PENDING: (Pending,), JAIL: (Jail,), TAB: (TabRecord,),
+    PENDING: (Pending,), JAIL: (Jail,), TAB: (TabRecord,), APPEAL: (AppealRecord,),
     META: (Params, Supply, LogState, Beacon),
 }
 

@@ -37,7 +37,7 @@ from ledger.errors import (
     in_context,
 )
 from ledger.rules import (
-    U64_MAX, apply_tx, candidates, draw_audits, finalize_rewards, open_steps, reassign_timeouts,
+    U64_MAX, apply_tx, candidates, draw_audits, open_steps, reassign_timeouts, settle_pending,
 )
 from ledger.jobrules import refund_finished
 from ledger.tabrules import refund_expired
@@ -268,7 +268,7 @@ def _begin(parent: StateReader, parent_header: Header, producer: bytes,
         account_id = st.get(NODE + node_key).account
         st.put_account(account_id, replace(st.account(account_id), last_served_height=ctx.height))
     draw_audits(st, ctx)  # before finalizing: a receipt drawn now gets its verdict window
-    finalize_rewards(st, ctx)
+    settle_pending(st, ctx)
     refund_expired(st, ctx)
     refund_finished(st, ctx)
     reassign_timeouts(st, ctx)

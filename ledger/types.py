@@ -139,6 +139,21 @@ class Verdict:
         return self.reason == PASS
 
 
+@wire(38)
+@dataclass(frozen=True, slots=True)
+class Appeal:
+    """A worker's appeal against the failing verdict on its receipt (specs/pol.md 6.6).
+
+    Signed by the node key that signed the receipt; fresh verifiers are
+    drawn two blocks on, and the loser of the appeal is slashed.
+    """
+
+    chain_id: ChainId
+    node_key: Key32
+    receipt_hash: Hash32
+    signature: Sig64
+
+
 @wire(7, 2)
 @dataclass(frozen=True, slots=True)
 class UnitTemplate:
@@ -189,8 +204,8 @@ class Job:
 
 
 # Tags 5 (Charge), 6 (InferencePayment) and 10 (Usage) are retired: tabs replace them.
-Tx = Union[Transfer, Register, Receipt, Verdict, Job, OpenTab, Claim]
-TX_TYPES = (Transfer, Register, Receipt, Verdict, Job, OpenTab, Claim)
+Tx = Union[Transfer, Register, Receipt, Verdict, Job, OpenTab, Claim, Appeal]
+TX_TYPES = (Transfer, Register, Receipt, Verdict, Job, OpenTab, Claim, Appeal)
 
 
 # -- signing helpers ------------------------------------------------------------
@@ -329,7 +344,7 @@ def signer_of(obj: Tx | Header) -> bytes:
         return obj.sender
     if isinstance(obj, Register):
         return obj.account
-    if isinstance(obj, (Receipt,)):
+    if isinstance(obj, (Receipt, Appeal)):
         return obj.node_key
     if isinstance(obj, Verdict):
         return obj.verifier

@@ -2,11 +2,13 @@
 
 Owns `Verifier`, which a mining node runs beside its `Miner`. After each
 new tip it lists the `Pending` receipts that are sampled (or whose pass is
-re-checked), name this node's key as their verifier and have no verdict
-from it yet (`ledger.audit`), judges each
+re-checked, or whose fail is appealed), name this node's key as their
+verifier (or among the appeal's) and have no verdict from it yet
+(`ledger.audit`), judges each
 (`proof_of_learning.judge.judge`: fetch, check, re-execute, compare), keeps the
 evidence where `/pnode/pol/1.0.0` serves it, and submits a signed
-`Verdict` naming the evidence's hash.
+`Verdict` naming the evidence's hash. It also appeals every failing
+verdict on this node's own receipts (specs/pol.md 6.6).
 
 Only units of the job this node mines can be judged (it alone has the
 job's config); another job's sampled receipts are left alone, and the
@@ -26,8 +28,8 @@ from compute.data import JobConfig
 from ledger import audit
 from ledger.crypto import SigningKey
 from ledger.errors import ValidationError
-from ledger.state import JOB, NODE, PENDING
-from ledger.types import ZERO_SIG, Receipt, Verdict, sign, tx_hash
+from ledger.state import APPEAL, JOB, NODE, PENDING
+from ledger.types import ZERO_SIG, Appeal, Receipt, Verdict, sign, tx_hash
 from node import torch_thread
 from node.chain import (
     CLOSED_STEP_BLOCKS, ChainService, TxGossip, bonded_peers, job_named, receipt_at,
@@ -75,6 +77,8 @@ class Verifier:
         self.replayer: Replayer | None = None  # for the join-time audit's window replays
         self._replaying = trio.Lock()
         self.judged: set[bytes] = set()  # receipt hashes with a verdict submitted
+        self.to_appeal: set[bytes] = set()  # own receipts failed by a verifier
+        self.appealed: set[bytes] = set()  # ... whose appeal was sent
         self.sent = {name: 0 for name in REASONS}
         self.last_step = 0  # the newest step judged (evidence is kept from it)
 
@@ -89,6 +93,7 @@ class Verifier:
             if tip is not None:
                 await self.service.wait_tip_change(tip)
             tip, cases = await self.service.call(self._cases)
+            await self._appeal()
             for case in cases:
                 if self.reexecutor is None:
                     self.reexecutor = await torch_thread.run_sync(Reexecutor, self.config)
@@ -139,17 +144,50 @@ class Verifier:
             return chain.tip_hash, cases
         pending_ids = st.ids(PENDING)
         self.judged &= set(pending_ids)  # judged receipts since settled: forget them
+        self.to_appeal &= set(pending_ids)
+        self.appealed &= set(pending_ids)
         accounts = None  # built once, when a case needs it
         for rh in pending_ids:
             pending = st.get(PENDING + rh)
-            if pending.status not in (audit.SAMPLED, audit.RECHECKING) \
-                    or pending.verifier != me or rh in self.judged:
+            if pending.status == audit.FAILED and pending.node_key == me:
+                self.to_appeal.add(rh)
+            if not self._mine_to_judge(st, rh, pending) or rh in self.judged:
                 continue
             receipt = receipt_at(chain, pending.height, rh)
             if receipt is not None and receipt.job_id == job_id:
                 accounts = accounts if accounts is not None else self._accounts()
                 cases.append(self._case(receipt, rh, pending.height, job_id, peers, accounts))
         return chain.tip_hash, cases
+
+    def _mine_to_judge(self, st, rh: bytes, pending) -> bool:
+        """Whether this node is drawn to judge ``pending`` and has not voted (chain thread)."""
+        me = self.key.public
+        if pending.status in (audit.SAMPLED, audit.RECHECKING):
+            return pending.verifier == me
+        if pending.status == audit.APPEALING:
+            record = st.get(APPEAL + rh)
+            return me in record.verifiers and \
+                record.votes[record.verifiers.index(me)] == audit.NO_VOTE
+        return False
+
+    async def _appeal(self) -> None:
+        """Appeal every failing verdict on this node's own receipts (specs/pol.md 6.6).
+
+        An honest node signs only work it did as the job says, so a fail on
+        it is the verifier's error or lie: fresh verifiers decide, and the
+        loser is slashed. Its units stay in the archive for them to fetch
+        (`AUDITED_KEEP_STEPS`).
+        """
+        for rh in sorted(self.to_appeal - self.appealed):
+            self.appealed.add(rh)
+            appeal = sign(Appeal(self.service.chain.chain_id, self.key.public, rh, ZERO_SIG),
+                          self.key)
+            try:
+                await self.txs.submit(appeal)
+            except ValidationError as exc:  # e.g. its window closed meanwhile
+                log.info("appeal of %s.. refused: %s", rh.hex()[:16], exc)
+                continue
+            self.report(f"appealed the failing verdict on receipt {rh.hex()[:16]}..")
 
     def _job_and_peers(self) -> tuple[bytes | None, list[str]]:
         """The job this node can judge, and every bonded node's peer id (chain thread)."""

@@ -70,6 +70,10 @@ def test_a_failing_verdict_burns_the_reward_and_the_bond_pays_a_flat_fee_and_jai
     supply_before = db.state.get(KEY_SUPPLY)
     grow(db, net, 1, [_verdict(net, pending, rh, OUTPUT_MISMATCH)])
     params = db.state.get(KEY_PARAMS)
+    failed = db.state.get(PENDING + rh)  # the slash waits out the appeal window
+    assert failed.status == audit.FAILED and failed.final_height == db.height + params.verdict_window
+    assert db.state.get(ACCOUNT + pending.account).bond == worker_before.bond
+    grow(db, net, params.verdict_window)  # nobody appealed
     worker = db.state.get(ACCOUNT + pending.account)
     assert worker.bond == worker_before.bond - worker_before.bond * params.slash_bps // 10_000
     assert db.state.get(PENDING + rh) is None  # its reward is never minted
@@ -181,6 +185,8 @@ def test_a_failing_recheck_slashes_the_worker_and_the_lazy_first_verifier(rechec
     bonds = {a: db.state.get(ACCOUNT + a).bond for a in (first.account, lazy)}
     supply_before = db.state.get(KEY_SUPPLY)
     grow(db, net, 1, [_verdict(net, second, rh, GRADIENT_MISMATCH)])
+    assert db.state.get(PENDING + rh).status == audit.FAILED
+    grow(db, net, db.state.get(KEY_PARAMS).verdict_window)  # unappealed: it stands
     assert db.state.get(PENDING + rh) is None
     for a in (first.account, lazy):  # both lose the whole bond (slash_bps 10000), a strike
         assert db.state.get(ACCOUNT + a).bond == 0 and db.state.get(JAIL + a).strikes >= 1

@@ -23,7 +23,8 @@ from node.cli import devnet_run
 from node.datadir import DataDir
 from node.cli.common import read_view
 from node.control import control_call
-from node.mine.devnet import devnet_job
+from node.mine.devnet import BOND, devnet_job
+from ledger.types import COIN
 from wallet.client import InferRequest, LocalModel
 from compute.gguf import load_gguf, open_gguf
 from tests.node.prockit import ROOT, node_addr, read, spawn  # noqa: F401 (fixture)
@@ -54,7 +55,8 @@ def test_devnet_of_three_nodes_mines_the_job_and_pays_each_unit(tmp_path):
     # first blocks may miss its first deadlines and, jailed, sit out a short
     # job; every node gets units in most runs.)
     assert sum(n["units_accepted"] > 0 for n in info["nodes"]) >= 2
-    assert info["minted"] == sum(units) + verdicts and info["supply"] == 3 * 10 + info["minted"]
+    assert info["minted"] == sum(units) + verdicts
+    assert info["supply"] == 3 * BOND // COIN + info["minted"]
     local = train_local(devnet_job(steps, 3)).losses  # whole-model reference
     assert info["losses"] == pytest.approx(list(local), rel=1e-4)
     assert info["loss_last"] < info["loss_first"]

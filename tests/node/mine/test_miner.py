@@ -23,7 +23,7 @@ from ledger.store import MemoryStore
 from ledger.types import Receipt, unit_id
 from node.clock import now_ms
 from node.mine.averaging import NamedTensor
-from node.mine.devnet import DevnetKeys, devnet_genesis, devnet_job
+from node.mine.devnet import BOND, DevnetKeys, devnet_genesis, devnet_job
 from node.mine.jobs import step_workers
 from node.mine.miner import Miner
 from node.net.framing import write_frame
@@ -126,7 +126,7 @@ def test_three_nodes_train_a_job_exactly_as_local_block_by_block_training():
     assert step_workers(dbs[1], job_id, config.steps) == {}  # no such step
     for db in dbs:  # nobody lost its bond, and nobody was paid for what it did not do
         for k in keys:
-            assert db.state.get(ACCOUNT + k.wallet.public).bond == 10 ** 7
+            assert db.state.get(ACCOUNT + k.wallet.public).bond == BOND
 
 
 def test_pieces_of_a_split_layer_train_exactly_as_local_block_by_block_training():
