@@ -12,6 +12,10 @@ committed and pushed):
 
 - ``random-update``: every weight gradient replaced by noise of the same norm;
 - ``scaled-gradients``: every weight gradient x0.01 (a smaller learning rate);
+- ``sub-threshold``: a fixed +-pattern of `SUB_THRESHOLD` (9e-5) x max|g| added
+  to every weight gradient, the same pattern every step: under the old
+  tolerance (1e-4 of the max) every unit passed, and the weights drift
+  steadily away from the honest run;
 - ``stale-weights``: the node never steps its held sections (skips updates);
 - ``wrong-data``: the units that read tokens read another batch (shifted);
 - ``replay``: a unit's outputs are its outputs of the step before;
@@ -44,8 +48,11 @@ from proof_of_learning.certificate import (
 __all__ = ["ATTACKS", "VERIFIER_ATTACKS", "WORKER_ATTACKS", "WorkerAttack", "attack_hooks",
            "verifier_tamper"]
 
-WORKER_ATTACKS = ("random-update", "scaled-gradients", "stale-weights", "wrong-data", "replay",
-                  "perturbed-forward", "wrong-loss-grad", "copied", "poisoned-push")
+WORKER_ATTACKS = ("random-update", "scaled-gradients", "sub-threshold", "stale-weights",
+                  "wrong-data", "replay", "perturbed-forward", "wrong-loss-grad", "copied",
+                  "poisoned-push")
+#: The sub-threshold cheat's size, as a fraction of the gradient's largest element.
+SUB_THRESHOLD = 9e-5
 VERIFIER_ATTACKS = ("lazy-verifier", "malicious-verifier")
 ATTACKS = WORKER_ATTACKS + VERIFIER_ATTACKS
 
@@ -65,6 +72,7 @@ class WorkerAttack:
         self.gen = torch.Generator().manual_seed(seed)
         self._last: dict[tuple[int, str], dict[str, torch.Tensor]] = {}  # replay's memory
         self._last_cert: UnitCert | None = None  # copied's
+        self._patterns: dict[str, torch.Tensor] = {}  # sub-threshold's, by parameter
 
     def certify(self, cert: UnitCert) -> UnitCert:
         """The certificate the node signs for a unit whose honest one is ``cert``."""
@@ -101,7 +109,7 @@ class WorkerAttack:
         return run
 
     def _cheat(self, plan: StepPlan, phase: Phase, r: PhaseResult) -> None:
-        if self.kind in ("random-update", "scaled-gradients") and r.grads:
+        if self.kind in ("random-update", "scaled-gradients", "sub-threshold") and r.grads:
             self._change_grads(r)
         elif self.kind == "perturbed-forward" and phase.forward:
             for name, t in self._outputs(plan, phase, r).items():
@@ -129,11 +137,21 @@ class WorkerAttack:
                     continue
                 if self.kind == "scaled-gradients":
                     g.mul_(0.01)
+                elif self.kind == "sub-threshold":
+                    g.add_(self._pattern(name, g) * (SUB_THRESHOLD * float(g.abs().max())))
                 else:
                     noise = torch.randn(g.shape, generator=self.gen).to(g)
                     g.copy_(noise * (g.norm() / noise.norm().clamp_min(1e-30)))
                 changed[name] = g
         r.produced(changed)
+
+    def _pattern(self, name: str, g: torch.Tensor) -> torch.Tensor:
+        """The fixed +-1 pattern of parameter ``name`` (the same at every step: it steers)."""
+        if name not in self._patterns:
+            gen = torch.Generator().manual_seed(int.from_bytes(name.encode()[:8], "big") ^ 0x5EED)
+            signs = torch.randint(0, 2, g.shape, generator=gen) * 2 - 1
+            self._patterns[name] = signs.to(g.dtype)
+        return self._patterns[name].to(g.device)
 
     @staticmethod
     def _outputs(plan: StepPlan, phase: Phase, r: PhaseResult) -> dict[str, torch.Tensor]:
