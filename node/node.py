@@ -345,7 +345,10 @@ class Node:
 
         with trio.move_on_after(self.network.catch_up_s):
             await joined.wait()
-        archive = self.archive = PolArchive()
+        # On disk: a restarted worker still answers the audits of units it ran before
+        # (opening reads the journal and sweeps the directory: off the event loop).
+        archive = self.archive = await trio.to_thread.run_sync(
+            lambda: PolArchive(path=self.datadir.pol_dir))
         self.service.host.set_request_handler(POL_PROTOCOL, serve_pol(archive),
                                               max_request_size=MAX_POL_REQUEST)
         self.jobs = JobRunner(self.service, self.txs, key, self.mine,

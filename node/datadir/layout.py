@@ -7,6 +7,8 @@
     D/peer.key         the libp2p identity key (hex seed, mode 0600)
     D/wallet.json      the default wallet key, encrypted (node.datadir.keys)
     D/wallets/N.json   further wallet keys made by ``pwallet create --name N``
+    D/pol/             what a mining node keeps for the audits of its units
+                       (node.pol.store.DirStore, specs/pol.md 8)
 
 The node key is hot (the node signs with it unattended) but cannot spend:
 coins belong to the wallet key, which stays encrypted at rest.
@@ -46,6 +48,7 @@ class DataDir:
     peer_key_file = property(lambda self: self.path / "peer.key")
     wallet_file = property(lambda self: self.path / "wallet.json")
     tip_file = property(lambda self: self.path / "chain.tip")
+    pol_dir = property(lambda self: self.path / "pol")
 
     def wallet_path(self, name: str | None) -> Path:
         """The key file of wallet ``name`` (None: the default wallet)."""

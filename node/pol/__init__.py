@@ -3,7 +3,7 @@
 The pure procedure (re-execution, the judge, replay and the join-time
 audit's step check) is `proof_of_learning`; these are its services.
 Sub-modules: `archive` (what a worker keeps for its verifiers, a miner's
-own weight versions), `fetch` (`/pnode/pol/1.0.0`, both sides), `verifier`
+own weight versions), `store` (where: the data dir's ``pol/``, or memory), `fetch` (`/pnode/pol/1.0.0`, both sides), `verifier`
 (the service a mining node runs: draws, judges, submits verdicts),
 `catchup` (a catching-up miner's check of a holder's state), `window`
 (window files: `pnode pol export`, `pnode verify cert`), `windowcheck`

@@ -29,17 +29,25 @@ def worker_archive():
     return w, w.receipts[(0, 2)]  # a backward unit: inputs h and g, weight gradients
 
 
-def liar_archive(honest: PolArchive, receipt) -> PolArchive:
-    """Answers every digest of the honest archive with other tensors, every hash with junk."""
-    liar = PolArchive()
-    for key in honest._tensors:
-        liar._tensors[key] = (0, torch.ones(3))
-    for key, (step, digests) in honest._named.items():
-        liar._named[key] = (step, {n: bytes(32) for n in digests})
-        liar._tensors[bytes(32)] = (0, torch.zeros(2))
-    liar._objects[receipt.cert_hash] = (0, b"\x00junk")
-    liar._states[state_key(JOB, 1, CLIENT)] = (1, {})  # a state of nothing
-    return liar
+class Liar(PolArchive):
+    """Answers every digest of an honest archive with other tensors, every hash with junk."""
+
+    def __init__(self, honest: PolArchive, receipt):
+        super().__init__()
+        self.honest, self.cert = honest, receipt.cert_hash
+
+    def encoded(self, key):
+        return b"\x00junk" if key == self.cert else None
+
+    def tensor(self, digest):
+        return torch.ones(3) if self.honest.tensor(digest) is not None else None
+
+    def named(self, key):
+        kept = self.honest.named(key)
+        return None if kept is None else {n: torch.zeros(2) for n in kept}
+
+    def state(self, key):
+        return {} if self.honest.state(key) is not None else None  # a state of nothing
 
 
 def test_a_verifier_fetches_what_the_worker_kept_and_skips_a_liar():
@@ -51,7 +59,7 @@ def test_a_verifier_fetches_what_the_worker_kept_and_skips_a_liar():
                 open_host(ident(3)) as verifier:
             worker.set_request_handler(POL_PROTOCOL, serve_pol(w.archive),
                                        max_request_size=MAX_POL_REQUEST)
-            liar.set_request_handler(POL_PROTOCOL, serve_pol(liar_archive(w.archive, receipt)),
+            liar.set_request_handler(POL_PROTOCOL, serve_pol(Liar(w.archive, receipt)),
                                      max_request_size=MAX_POL_REQUEST)
             await verifier.connect(worker.addrs[0])
             await verifier.connect(liar.addrs[0])
