@@ -104,7 +104,19 @@ def run(args) -> dict:
     return {"job": {"steps": args.steps, "batch": args.batch, "seq": args.seq,
                     "threads": config.threads},
             "other": other if other != "cpu" else f"cpu at {args.other_threads} threads",
-            "summary": {kind: summarize(r) for kind, r in rows.items()}}
+            "summary": {kind: summarize(r) for kind, r in rows.items()},
+            "per_tensor": per_tensor(rows["honest"])}
+
+
+def per_tensor(rows: list[dict]) -> dict[str, list]:
+    """Each tensor's worst (max, rms, |cos|) over the steps, the noisiest first."""
+    worst: dict[str, list] = {}
+    for row in rows:
+        for name, (m, r, c) in row.items():
+            w = worst.setdefault(name, [0.0, 0.0, 0.0])
+            w[0], w[1] = max(w[0], m), max(w[1], r)
+            w[2] = max(w[2], abs(c)) if c == c else w[2]
+    return dict(sorted(worst.items(), key=lambda kv: -kv[1][0]))
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -282,6 +282,11 @@ class JobConfig:
     threads: the intra-op CPU threads every unit runs with, on every node
         (`compute.device.pinned_threads`): a weight gradient's rounding
         depends on it, and a re-execution is bit-exact only at the same count;
+    classes: the compute classes (`compute.device.compute_class`) whose
+        units the job takes; () takes any. A job of one class is judged bit
+        for bit; across classes a verifier applies a tolerance that a
+        cheater can hide under (specs/pol.md 7.3), so a job that wants
+        exactness names its class;
     init: "" (weights drawn from seed and init_std), or the hex SHA-256 of
         the model file the job starts from, a GGUF or a job's export
         (continued training, `compute.pretrained`): its weights are the
@@ -312,6 +317,7 @@ class JobConfig:
     state_every: int = 16
     threads: int = 2
     init: str = ""
+    classes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         ok = (
@@ -336,6 +342,12 @@ class JobConfig:
                               f"got {self.replicas!r}")
         if not _is_int(self.threads) or not 1 <= self.threads <= 256:
             raise ConfigError(f"expected threads an int in 1..256, got {self.threads!r}")
+        if not isinstance(self.classes, tuple) or len(self.classes) > MAX_CLASSES or not all(
+                isinstance(c, str) and 0 < len(c) <= 128 and all(" " <= ch <= "~" for ch in c)
+                for c in self.classes):
+            raise ConfigError(f"expected classes a list of at most {MAX_CLASSES} compute class "
+                              f"names (printable ASCII, 1..128 characters), got "
+                              f"{self.classes!r}")
         if not _is_int(self.state_every) or self.state_every < 1:
             raise ConfigError(f"expected state_every an int >= 1 (steps), "
                               f"got {self.state_every!r}")
@@ -349,6 +361,8 @@ class JobConfig:
 
 #: Most data-parallel replicas of a job (the ledger lists every replica's units).
 MAX_REPLICAS = 256
+#: Most compute classes a job may name.
+MAX_CLASSES = 16
 
 
 def _is_int(v: object) -> bool:

@@ -1,6 +1,6 @@
 """Where tensors run, and the process settings that make runs repeatable.
 
-Owns three things:
+Owns four things:
 
 - `resolve_device`: turns what a user or config says ("cpu", "cuda",
   "cuda:N", an int N, None) into a `torch.device`. A GPU that is asked for
@@ -12,6 +12,10 @@ Owns three things:
   lands within the tolerances the specs state.
 - `pinned_threads`: a block run at a job's intra-op thread count, so every
   node splits a unit's reductions alike and re-executes it bit for bit.
+- `compute_class`: the name of what a unit ran on (device kind and model,
+  instruction set, torch build, thread count). Two runs of one class give
+  the same bits; a PoL verifier of the worker's class compares digests
+  only (specs/pol.md 7.3).
 
 Deterministic algorithms. `deterministic` turns on
 `torch.use_deterministic_algorithms(True, warn_only=...)` with warn_only True
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -219,3 +224,26 @@ def pinned_threads(threads: int) -> Iterator[None]:
     finally:
         if before != threads:
             torch.set_num_threads(before)
+
+
+def compute_class(device: torch.device | str, threads: int) -> str:
+    """The compute class of a run on ``device`` at ``threads`` intra-op threads.
+
+    Printable ASCII (a certificate name, specs/pol.md 3.2), e.g.
+    ``cpu/x86_64/AVX512/torch-2.13.0+cpu/threads-2`` or
+    ``cuda/NVIDIA H200/sm90/torch-2.11.0+cu130/cuda-13.0``. The thread
+    count is part of a CPU class only (a GPU kernel's reduction order does
+    not follow it).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        parts = ["cuda", torch.cuda.get_device_name(index), f"sm{major}{minor}",
+                 f"torch-{torch.__version__}", f"cuda-{torch.version.cuda}"]
+    else:
+        parts = [device.type, platform.machine(), torch.backends.cpu.get_cpu_capability(),
+                 f"torch-{torch.__version__}", f"threads-{threads}"]
+    name = "/".join(parts)
+    return "".join(c if " " <= c <= "~" else "?" for c in name)[:128]
+

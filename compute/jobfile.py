@@ -21,11 +21,14 @@ def config_json(config: JobConfig) -> str:
     """The canonical JSON of a job config (sorted keys, no spaces).
 
     A data file pinned by its sha256 is named by that alone: where a node
-    keeps its copy (``data.path``) is not part of the job.
+    keeps its copy (``data.path``) is not part of the job. ``classes`` is
+    left out when empty.
     """
     raw = asdict(config)
     if raw["data"]["source"] == "file" and raw["data"]["sha256"]:
         raw["data"]["path"] = ""
+    if not raw["classes"]:  # unnamed: any class, and the jobs made before the field keep their hash
+        del raw["classes"]
     return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
 
@@ -46,8 +49,9 @@ def config_from_json(text: str) -> JobConfig:
     default = JobConfig()
     model = _fields(raw.pop("model", {}), default.model, "model")
     data = _fields(raw.pop("data", {}), default.data, "data")
-    if isinstance(raw.get("betas"), list):
-        raw["betas"] = tuple(raw["betas"])
+    for name in ("betas", "classes"):
+        if isinstance(raw.get(name), list):
+            raw[name] = tuple(raw[name])
     try:
         return replace(default, model=replace(default.model, **model),
                        data=replace(default.data, **data), **_fields(raw, default, ""))

@@ -121,14 +121,16 @@ class Digest:
 Digests = Annotated[tuple[Digest, ...], MaxLen(MAX_DIGESTS)]
 
 
-@wire(34)
+@wire(34, 2)
 @dataclass(frozen=True, slots=True)
 class UnitCert:
     """What one compute block read and produced (specs/pol.md section 3.3).
 
     ``inputs`` and ``outputs`` are in strictly ascending name order;
     ``loss_bits`` and ``grad_norm_bits`` are float32 patterns, `NONE_BITS`
-    where the unit has none.
+    where the unit has none; ``device`` (version 2) the compute class it
+    ran in (`compute.device.compute_class`): a verifier of the same class
+    passes only bit-exact results.
     """
 
     job_id: Hash32
@@ -142,6 +144,7 @@ class UnitCert:
     grads_hash: Hash32
     loss_bits: U32
     grad_norm_bits: U32
+    device: Name
 
 
 @wire(35)
@@ -230,6 +233,7 @@ def check_cert(cert: UnitCert) -> None:
     """
     _check_names([d.name for d in cert.inputs], "inputs", MalformedCertificate)
     _check_names([d.name for d in cert.outputs], "outputs", MalformedCertificate)
+    _check_names([cert.device], "device", MalformedCertificate)
     inputs, outputs = digest_map(cert.inputs), digest_map(cert.outputs)
     if "h" not in inputs:
         raise MalformedCertificate("inputs: no 'h' (every unit reads its stage's states)")

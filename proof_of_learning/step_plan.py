@@ -50,7 +50,7 @@ from compute.blocks import (
     backward_block,
     forward_block, piece_of,
 )
-from compute.device import pinned_threads
+from compute.device import compute_class, pinned_threads
 from compute.model import Transformer
 from compute.train import (
     Sections, average_replicas, embed_backward, head_loss_block, stages,
@@ -448,9 +448,15 @@ class StepPlan:
             inputs=digests(merged["inputs"]), outputs=digests(merged["outputs"]),
             grads_hash=named_digest(grads) if grads else ZERO32,
             loss_bits=float32_bits(next((r.loss for r in results if r.loss is not None), None)),
-            grad_norm_bits=float32_bits(norm) if grads else NONE_BITS)
+            grad_norm_bits=float32_bits(norm) if grads else NONE_BITS,
+            device=self.compute_class())
         check_cert(cert)
         return cert
+
+    def compute_class(self) -> str:
+        """The compute class this plan's units run in (`compute.device.compute_class`)."""
+        device = next(self.model.parameters()).device
+        return compute_class(device, self.threads or torch.get_num_threads())
 
     def receipt_hashes(self, job_id: bytes, step: int, unit: bytes, index: int,
                        results: Sequence[PhaseResult], cert: UnitCert | None = None

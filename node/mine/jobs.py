@@ -129,18 +129,25 @@ def unauditable(state, kept: dict[bytes, int], step: int) -> tuple[set[bytes], s
             {h for h, p in pending.items() if p is not None and p.verifier != bytes(32)})
 
 
-def check_job(job: Job, built: tuple[bytes, bytes, bytes], sections, replicas: int) -> None:
+def check_job(job: Job, built: tuple[bytes, bytes, bytes], sections, replicas: int,
+              classes: tuple[str, ...] = (), mine: str = "") -> None:
     """Check an on-chain job against the model a miner built from its config.
 
     Args:
         built: the built model's (model, data, hyper) hashes
             (`proof_of_learning.units.commitments`).
         sections: the built model's `compute.train.Sections`.
+        classes, mine: the compute classes the job admits (() any) and this
+            miner's (`compute.device.compute_class`).
 
     Raises:
-        MinerError: the job's hashes or units are not this config's, or a
-            section's state would not fit one state frame.
+        MinerError: the job's hashes or units are not this config's, a
+            section's state would not fit one state frame, or the job does
+            not take this miner's compute class (its units would fail).
     """
+    if classes and mine not in classes:
+        raise MinerError(f"the job takes units of the compute classes {', '.join(classes)} "
+                         f"only, and this node computes as {mine}")
     if (job.model_hash, job.data_hash, job.hyper_hash) != built:
         raise MinerError("the job on chain does not commit to this config's initial "
                          "weights and data")

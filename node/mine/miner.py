@@ -265,7 +265,8 @@ class Miner:
         """
         job = await self.service.call(lambda: self.service.chain.state.get(JOB + view.job_id).job)
         built = await torch_thread.run_sync(self._build)
-        check_job(job, built["commitments"], self.sections, self.config.replicas)
+        check_job(job, built["commitments"], self.sections, self.config.replicas,
+                  self.config.classes, self.plan.compute_class())
         self.job_id, self.units = view.job_id, job.units
         lo, hi = view.span
         self.held = [s for s, spec in enumerate(self.sections.forward)

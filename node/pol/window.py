@@ -166,8 +166,7 @@ def _receipt_lookup(by_unit: dict, units, window: PolWindow):
 
 
 def _row(j: Judgement, receipt: Receipt, h: bytes, cert: UnitCert) -> dict:
-    distance = max((bits_float(d.rel_max_err_bits) or float("inf")
-                    for d in j.evidence.distances), default=0.0)
+    distance = j.distance
     loss = bits_float(cert.loss_bits)
     return {"step": j.step, "index": j.index, "receipt": h.hex(), "worker": receipt.node_key.hex(),
             "reason": REASONS[j.reason], "passed": j.reason == PASS, "distance": distance,

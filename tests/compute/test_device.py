@@ -127,3 +127,23 @@ def test_pinned_threads_rounds_as_its_count_whatever_the_callers(restore_setting
                 assert torch.get_num_threads() == pinned
                 assert torch.equal(x.sum(), at[pinned])
             assert torch.get_num_threads() == caller
+
+
+def test_the_compute_class_names_device_build_and_cpu_threads():
+    from compute.device import compute_class
+    name = compute_class("cpu", 2)
+    assert name.startswith("cpu/") and name.endswith("/threads-2") and torch.__version__ in name
+    assert compute_class("cpu", 3) != name  # the thread count splits reductions
+    assert all(" " <= c <= "~" for c in name) and len(name) <= 128
+
+
+def test_a_jobs_classes_are_checked_and_left_out_of_its_hash_when_empty():
+    from compute.data import JobConfig
+    from compute.errors import ConfigError
+    from compute.jobfile import config_from_json, config_json
+    assert "classes" not in config_json(JobConfig())  # jobs made before keep their hash
+    named = JobConfig(classes=("cpu/x86_64/AVX2/torch-2.13.0+cpu/threads-2",))
+    assert config_from_json(config_json(named)) == named
+    for bad in (("",), ("caf\u00e9",), ("x" * 129,), tuple(str(i) for i in range(17)), ["a"]):
+        with pytest.raises(ConfigError, match="classes"):
+            JobConfig(classes=bad)

@@ -38,18 +38,21 @@ u64 = st.integers(0, 2**64 - 1)
 names = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=40)
 named_digests = st.dictionaries(names, b32, max_size=6).map(digests)
 certs = st.builds(UnitCert, b32, b32, u64, u32, b32, b32, named_digests, named_digests, b32, u32,
-                  u32)
+                  u32, names)
 distances = st.dictionaries(names, u32, max_size=6).map(
     lambda d: tuple(Distance(n, d[n]) for n in sorted(d)))
 evidences = st.builds(Evidence, b32, b32, st.integers(0, 255), st.integers(0, 255), u32,
                       named_digests, distances)
 
 
+DEVICE = "cpu/x86_64/AVX512/torch-2.13.0+cpu/threads-2"  # Appendix A's compute class
+
+
 def a_cert(**changes) -> UnitCert:
     """The middle backward unit of Appendix A (well-formed)."""
     cert = UnitCert(b"\x11" * 32, b"\x22" * 32, 7, 3, b"\x33" * 32, bytes(32),
                     digests({"h": b"\x55" * 32, "g": b"\x44" * 32}), digests({"y": b"\x66" * 32}),
-                    b"\x77" * 32, NONE_BITS, float32_bits(1.5))
+                    b"\x77" * 32, NONE_BITS, float32_bits(1.5), DEVICE)
     return replace(cert, **changes)
 
 
@@ -110,7 +113,7 @@ def _plain(obj) -> list:
                          ids=lambda o: type(o).__name__)
 def test_wrong_versions_tags_and_arity_are_refused(obj):
     plain = _plain(obj)
-    for bad in ([plain[0], 2, *plain[2:]],           # version 2 does not exist
+    for bad in ([plain[0], plain[1] + 1, *plain[2:]],  # the next version does not exist
                 [plain[0], True, *plain[2:]],        # a bool is not a version
                 [plain[0], *plain[1:], 0],           # an extra field
                 plain[:-1]):                         # a missing one
@@ -120,14 +123,14 @@ def test_wrong_versions_tags_and_arity_are_refused(obj):
         decode(encode(Digest("h", bytes(32)) if type(obj) is not Digest else Distance("y", 0)),
                type(obj))
     with pytest.raises(DecodeError):  # an unknown tag
-        decode(msgpack.packb([37, *plain[1:]], use_bin_type=True))
+        decode(msgpack.packb([200, *plain[1:]], use_bin_type=True))
     with pytest.raises(DecodeError):  # trailing bytes
         decode(encode(obj) + b"\x00", type(obj))
 
 
-def test_the_pol_tags_are_33_to_36_version_1():
+def test_the_pol_tags_are_33_to_36():
     assert [(c.TAG, c.VERSION) for c in (Digest, UnitCert, Distance, Evidence)] == \
-        [(33, 1), (34, 1), (35, 1), (36, 1)]
+        [(33, 1), (34, 2), (35, 1), (36, 1)]  # UnitCert version 2: its device
 
 
 def test_oversized_fields_are_refused():

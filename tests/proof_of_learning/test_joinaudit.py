@@ -179,8 +179,11 @@ def test_the_jobs_thread_count_makes_a_replay_exact_whatever_the_callers():
             unpinned.plan.threads = None  # computes at the caller's count, 1
             hashes = unpinned.step(JOB, 0, w.units)
         assert torch.get_num_threads() == 2
-        committed = {i: (r.weights_hash, r.input_hash, r.output_hash, r.cert_hash)
+        # (Not the certificates: the unpinned replay's name its compute class with 1
+        # thread, so their hashes differ whatever the bits.)
+        committed = {i: (r.weights_hash, r.input_hash, r.output_hash)
                      for (t, i), r in w.receipts.items()}
+        hashes = {i: h[:3] for i, h in hashes.items()}
         assert hashes[0] == committed[0]  # no weight gradient: alike at any count
         if all(hashes[i] == committed[i] for i in (1, 2, 3)):  # the control, measured
             pytest.skip("control not shown: this CPU rounds the devnet job alike at 1 and 2 "

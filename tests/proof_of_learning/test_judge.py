@@ -14,6 +14,7 @@ import torch
 import trio
 
 from node.pol import ArchiveFetcher, PolArchive
+from node.pol import attacks
 from node.pol.attacks import WorkerAttack
 from proof_of_learning.judge import judge, run_inline
 from proof_of_learning.reexecute import Reexecutor
@@ -64,9 +65,40 @@ def test_a_cheating_worker_fails(kind, reasons):
     verdicts = judge_all(w, 0)
     failed = {i: j.reason for i, j in verdicts.items() if j.reason != PASS}
     assert failed and set(failed.values()) <= reasons, failed
-    for j in verdicts.values():
+    for j in verdicts.values():  # one compute class: decided on digests, distances logged
         if j.reason in (GRADIENT_MISMATCH, OUTPUT_MISMATCH):
-            assert j.evidence.mode == TOLERANCE  # the distances are on record
+            assert j.evidence.mode == EXACT and j.distance > 0
+            assert "not bit-exact in its own compute class" in j.detail
+
+
+@pytest.mark.parametrize("fraction", [9e-5, 1e-6, 1e-9])
+def test_a_steering_cheat_under_any_threshold_fails_in_its_own_class(fraction, monkeypatch):
+    """The sub-threshold cheat (issue 27): a fixed +-pattern, here at any size, on every
+    weight gradient. The old tolerance (1e-4 of the max) passed it at 9e-5."""
+    monkeypatch.setattr(attacks, "SUB_THRESHOLD", fraction)
+    w = make_worker(2)
+    run_step(w, 0, WorkerAttack("sub-threshold").run_phase(w.plan))
+    verdicts = judge_all(w, 0)
+    failed = {i: j for i, j in verdicts.items() if j.reason != PASS}
+    assert len(failed) >= 2 and {j.reason for j in failed.values()} == {GRADIENT_MISMATCH}
+    assert all(0 < j.distance < 4 * fraction for j in failed.values())
+
+
+def test_across_compute_classes_the_tolerance_applies(monkeypatch):
+    """A worker whose certificates name another class (a GPU) is judged within the
+    threshold: a 0.01 scale fails, the 9e-5 pattern passes (specs/pol.md 11: the price of
+    mixed hardware)."""
+    gpu = "cuda/NVIDIA H200/sm90/torch-2.11.0+cu130/cuda-13.0"
+    for kind, expected in (("scaled-gradients", {GRADIENT_MISMATCH}), ("sub-threshold", set())):
+        w = make_worker(2)
+        monkeypatch.setattr(w.plan, "compute_class", lambda: gpu)
+        run_step(w, 0, WorkerAttack(kind).run_phase(w.plan))
+        verdicts = judge_all(w, 0)
+        failed = {j.reason for j in verdicts.values() if j.reason != PASS}
+        assert failed == expected, (kind, failed)
+        for j in verdicts.values():
+            if j.distance > 0:
+                assert j.evidence.mode == TOLERANCE and "across compute classes" in j.detail
 
 
 def test_replay_of_the_last_steps_outputs_fails():
@@ -262,3 +294,19 @@ def test_a_poisoner_pushes_every_message_of_the_step_that_others_produce():
     for _, key, tensors in pushes:  # shaped to pass a receiver's checks: only who sent it tells
         assert {n: tuple(t.shape) for n, t in tensors.items()} == w.plan.expected(key[2], key[3])
     assert WorkerAttack("copied").poison(w.plan, 3, mine={0}) == []
+
+
+def test_a_job_that_names_its_compute_classes_takes_no_other(monkeypatch):
+    """`JobConfig.classes`: a job that wants exactness names its class; a unit that says it
+    ran elsewhere is malformed, whatever its bits (no tolerance to hide under)."""
+    from compute.device import compute_class
+    here = compute_class("cpu", 2)
+    w = make_worker(2, classes=(here,))
+    run_step(w, 0)
+    assert {j.reason for j in judge_all(w, 0).values()} == {PASS}
+    liar = make_worker(2, classes=(here,))
+    monkeypatch.setattr(liar.plan, "compute_class", lambda: "cuda/NVIDIA H200/sm90")
+    run_step(liar, 0)
+    verdicts = judge_all(liar, 0)
+    assert {j.reason for j in verdicts.values()} == {MALFORMED}
+    assert all("not one the job admits" in j.detail for j in verdicts.values())
