@@ -321,8 +321,13 @@ class Node:
         with trio.move_on_after(WAIT_PEERS_S):
             while len(host.connected_peers()) < self.production.wait_peers:
                 await trio.sleep(0.1)
+        withhold = None
+        if self.mine is not None and self.mine.attack is not None:  # the attack battery only
+            from node.pol import attack_hooks
+            withhold = attack_hooks(self.mine.attack)[2]
         self.producer = Producer(self.service, key, self.clock,
-                                 interval_ms=self.production.block_interval_ms, report=self.report)
+                                 interval_ms=self.production.block_interval_ms, report=self.report,
+                                 withhold=withhold)
         if self.production_held:
             self.producer.hold()
         await self.producer.run()

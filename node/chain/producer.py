@@ -75,7 +75,8 @@ class Producer:
 
     def __init__(self, service: ChainService, key: SigningKey, clock: Clock, *,
                  interval_ms: int | None = None,
-                 report: Callable[[str], None] = lambda line: None):
+                 report: Callable[[str], None] = lambda line: None,
+                 withhold: Callable[[ChainDB, Applied, bytes], bool] | None = None):
         """
         Args:
             service: the chain service of the running node (all chain work goes through it).
@@ -85,9 +86,12 @@ class Producer:
                 None: the chain's slot.
             report: gets a line when a block is made, and once when this node
                 is not (or no longer) a producer.
+            withhold: test-only (`node.pol.attacks.withhold`): a block it
+                returns True for is not published (the withholding attack).
         """
         self.service, self.key, self.clock = service, key, clock
-        self.interval_ms, self.report = interval_ms, report
+        self.interval_ms, self.report, self.withhold = interval_ms, report, withhold
+        self.withheld = 0  # blocks the withholding attack kept back
         self.made: deque[tuple[int, bytes]] = deque(maxlen=1000)  # (height, hash) of recent blocks
         self.eligible: bool | None = None  # None until the first check
         self.held = False  # `hold` stops sealing for good (a devnet winding down)
@@ -123,15 +127,26 @@ class Producer:
         interval = _slot_ms(chain) if self.interval_ms is None else self.interval_ms
         return earliest_slot_ms(chain, self.key.public, interval)
 
-    def _seal_on(self, tip: bytes, now_ms: int) -> Applied | None:
-        """`seal_block`, unless the tip moved meanwhile (worker thread)."""
+    def _seal_on(self, tip: bytes, now_ms: int) -> Applied | None | str:
+        """`seal_block`, unless the tip moved meanwhile (worker thread); "withheld" when
+        the withholding attack keeps the block back."""
         chain = self.service.chain
-        return seal_block(chain, self.key, now_ms) if chain.tip_hash == tip else None
+        if chain.tip_hash != tip:
+            return None
+        applied = seal_block(chain, self.key, now_ms)
+        if self.withhold is not None and self.withhold(chain, applied, self.key.public):
+            return "withheld"
+        return applied
 
     async def _produce(self, tip: bytes) -> None:
         try:
             applied = await self.service.call(self._seal_on, tip, self.clock())
             if applied is None:
+                return
+            if applied == "withheld":  # this slot passes down the ladder
+                self.withheld += 1
+                self.report(f"withheld the block on {tip.hex()[:16]} (attack battery)")
+                await self.service.wait_tip_change(tip)
                 return
             result = await self.service.add_block(applied.block)
         except StoreError:

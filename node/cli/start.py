@@ -145,9 +145,14 @@ def start(data_dir, listen, peers, produce, block_interval_ms, wait_peers, layer
                                                 price, model_file)
     job = common.read_job_file(job_file, "--job") if mine and job_file else None
     if attack is not None:
-        from node.pol import ATTACKS
-        if attack not in ATTACKS or not mine:
-            raise click.UsageError(f"--attack takes one of {', '.join(ATTACKS)}, and mining")
+        from node.pol import ATTACKS, attack_parts
+        try:
+            attack_parts(attack)
+        except ValueError as exc:
+            raise click.UsageError(f"--attack takes one of {', '.join(ATTACKS)} (or several "
+                                   f"joined by +), and mining: {exc}") from None
+        if not mine:
+            raise click.UsageError("--attack needs mining")
     wallet_key = _unlocked_wallet(data_dir, passphrase_file) if serve else None
     status = _StatusLine() if sys.stdout.isatty() else None  # a live line on a terminal only
     report = setup_logging(log_level, log_path, status.print if status else click.echo)

@@ -100,8 +100,10 @@ def _train_with_progress(job, decomposed: bool, *, quiet: bool, train_local):
               help="How many nodes (node0, node1, ...) cheat, as --attack says.")
 @click.option("--attack", default=None, metavar="KIND[,KIND...]",
               help="How the byzantine nodes cheat: random-update, scaled-gradients, "
-                   "stale-weights, wrong-data, replay, perturbed-forward, wrong-loss-grad, "
-                   "lazy-verifier, malicious-verifier; a comma list gives node i the i-th "
+                   "sub-threshold, stale-weights, wrong-data, replay, perturbed-forward, "
+                   "wrong-loss-grad, copied, poisoned-push, lazy-verifier, "
+                   "malicious-verifier, withholding, or several joined by + "
+                   "(random-update+withholding); a comma list gives node i the i-th "
                    "(an empty entry: honest), else every byzantine node the one kind.")
 @json_option
 def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, audit_bps,
@@ -189,13 +191,15 @@ def _attacks(byzantine: int, attack: str | None, n_nodes: int) -> dict[int, str]
         raise click.UsageError("--byzantine K and --attack KIND go together, K at most --nodes")
     if attack is None:
         return {}
-    from node.pol import ATTACKS
+    from node.pol import ATTACKS, attack_parts
     kinds = attack.split(",")
     if len(kinds) > 1 and len(kinds) != byzantine:
         raise click.UsageError(f"--attack lists {len(kinds)} kinds for {byzantine} byzantine "
                                "nodes")
     for kind in kinds:
-        if kind and kind not in ATTACKS:
-            raise click.UsageError(f"--attack: {kind!r} is not one of {', '.join(ATTACKS)}")
+        try:
+            attack_parts(kind) if kind else None
+        except ValueError as exc:
+            raise click.UsageError(f"--attack: {exc} (kinds: {', '.join(ATTACKS)})") from None
     return {i: kinds[i if len(kinds) > 1 else 0] for i in range(byzantine)
             if kinds[i if len(kinds) > 1 else 0]}

@@ -63,7 +63,7 @@ class JobRunner:
 
     async def run(self) -> None:
         """Mine job after job until cancelled."""
-        worker_tamper, verifier_tamper = attack_hooks(self.mine.attack)
+        worker_tamper, verifier_tamper, _ = attack_hooks(self.mine.attack)
         async with trio.open_nursery() as verifiers:
             while True:
                 tip, choice = await self.service.call(self._choose)

@@ -22,6 +22,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
                         "export_op", "export_window", "read_window", "verify_window",
                         "write_window"),
     "node.pol.windowcheck": ("CheckedWindow", "Problem", "WindowError", "check_window"),
-    "node.pol.attacks": ("ATTACKS", "VERIFIER_ATTACKS", "WORKER_ATTACKS", "WorkerAttack",
+    "node.pol.attacks": ("ATTACKS", "PRODUCER_ATTACKS", "VERIFIER_ATTACKS", "WORKER_ATTACKS",
+                         "WorkerAttack", "attack_parts", "withhold",
                          "attack_hooks", "verifier_tamper"),
 })

@@ -30,6 +30,13 @@ committed and pushed):
 
 Verifier attacks: ``lazy-verifier`` passes everything without looking;
 ``malicious-verifier`` fails everything with made-up evidence.
+
+Producer attack: ``withholding`` seals no block whose beacon would draw an
+audit of its own account's receipts, or a re-check of its own passes
+(specs/pol.md 5.1: the one bias a VRF beacon leaves). It combines with the
+others by ``+``: ``random-update+withholding`` cheats and withholds,
+``lazy-verifier+withholding`` passes unseen and keeps its passes from
+re-checks where it can (the colluding verifier).
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ from collections.abc import Collection
 
 import torch
 
+from ledger.audit import DRAW_DUE, RECHECK_DUE, audit_seed, is_sampled
+from ledger.state import KEY_BEACON, KEY_PARAMS, NODE, PENDING
 from proof_of_learning.phases import Phase, PhaseResult, Push, input_name
 from proof_of_learning.step_plan import StepPlan
 from node.wire import ATTN_PARTIAL, CLIENT, MLP_PARTIAL
@@ -45,8 +54,8 @@ from proof_of_learning.certificate import (
     EXACT, OUTPUT_MISMATCH, PASS, Digest, Evidence, UnitCert,
 )
 
-__all__ = ["ATTACKS", "VERIFIER_ATTACKS", "WORKER_ATTACKS", "WorkerAttack", "attack_hooks",
-           "verifier_tamper"]
+__all__ = ["ATTACKS", "PRODUCER_ATTACKS", "VERIFIER_ATTACKS", "WORKER_ATTACKS", "WorkerAttack",
+           "attack_hooks", "attack_parts", "verifier_tamper", "withhold"]
 
 WORKER_ATTACKS = ("random-update", "scaled-gradients", "sub-threshold", "stale-weights",
                   "wrong-data", "replay", "perturbed-forward", "wrong-loss-grad", "copied",
@@ -54,7 +63,8 @@ WORKER_ATTACKS = ("random-update", "scaled-gradients", "sub-threshold", "stale-w
 #: The sub-threshold cheat's size, as a fraction of the gradient's largest element.
 SUB_THRESHOLD = 9e-5
 VERIFIER_ATTACKS = ("lazy-verifier", "malicious-verifier")
-ATTACKS = WORKER_ATTACKS + VERIFIER_ATTACKS
+PRODUCER_ATTACKS = ("withholding",)
+ATTACKS = WORKER_ATTACKS + VERIFIER_ATTACKS + PRODUCER_ATTACKS
 
 
 class WorkerAttack:
@@ -177,10 +187,56 @@ def verifier_tamper(kind: str):
     return tamper
 
 
+def attack_parts(kind: str) -> list[str]:
+    """The attacks ``kind`` combines (``a+b``), each checked.
+
+    Raises:
+        ValueError: a part that is no attack, or two of one role.
+    """
+    parts = kind.split("+")
+    for part in parts:
+        if part not in ATTACKS:
+            raise ValueError(f"not an attack: {part!r} (one of {', '.join(ATTACKS)})")
+    for role in (WORKER_ATTACKS, VERIFIER_ATTACKS, PRODUCER_ATTACKS):
+        if sum(p in role for p in parts) > 1:
+            raise ValueError(f"{kind!r} combines two attacks of one role")
+    return parts
+
+
 def attack_hooks(kind: str | None):
-    """(the miner's ``tamper``, the verifier's ``tamper``) for ``kind`` (None: honest)."""
+    """(the miner's ``tamper``, the verifier's ``tamper``, the producer's ``withhold``) for
+    ``kind`` (None: honest; each None where ``kind`` has no attack of that role)."""
     if kind is None:
-        return None, None
-    if kind in VERIFIER_ATTACKS:
-        return None, verifier_tamper(kind)
-    return WorkerAttack(kind), None
+        return None, None, None
+    parts = attack_parts(kind)
+    worker = next((WorkerAttack(p) for p in parts if p in WORKER_ATTACKS), None)
+    verifier = next((verifier_tamper(p) for p in parts if p in VERIFIER_ATTACKS), None)
+    return worker, verifier, withhold if "withholding" in parts else None
+
+
+def withhold(chain, applied, me: bytes) -> bool:
+    """Whether the withholding producer ``me`` keeps ``applied`` (its block) to itself.
+
+    The prelude of the block after ``applied`` draws, from ``applied``'s
+    beacon, every audit and re-check due then (`ledger.auditrules.draw_audits`).
+    The withholder looks at them first: a receipt of its own account that the
+    beacon would sample, or a pass of its own that it would re-check, and it
+    seals nothing this slot (the next producer's beacon draws again).
+    """
+    st = chain.state
+    node = st.get(NODE + me)
+    if node is None:
+        return False
+    params, value = st.get(KEY_PARAMS), applied.writes[KEY_BEACON].value
+    due = applied.block.header.height + 1
+    for rh in st.ids(PENDING):
+        p = st.get(PENDING + rh)
+        if p.draw_at != due:
+            continue
+        seed = audit_seed(value, rh)
+        if p.status == DRAW_DUE and p.account == node.account \
+                and is_sampled(seed, params.audit_bps):
+            return True
+        if p.status == RECHECK_DUE and p.verifier == me and is_sampled(seed, params.recheck_bps):
+            return True
+    return False
