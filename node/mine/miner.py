@@ -224,9 +224,9 @@ class Miner:
             # node joined late or was down): fetch the state from a holder.
             if self.version == view.step - 1 and await self._apply_update(self.version):
                 continue
-            if not await self._fetch_state(view):
-                self._say(f"mining: out of step at update {self.version} of {view.step}; "
-                          "waiting for a holder that can send the current weights")
+            if not await self._fetch_state(view):  # say what it waits for, and from whom
+                self._say(f"mining: out of step at update {self.version} of {view.step}: "
+                          f"{self.transfer.lacking(self.version, view.step)}")
                 return False
         return True
 

@@ -11,6 +11,17 @@ What it needs of the miner comes in through its constructor: the job's id,
 replica count and expected shapes are fixed once the miner is set up; the
 registered nodes and the miner's version change and are read through
 callables.
+
+Whose push of a key is taken is decided when it is used, not when it
+comes: the miner's chain view at a push's arrival may lag the sender's (the
+block that handed the sender the unit after a timeout may not have reached
+this node yet, and the view is re-read only between phases, which with an
+averaging round can outlast a unit's timeout), so a push from a peer that
+view does not name as the producer is kept apart, not dropped. Dropping it
+lost for good the push of a unit's new assignee (the sender does not push
+it again), and when every holder of a section had dropped it, none could
+apply the step's update or serve the weights after it: the job stalled
+until the chain gave it up (issue 27).
 """
 
 from __future__ import annotations
@@ -77,7 +88,11 @@ class Transfer:
         self.device, self.wait_s = torch.device(device), wait_s
         self.push_wait_s, self.push_retry_s = push_wait_s, push_retry_s
         self._inbox: dict[Key, dict[str, Tensors]] = {}  # key -> sender -> its tensors
-        self.refused = 0  # pushes dropped so far: of the open step, not from its assignee
+        # (key, sender) of the pushes kept apart: of the open step, not from its assignee
+        # as this node's view had it; taken only where a wait names their sender.
+        self._apart: set[tuple[Key, str]] = set()
+        self.refused = 0  # pushes kept apart so far (`pnode status`'s pushes_refused)
+        self.lacked: list[tuple[Key, str | None]] = []  # `missing` of the last wait that gave up
         self._arrived = trio.Event()
 
     # -- the inbox ----------------------------------------------------------------------
@@ -97,7 +112,7 @@ class Transfer:
             producers: the peer whose push of a key is taken (a closed step's
                 workers, as its receipts name them); default: ``producer``,
                 the open step's current assignees. A key neither names takes
-                the first push that came.
+                the first push that came, of those not kept apart.
 
         Returns:
             Their tensors in the order of ``keys``; None after ``wait_s`` or
@@ -107,8 +122,11 @@ class Transfer:
             senders = self._inbox.get(key)
             if not senders:
                 return None
-            want = producers.get(key) if producers is not None else self.producer(key)
-            return next(iter(senders.values())) if want is None else senders.get(want)
+            want = self._wanted(key, producers)
+            if want is None:
+                return next((t for sender, t in senders.items()
+                             if (key, sender) not in self._apart), None)
+            return senders.get(want)
 
         async def tip_moved(cancel_scope: trio.CancelScope) -> None:
             await self.wait_tip_change(tip)
@@ -123,23 +141,62 @@ class Transfer:
                     await self._arrived.wait()
                 nursery.cancel_scope.cancel()
         got = [pick(key) for key in keys]
-        return None if any(t is None for t in got) else got
+        if any(t is None for t in got):
+            self.lacked = self.missing(keys, producers)
+            return None
+        return got
 
-    def deliver(self, key: Key, tensors: Tensors, sender: str) -> None:
+    def _wanted(self, key: Key, producers: Mapping[Key, str] | None) -> str | None:
+        return producers.get(key) if producers is not None else self.producer(key)
+
+    def missing(self, keys: list[Key], producers: Mapping[Key, str] | None = None
+                ) -> list[tuple[Key, str | None]]:
+        """Of ``keys``, those `wait` would not take now: (key, the peer whose push it
+        waits for, None when any sender's would do)."""
+        out = []
+        for key in keys:
+            want, senders = self._wanted(key, producers), self._inbox.get(key, {})
+            if want in senders or (want is None and any(
+                    (key, sender) not in self._apart for sender in senders)):
+                continue
+            out.append((key, want))
+        return out
+
+    def lacking(self, version: int, step: int) -> str:
+        """What a miner at ``version`` waits for to run the units of ``step``, in words: the
+        pushes the last wait lacked (if they are step ``version``'s update, one behind), or
+        a holder's weights at ``step``."""
+        words = []
+        for (t, replica, what, section), peer in self.lacked:
+            if t == version == step - 1:
+                part = "the client part" if section == CLIENT else f"section {section}"
+                sender = f"{peer} (its receipt's worker)" if peer else "any node (no receipt)"
+                words.append(f"the {WHATS[what]} of {part} (replica {replica}) from {sender}")
+        lacks = f"step {version}'s update lacks {', '.join(words)}; " if words else ""
+        return f"{lacks}no holder sent its weights at step {step}; waiting for either"
+
+    def deliver(self, key: Key, tensors: Tensors, sender: str, apart: bool = False) -> None:
         """Keep ``tensors`` under ``key`` as ``sender``'s (on ``device``; its first push wins).
 
         Each sender's push is kept apart: a unit reassigned after a timeout is
         pushed by its former assignee and by its new one, which may differ
         (a cheat), and only the chain's receipt says whose is the step's.
+        ``apart``: the sender was not the key's producer in this node's view
+        when it came (`receive`); only a wait that names it takes it.
         """
-        self._inbox.setdefault(key, {}).setdefault(
-            sender, {n: v.to(self.device) for n, v in tensors.items()})
+        senders = self._inbox.setdefault(key, {})
+        if sender in senders:
+            return
+        senders[sender] = {n: v.to(self.device) for n, v in tensors.items()}
+        if apart:
+            self._apart.add((key, sender))
         self._arrived.set()
 
     def drop_through(self, step: int) -> None:
         """Forget the tensors of every step up to ``step`` (its update is applied)."""
         for key in [key for key in self._inbox if key[0] <= step]:
             del self._inbox[key]
+        self._apart = {(key, sender) for key, sender in self._apart if key[0] > step}
 
     # -- pushes -------------------------------------------------------------------------
 
@@ -229,16 +286,17 @@ class Transfer:
         key = (msg.step, msg.replica, msg.what, msg.section)
         tensors = self.check(msg)
         sender = self.producer(key)
-        if sender is not None and sender != str(peer):
-            # Attack note: the first push of a key wins, so a registered node that
-            # pushed another's message first would poison its consumers. Only the
-            # assignee's is taken; not scored, as the sender may be a former
-            # assignee whose unit was reassigned after a timeout.
-            log.info("push of %s from %s dropped: the chain assigned its unit to %s",
-                     key, peer, sender)
+        apart = sender is not None and sender != str(peer)
+        if apart:
+            # Attack note: the first push of a key wins where nobody is named, so a
+            # registered node that pushed another's message first would poison its
+            # consumers. Kept apart, taken only where the chain names its sender
+            # (module docstring: this view may be stale, and the sender may be the
+            # unit's new assignee); not scored, as it may be a former assignee.
+            log.info("push of %s from %s kept apart: this node's view assigns its unit "
+                     "to %s", key, peer, sender)
             self.refused += 1
-            return
-        self.deliver(key, tensors, str(peer))
+        self.deliver(key, tensors, str(peer), apart=apart)
 
     def check(self, msg: StepTensors) -> Tensors:
         """The tensors of a push of this job, decoded.

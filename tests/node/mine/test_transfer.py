@@ -19,7 +19,9 @@ from ledger.codec import decode, encode
 from node.errors import BadPush
 from node.mine.transfer import Transfer
 from node.net import write_frame
-from node.wire import ACTIVATION, CLIENT, GRADIENT, NamedTensor, StepTensors
+from node.wire import (
+    ACTIVATION, CLIENT, GRADIENT, HEAD_GRADS, SECTION_GRADS, NamedTensor, StepTensors,
+)
 
 JOB = b"\x07" * 32
 SHAPE = (2, 3)
@@ -232,20 +234,62 @@ def test_receive_keeps_a_good_push_and_drops_strangers_other_jobs_and_stale_step
 
 
 def test_only_the_assignee_of_the_producing_unit_may_push_a_key():
-    """A registered node pushing another's message first would poison it (first push wins)."""
+    """A registered node pushing another's message first would poison it (first push wins):
+    its push is kept apart, and taken only where the chain names its sender."""
     assignee = {key(0): "a"}  # the chain gave key(0)'s producing unit to "a"; others unknown
 
     async def test(transfer, tip, host):
         transfer.state.registered = ("a", "b", "me")
         await transfer.receive(await push_frame(step_tensors(h=torch.full(SHAPE, 9.0))), "b")
-        assert key(0) not in transfer and transfer.refused == 1  # "b" is not its producer
+        assert transfer.refused == 1  # "b" is not its producer: kept apart
+        assert await transfer.wait([key(0)]) is None  # the open step's wait: a's, not b's
+        assert transfer.lacked == [(key(0), "a")]
+        assert await transfer.wait([key(0)], producers={}) is None  # nobody named: not b's
+        assert transfer.lacked == [(key(0), None)]
         await transfer.receive(await push_frame(step_tensors()), "a")
-        assert key(0) in transfer and not torch.equal(
-            transfer._inbox[key(0)]["a"]["h"], torch.full(SHAPE, 9.0))
+        got, = await transfer.wait([key(0)])
+        assert torch.equal(got["h"], torch.ones(SHAPE))
+        got, = await transfer.wait([key(0)], producers={})  # the first not kept apart: a's
+        assert torch.equal(got["h"], torch.ones(SHAPE))
         await transfer.receive(await push_frame(step_tensors(step=1)), "b")
         assert key(1) in transfer  # the chain does not say (not the open step): taken
         assert transfer.refused == 1
     run(test, producer=lambda k: assignee.get(k))
+
+
+def test_a_new_assignees_push_that_a_stale_view_did_not_name_is_the_steps_update():
+    """Issue 27. The unit producing key(0) timed out and the chain gave it to "b", but
+    this node's view (read before a long phase or averaging round) still names "a" when
+    b's push comes. The chain includes b's receipt and closes the step: its update takes
+    b's push. (Dropped, it was lost for good: b never pushes it again, and a node whose
+    every fellow holder dropped it too waited for an update nobody could give.)"""
+    assignee = {key(0): "a"}
+
+    async def test(transfer, tip, host):
+        transfer.state.registered = ("a", "b", "me")
+        await transfer.receive(await push_frame(step_tensors(h=torch.full(SHAPE, 3.0))), "b")
+        assignee.clear()  # the step closed: the chain no longer lists its assignments
+        got = await transfer.wait([key(0)], producers={key(0): "b"})  # b's receipt
+        assert got is not None and torch.equal(got[0]["h"], torch.full(SHAPE, 3.0))
+        assert trio.current_time() == 0  # no waiting: it was here
+    run(test, producer=lambda k: assignee.get(k))
+
+
+def test_a_wait_that_gave_up_says_what_it_lacks_and_from_whom():
+    async def test(transfer, tip, host):
+        transfer.deliver(key(0, 1), {"h": torch.ones(SHAPE)}, "a")
+        grads = (0, 1, SECTION_GRADS, 0)
+        head = (0, 0, HEAD_GRADS, CLIENT)
+        assert await transfer.wait([key(0, 1), grads, head], producers={grads: "b"}) is None
+        assert transfer.lacked == [(grads, "b"), (head, None)]
+        assert transfer.lacking(0, 1) == (
+            "step 0's update lacks the section grads of section 0 (replica 1) from b (its "
+            "receipt's worker), the head grads of the client part (replica 0) from any node "
+            "(no receipt); no holder sent its weights at step 1; waiting for either")
+        # Further behind, or the wait was not this update's: a holder's state alone.
+        assert transfer.lacking(0, 2) == "no holder sent its weights at step 2; waiting for either"
+        assert transfer.lacking(1, 2) == "no holder sent its weights at step 2; waiting for either"
+    run(test)
 
 
 @pytest.mark.parametrize("msg, why", [
