@@ -83,7 +83,8 @@ def job(authority: SigningKey, steps=3, layers=((0, 30),), nonce=0, deposit=0,
     return sign(j, authority)
 
 
-def make_net(n_nodes=3, n_users=2, with_job=False, layers=None, **param_overrides) -> Net:
+def make_net(n_nodes=3, n_users=2, with_job=False, layers=None, job_steps=3,
+             **param_overrides) -> Net:
     authority = key(1)
     wallets = [key(100 + i) for i in range(n_nodes)]
     nodes = [key(200 + i) for i in range(n_nodes)]
@@ -91,7 +92,7 @@ def make_net(n_nodes=3, n_users=2, with_job=False, layers=None, **param_override
     allocs = [(w.public, 100 * COIN) for w in wallets + users]
     regs = [registration(w, n, layers[i] if layers else (0, 30)) for i, (w, n) in
             enumerate(zip(wallets, nodes))]
-    jobs = (job(authority),) if with_job else ()
+    jobs = (job(authority, steps=job_steps),) if with_job else ()
     genesis = new_genesis(CHAIN, 1_000_000, params(authority.public, **param_overrides),
                           allocs, regs, jobs)
     net = Net(genesis, authority, wallets, nodes, users)

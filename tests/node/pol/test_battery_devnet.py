@@ -47,7 +47,7 @@ def test_a_sub_threshold_steering_cheat_is_caught_in_its_own_compute_class(tmp_p
 def test_a_withholding_producer_is_still_caught(tmp_path):
     """random-update, and node0 seals no block whose beacon would audit its receipts: the
     next producer's beacon draws again (one re-draw per slot it holds, specs/pol.md 5.1)."""
-    info = run(tmp_path, 3, 5, {0: "random-update+withholding"}, audit_bps=5000)
+    info = run(tmp_path, 3, 8, {0: "random-update+withholding"}, audit_bps=5000)
     assert slashed(info) == [True, False, False]
 
 
