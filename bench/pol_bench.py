@@ -130,6 +130,50 @@ def cost_and_noise(steps: int, seed: int = 0) -> dict:
             "fetch_bytes_per_audit": sum(fetched) / len(fetched)}
 
 
+def overhead(steps: int, audit_bps: int, recheck_bps: int, seed: int = 0) -> dict:
+    """The cost of PoL against PoL-free training of the same job, step by step, alternating.
+
+    PoL-free: `compute.train.train_step_decomposed` (the same blocks, no digests, no
+    certificates, no archive). The worker: the miner's phases with every PoL duty
+    (digests, certificates, its archive on disk as `pnode start` keeps it, the
+    update). The verifier: every unit of the step judged (`judge_step`), as a
+    verifier not holding the layers (weights fetched). Per step the three ratios
+    to PoL-free; the fractions are their medians: the worker's overhead
+    (worker / free - 1) and verification at the rates (p x (1 + r) x judge / free:
+    a pass is re-checked with probability r).
+    """
+    import tempfile
+    from compute.data import batch, load_corpus, make_model
+    from compute.device import pinned_threads
+    from compute.train import make_sections, train_step_decomposed
+    with tempfile.TemporaryDirectory() as tmp:
+        w = make_worker(2, **DEFAULT_JOB, seed=seed, path=Path(tmp) / "pol")
+        config = w.config
+        model = make_model(config)
+        sections = make_sections(model, config)
+        corpus = load_corpus(config.data)
+        free, worker, judged = [], [], []
+        for t in range(steps):
+            ids, targets = batch(config, t, corpus=corpus)
+            began = time.perf_counter()
+            with pinned_threads(config.threads):
+                train_step_decomposed(model, sections, ids, targets)
+            free.append(time.perf_counter() - began)
+            began = time.perf_counter()
+            run_step(w, t)
+            worker.append(time.perf_counter() - began)
+            judged.append(judge_step(w, t)[1])
+    p, r = audit_bps / 10_000, recheck_bps / 10_000
+    worker_ratio = statistics.median(x / f for x, f in zip(worker, free))
+    judge_ratio = statistics.median(j / f for j, f in zip(judged, free))
+    verify = p * (1 + r) * judge_ratio
+    return {"steps": steps, "free_s": sum(free), "worker_s": sum(worker),
+            "judge_s": sum(judged), "worker_ratio": worker_ratio, "judge_ratio": judge_ratio,
+            "worker_overhead": worker_ratio - 1, "verification": verify,
+            "total": worker_ratio - 1 + verify, "audit_bps": audit_bps,
+            "recheck_bps": recheck_bps}
+
+
 def detection(kinds=WORKER_ATTACKS) -> dict:
     torch.set_num_threads(1)
     out = {}
@@ -215,6 +259,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=9, help="steps per seed")
     ap.add_argument("--seeds", type=int, default=1, help="job seeds (initial weights, batches)")
     ap.add_argument("--audit-bps", type=int, default=1000)
+    ap.add_argument("--recheck-bps", type=int, default=1000)
     ap.add_argument("--attacks", default=",".join(WORKER_ATTACKS),
                     help="comma-separated worker attacks to detect [default: all]")
     ap.add_argument("--chain-steps", type=int, default=200,
@@ -228,18 +273,30 @@ def main() -> None:
     cost["median_ratio"] = statistics.median(r["median_ratio"] for r in runs)
     cost["honest_worst_distance"] = max(r["honest_worst_distance"] for r in runs)
     cost["fetch_bytes_per_audit"] = statistics.mean(r["fetch_bytes_per_audit"] for r in runs)
+    honest_cost = overhead(args.steps, args.audit_bps, args.recheck_bps)
     det = detection([k for k in args.attacks.split(",") if k])
     size = sizes()
     join = join_replay(args.chain_steps)
     fraction = p * cost["median_ratio"]
     info = {"cost": cost, "verification_fraction": fraction, "audit_bps": args.audit_bps,
-            "detection": det, "bytes": size, "join": join}
-    benchkit.report(args, info, lambda: print_table(cost, fraction, p, det, size, join),
-                    indent=1)
+            "overhead": honest_cost, "detection": det, "bytes": size, "join": join}
+    benchkit.report(args, info, lambda: print_table(cost, fraction, p, det, size, join,
+                                                    honest_cost), indent=1)
 
 
-def print_table(cost: dict, fraction: float, p: float, det: dict, size: dict, join: dict
-                ) -> None:
+def print_table(cost: dict, fraction: float, p: float, det: dict, size: dict, join: dict,
+                over: dict) -> None:
+    print(f"against PoL-free training of the same job ({over['steps']} steps, medians of "
+          "per-step ratios):")
+    print(f"{'  PoL-free step (baseline), s/step':44} {over['free_s'] / over['steps']:>14.3f}")
+    print(f"{'  worker with PoL (disk archive), s/step':44} "
+          f"{over['worker_s'] / over['steps']:>14.3f}   {over['worker_ratio']:.2f}x")
+    print(f"{'  judge every unit, s/step':44} {over['judge_s'] / over['steps']:>14.3f}   "
+          f"{over['judge_ratio']:.2f}x")
+    print(f"{'  worker overhead':44} {over['worker_overhead']:>14.1%}")
+    rates = f"p = {over['audit_bps'] / 10_000:g}, r = {over['recheck_bps'] / 10_000:g}"
+    print(f"{'  verification at ' + rates:44} {over['verification']:>14.1%}")
+    print(f"{'  total':44} {over['total']:>14.1%}\n")
     print(f"{'measure':44} {'value':>14}")
     print(f"{'train: every unit of a step, s/step':44} {cost['train_s'] / cost['steps']:>14.3f}"
           "   (baseline)")

@@ -51,7 +51,8 @@ def tensor_digest(t: torch.Tensor) -> bytes:
     t = t.detach().to("cpu").contiguous()
     head = f"{str(t.dtype).removeprefix('torch.')}:{','.join(map(str, t.shape))}:".encode()
     h = hashlib.sha256(TENSOR_DOMAIN + head)
-    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    if t.numel():  # the tensor's own bytes, not a copy (hashlib reads the buffer)
+        h.update(memoryview(t.view(torch.uint8).numpy()))
     return h.digest()
 
 
