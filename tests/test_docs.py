@@ -468,3 +468,21 @@ def test_every_module_has_a_room() -> None:
     assert not missing, "place these in ARCHITECTURE.md's rooms: " + ", ".join(missing)
     assert unplaced_modules(ARCHITECTURE.read_text(encoding="utf-8").replace(
         "`node.mine.parts`, ", "")) == ["node.mine.parts"]
+
+
+def test_no_tracked_file_holds_a_merge_conflict():
+    """A merge's conflict markers once landed in README.md and ARCHITECTURE.md unseen."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.split()
+    marked = []
+    for name in tracked:
+        path = root / name
+        if path.suffix not in (".py", ".md", ".toml", ".txt", ".cfg", ".json") or not path.is_file():
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if line.startswith(("<<<<<<< ", ">>>>>>> ")):
+                marked.append(f"{name}:{n}")
+    assert not marked, marked
+

@@ -127,6 +127,7 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, audi
       pnode devnet --nodes 2 --gpu 0                 # both nodes mine on cuda:0
       pnode devnet --byzantine 1 --attack scaled-gradients --json   # node0 cheats
       pnode devnet --nodes 4 --byzantine 3 --attack scaled-gradients,,lazy-verifier
+    pnode devnet --nodes 3 --byzantine 1 --attack random-update+withholding
     """
     import tempfile
 
