@@ -48,6 +48,7 @@ FIGURES = {
     "merkle_bench": rf"verify_inclusion, 1,000-leaf tree\W+{NUMBER} proofs/s",
     "paid_bench": rf"decode tokens/s\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}",
     "pol_bench": rf"judge / train, median over steps\s+{NUMBER}x",
+    "pol_noise": rf"cheat\s+9e-05\s+9e-05\s+9e-05\s+1\s+1",
     "pol_devnet": r"scaled-gradients\s+\d+\s+\d+\s+\d+\s+[\d.]+ / (True|False)",
     "wiretensor_bench": rf"float32 copy\W+{NUMBER}\W+{NUMBER}",
     "smol_job_bench": rf"1 node \(k=3\)\s+{NUMBER} s\s+{NUMBER}x\s+True",

@@ -19,3 +19,15 @@ def test_every_bench_has_a_smoke_test():
 @pytest.mark.parametrize("name", sorted(set(FIGURES) - SWARM))
 def test_smoke(name):
     check_smoke(name)
+
+
+def test_the_noise_bench_cheats_as_the_attack_battery_does(monkeypatch):
+    """bench/pol_noise.py keeps its own copy of the cheat's size (it runs where only torch is)."""
+    import importlib.util
+    from node.pol.attacks import SUB_THRESHOLD
+    monkeypatch.syspath_prepend("bench")  # its sibling benchkit
+    spec = importlib.util.spec_from_file_location("pol_noise", "bench/pol_noise.py")
+    noise = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noise)
+    assert noise.SUB_THRESHOLD == SUB_THRESHOLD
+
