@@ -147,7 +147,7 @@ def overhead(steps: int, audit_bps: int, recheck_bps: int, seed: int = 0) -> dic
     from compute.device import pinned_threads
     from compute.train import make_sections, train_step_decomposed
     with tempfile.TemporaryDirectory() as tmp:
-        w = make_worker(2, **DEFAULT_JOB, seed=seed, path=Path(tmp) / "pol")
+        w = make_worker(2, **DEFAULT_JOB, seed=seed, path=Path(tmp) / "pol", sync_each=False)
         config = w.config
         model = make_model(config)
         sections = make_sections(model, config)

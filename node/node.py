@@ -352,15 +352,31 @@ class Node:
             await joined.wait()
         # On disk: a restarted worker still answers the audits of units it ran before
         # (opening reads the journal and sweeps the directory: off the event loop).
+        # Written without an fsync per unit (it was most of PoL's cost to a worker, on
+        # the step's path): flushed every SYNC_S seconds, off the event loop.
         archive = self.archive = await trio.to_thread.run_sync(
-            lambda: PolArchive(path=self.datadir.pol_dir))
+            lambda: PolArchive(path=self.datadir.pol_dir, sync_each=False))
         self.service.host.set_request_handler(POL_PROTOCOL, serve_pol(archive),
                                               max_request_size=MAX_POL_REQUEST)
         self.jobs = JobRunner(self.service, self.txs, key, self.mine,
                               log_file=self.datadir.path / TRAIN_LOG, report=self.report,
                               archive=archive, fetcher=PolFetcher(self.service.host),
                               shelf=self.shelf)
-        await self.jobs.run()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._flush_archive, archive)
+            await self.jobs.run()
+
+    @staticmethod
+    async def _flush_archive(archive) -> None:
+        """Make the archive's writes durable every `SYNC_S` seconds while the node runs,
+        and once more as it stops."""
+        from node.pol.archive import SYNC_S
+        try:
+            while True:
+                await trio.sleep(SYNC_S)
+                await trio.to_thread.run_sync(archive.flush)
+        finally:
+            archive.flush()  # stopping: blocking, once
 
     async def _sync(self, peer) -> SyncResult | None:
         try:

@@ -89,6 +89,7 @@ class StepPlan:
                  replicas: int = 1, threads: int | None = None):
         self.model, self.m, self.hidden = model, sections.mlp_slices, hidden
         self.replicas, self.threads = replicas, threads
+        self._seen_weights: dict[str, tuple] = {}  # name: (stamp, digest, copy): _keep_weight
         self.forward, self.backward = sections.forward, sections.backward
         self.k = len(self.forward)
         index = {spec: s for s, spec in enumerate(self.forward)}
@@ -268,7 +269,7 @@ class StepPlan:
         r = PhaseResult(inp=h)
         read, known = self.read_weights(phase), self.weight_digests
         r.weights = {n: known[n] for n in read} if known is not None else {
-            n: r.keep(p) for n, p in read.items()}
+            n: self._keep_weight(r, n, p) for n, p in read.items()}
         r.inputs = self._input_digests(r, phase, t, h, inputs)
         head = phase.forward and i == len(self.stages) - 1 and phase.kind in ("whole", "publish")
         if i == 0 or head:  # it embeds the batch, or takes the loss
@@ -279,6 +280,26 @@ class StepPlan:
             r.inp = g = inputs[(*t, GRADIENT, stage[0])]["g"]
             self._run_backward(r, phase, t, stage, h, g, inputs, ids)
         return r
+
+    def _keep_weight(self, r: PhaseResult, name: str, p: torch.Tensor) -> bytes:
+        """``r.keep(p)``, but a weight unchanged since a phase kept it is not copied and
+        hashed again (a section's forward and backward read the same weights).
+
+        Unchanged means the same storage at the same version: every write to a
+        parameter (the update, averaging, a fetched state, a re-execution's
+        load) is an in-place ``copy_`` on it or a view of it, which bumps the
+        version its views share. Attack note: a write through ``p.data`` would
+        not, and a stale digest would certify weights the unit did not read;
+        `tests/proof_of_learning/test_step_plan.py` checks every writer.
+        """
+        stamp = (p._version, p.data_ptr(), tuple(p.shape), p.dtype)
+        seen = self._seen_weights.get(name)
+        if seen is not None and seen[0] == stamp:
+            r.kept[seen[1]] = seen[2]
+            return seen[1]
+        digest = r.keep(p)
+        self._seen_weights[name] = (stamp, digest, r.kept[digest])
+        return digest
 
     def _input_digests(self, r: PhaseResult, phase: Phase, t: StepReplica, h: torch.Tensor,
                        inputs: dict[Key, Tensors]) -> dict[str, bytes]:

@@ -43,7 +43,8 @@ from proof_of_learning.certificate import Evidence, UnitCert, cert_hash, evidenc
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AUDITED_KEEP_STEPS", "KEEP_STATES", "KEEP_STEPS", "PolArchive", "RING", "state_key"]
+__all__ = ["AUDITED_KEEP_STEPS", "KEEP_STATES", "KEEP_STEPS", "PolArchive", "RING", "SYNC_S",
+           "state_key"]
 
 #: Weight versions a miner keeps of its own (a verdict comes a few blocks after its unit).
 RING = 16
@@ -58,6 +59,9 @@ AUDITED_KEEP_STEPS = 64
 KEEP_STATES = 8
 #: Journal records appended before it is rewritten (when also twice what it indexes).
 COMPACT_RECORDS = 1024
+#: Seconds between a running node's flushes of its archive (`PolArchive.flush`): what a
+#: machine crash (not a process crash) can lose of the units kept since.
+SYNC_S = 5.0
 
 
 def state_key(job_id: bytes, step: int, part: int) -> bytes:
@@ -78,12 +82,15 @@ class PolArchive:
         keep_steps: steps kept after their audits can no longer come (`KEEP_STEPS`).
         path: a directory to keep everything in (``D/pol/`` of a node's data
             dir), opened again if it holds an archive; None: memory only.
+        sync_each: fsync each unit before `keep_unit` returns (default), or
+            leave it to `flush` (`node.node` flushes every `SYNC_S` seconds:
+            the fsyncs were 0.45x of a PoL-free step, BENCHMARKS.md).
     """
 
     def __init__(self, ring: int = RING, keep_steps: int = KEEP_STEPS,
-                 path: str | os.PathLike[str] | None = None):
+                 path: str | os.PathLike[str] | None = None, *, sync_each: bool = True):
         self.ring, self.keep_steps = ring, keep_steps
-        self.store = MemoryStore() if path is None else DirStore(path)
+        self.store = MemoryStore() if path is None else DirStore(path, sync_each=sync_each)
         self._objects: dict[bytes, tuple[int, str]] = {}  # cert/evidence hash: (step, kind)
         self._tensors: dict[bytes, int] = {}  # digest: step
         self._named: dict[bytes, tuple[int, dict[str, bytes]]] = {}  # hash: (step, name: digest)
@@ -125,6 +132,12 @@ class PolArchive:
         key = named_digest(dict(digests))
         self._commit({"op": "keep", "step": step, "named": {key.hex(): _hexes(digests)}})
         return key
+
+    def flush(self) -> None:
+        """Make every write so far durable (a memory archive: nothing to do)."""
+        flush = getattr(self.store, "flush", None)
+        if flush is not None:
+            flush()
 
     def keep_unit(self, step: int, cert: UnitCert, results, receipt) -> None:
         """Keep what a verifier of one signed unit needs (module docstring).

@@ -108,8 +108,20 @@ class DirStore:
 
     durable = True
 
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], *, sync_each: bool = True):
+        """
+        Args:
+            path: the archive's directory (made if missing).
+            sync_each: fsync every write before it returns (the default);
+                False leaves durability to `flush`, which the node calls
+                every `SYNC_S` seconds: a crash of the process loses
+                nothing (the page cache outlives it), a crash of the
+                machine loses at most the last seconds' units, each then
+                read as missing (the digest check on read), never served
+                wrong.
+        """
         self.path = Path(path)
+        self.sync_each = sync_each
         for sub in _DIRS.values():
             (self.path / sub).mkdir(parents=True, exist_ok=True)
         self.journal = self.path / JOURNAL
@@ -187,7 +199,8 @@ class DirStore:
             with open(self.journal, "ab") as f:
                 f.write(b"".join(_line(r) for r in records))
                 f.flush()
-                os.fsync(f.fileno())
+                if self.sync_each:
+                    os.fsync(f.fileno())
         except OSError as exc:
             log.warning("pol archive: journal not written (%s): rewritten at the next "
                         "change", exc)
@@ -266,11 +279,12 @@ class DirStore:
                 self._unlink(tmp)
         for tmp, path in written:
             try:
-                fd = os.open(tmp, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                if self.sync_each:
+                    fd = os.open(tmp, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
                 os.replace(tmp, path)
                 done.add(path)
             except OSError as exc:
@@ -282,8 +296,16 @@ class DirStore:
         self._dirty.update(path.parent for path in done)
         return done
 
+    def flush(self) -> None:
+        """Make every write so far durable (`sync_each` False): the files' data, their
+        names and the journal, by one `os.sync` (safe from any thread: no Python state)."""
+        os.sync()
+
     def _sync_dirs(self) -> None:
         """fsync the directories renamed into, so the names are as durable as the data."""
+        if not self.sync_each:
+            self._dirty.clear()  # `flush` syncs them
+            return
         while self._dirty:
             where = self._dirty.pop()
             fd = os.open(where, os.O_RDONLY)

@@ -18,6 +18,7 @@ from compute.train import average_replicas, make_sections, train_step_replicas
 from proof_of_learning.errors import NoSuchPush
 from node.mine.devnet import devnet_job
 from proof_of_learning.step_plan import StepPlan
+from proof_of_learning.units import named_digest
 from node.wire.train import ACTIVATION, ATTN_SHARE, CLIENT, GRADIENT, MLP_PARTIAL
 
 JOB, UNIT = b"j" * 32, b"u" * 32  # a job and unit id for certificates built outside a miner
@@ -294,3 +295,37 @@ def test_a_step_certifies_the_same_twice_and_differently_for_other_weights(k):
     assert len(set(first)) == len(first)
     nudged = cert_hashes(k, perturb="layers.0.attn.wqkv.weight")
     assert all(a != b for a, b in zip(first, nudged))  # layer 0 moves every unit's numbers
+
+
+def test_every_writer_of_the_weights_makes_a_unit_hash_them_again():
+    """`StepPlan._keep_weight` hashes a weight again only when its version moved: every
+    way this code base writes weights must move it (an update, averaging's and a fetched
+    state's load, a re-execution's load), or a unit would certify weights it did not read."""
+    from proof_of_learning.reexecute import Reexecutor
+    from proof_of_learning.units import tensors_digest
+    config, model, sections, plan = plan_for(2)
+    ids, targets = batch(config, 0, 0, 1, corpus=load_corpus(config.data))
+    phase = next(p for p in plan.phases(0))
+
+    def weights_hash():
+        r = plan.run(phase, 0, {}, ids, targets)
+        truth = tensors_digest(dict(plan.read_weights(phase)))
+        return named_digest(r.weights), truth
+
+    cached, truth = weights_hash()
+    assert cached == truth and weights_hash() == (truth, truth)  # unchanged: the same
+    opt = sections.optimizers[0]
+    grads = {n: torch.ones_like(p) for n, p in model.named_parameters()}
+    for write in (lambda: opt.step(grads),
+                  lambda: opt.load_weights({k: w + 1 for k, w in opt.weights().items()}),
+                  lambda: opt.load_state(opt.state_dict() | {
+                      k: w * 2 for k, w in opt.weights().items()})):
+        write()
+        cached, truth = weights_hash()
+        assert cached == truth, "a writer the cache did not see"
+    rx = Reexecutor(config)
+    rx.plan.run(phase, 0, {}, ids, targets)  # its cache filled with the scratch weights
+    params = dict(rx.model.named_parameters())
+    rx._load(0, {n: params[n].detach() + 3 for n in rx.read_set(0)})
+    r = rx.plan.run(phase, 0, {}, ids, targets)
+    assert named_digest(r.weights) == tensors_digest(dict(rx.plan.read_weights(phase)))

@@ -53,13 +53,15 @@ class Worker:
 
 
 def make_worker(k: int = 2, replicas: int = 1, key: SigningKey = KEY, path=None,
-                **job) -> Worker:
+                sync_each: bool = True, **job) -> Worker:
     """A worker of the devnet's job (small batches unless ``job`` says otherwise);
-    ``path``: the directory its archive keeps everything in (None: memory)."""
+    ``path``: the directory its archive keeps everything in (None: memory);
+    ``sync_each``: as `PolArchive`'s (False: as a running node keeps it)."""
     config = devnet_job(4, 3, **{"batch_size": 2, "seq_len": 16, "k": k, "replicas": replicas,
                                  **job})
     replayer = Replayer(config)
-    return Worker(replayer, PolArchive(path=path), {}, replayer.units, key=key)
+    return Worker(replayer, PolArchive(path=path, sync_each=sync_each), {}, replayer.units,
+                  key=key)
 
 
 def run_step(w: Worker, t: int, run=None, certify=None) -> None:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import trio
 
@@ -87,9 +88,11 @@ def an_evidence(cert_key: bytes) -> Evidence:
                     (Digest("y", b"\x66" * 32),), ())
 
 
-def test_a_reopened_archive_serves_every_unit_tensor_named_set_state_and_evidence(tmp_path):
+@pytest.mark.parametrize("sync_each", [True, False])
+def test_a_reopened_archive_serves_every_unit_tensor_named_set_state_and_evidence(
+        tmp_path, sync_each):
     d = tmp_path / "pol"
-    w = make_worker(2, path=d)
+    w = make_worker(2, path=d, sync_each=sync_each)
     run_step(w, 0)
     run_step(w, 1)
     w.archive.keep_state(JOB, 2, CLIENT, w.replayer.part_state(CLIENT))
@@ -228,19 +231,22 @@ def test_interrupted_writes_leave_nothing_served_wrongly(tmp_path):
 CHILD = """
 import sys
 from tests.node.pol.polkit import make_worker, run_step
-w = make_worker(2, path=sys.argv[1])
+w = make_worker(2, path=sys.argv[1], sync_each=sys.argv[2] == "1")
 for t in range(1000):
     run_step(w, t)
     print(t, flush=True)
 """
 
 
-def test_a_worker_killed_while_writing_leaves_every_kept_unit_whole(tmp_path):
+@pytest.mark.parametrize("sync_each", [True, False])
+def test_a_worker_killed_while_writing_leaves_every_kept_unit_whole(tmp_path, sync_each):
     """SIGKILL a process keeping units while it writes one of its third step's files:
     every unit the reopened archive lists is served whole, and no file is left that it
-    does not name."""
+    does not name. Also when it fsyncs nothing (a running node's setting: the page
+    cache outlives a killed process)."""
     d = tmp_path / "pol"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(d)], cwd=ROOT,
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(d), "1" if sync_each else "0"],
+                             cwd=ROOT,
                              env={**os.environ, "PYTHONPATH": str(ROOT)},
                              stdout=subprocess.PIPE, text=True)
     try:
