@@ -79,12 +79,15 @@ class Verifier:
         self.judged: set[bytes] = set()  # receipt hashes with a verdict submitted
         self.to_appeal: set[bytes] = set()  # own receipts failed by a verifier
         self.appealed: set[bytes] = set()  # ... whose appeal was sent
+        self.appeals_sent = 0
         self.sent = {name: 0 for name in REASONS}
         self.last_step = 0  # the newest step judged (evidence is kept from it)
 
     def status(self) -> dict:
-        """The verifier's fields of `pnode status`: verdicts sent, by reason."""
-        return {"verdicts": {n: c for n, c in self.sent.items() if c}}
+        """The verifier's fields of `pnode status`: verdicts sent, by reason, and appeals
+        sent against fails of this node's receipts."""
+        return {"verdicts": {n: c for n, c in self.sent.items() if c},
+                "appeals": self.appeals_sent}
 
     async def run(self) -> None:
         """Judge sampled receipts until cancelled."""
@@ -187,6 +190,7 @@ class Verifier:
             except ValidationError as exc:  # e.g. its window closed meanwhile
                 log.info("appeal of %s.. refused: %s", rh.hex()[:16], exc)
                 continue
+            self.appeals_sent += 1
             self.report(f"appealed the failing verdict on receipt {rh.hex()[:16]}..")
 
     def _job_and_peers(self) -> tuple[bytes | None, list[str]]:
