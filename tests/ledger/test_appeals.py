@@ -26,7 +26,12 @@ EVIDENCE = b"\x07" * 32
 @pytest.fixture
 def failed():
     """Six nodes of six accounts, every receipt audited; one receipt failed by its verifier."""
-    net = make_net(n_nodes=6, with_job=True, audit_bps=10_000)
+    return failed_on(6)
+
+
+def failed_on(n_nodes: int):
+    """A chain of ``n_nodes`` nodes, every receipt audited, where a verifier failed one."""
+    net = make_net(n_nodes=n_nodes, with_job=True, audit_bps=10_000)
     db = new_db(net)
     receipt = receipts_due(db, net)[0]
     grow(db, net, 1, [receipt])
@@ -167,14 +172,7 @@ def test_an_appeal_window_that_closes_slashes_the_worker(failed):
 
 
 def test_with_no_one_left_to_judge_the_appeal_the_fail_stands():
-    net = make_net(n_nodes=2, with_job=True, audit_bps=10_000)  # the worker and its accuser
-    db = new_db(net)
-    receipt = receipts_due(db, net)[0]
-    grow(db, net, 1, [receipt])
-    rh = tx_hash(receipt)
-    grow(db, net, 2)
-    pending = db.state.get(PENDING + rh)
-    grow(db, net, 1, [_verdict(net, pending.verifier, rh, OUTPUT_MISMATCH)])
+    net, db, receipt, rh, pending = failed_on(2)  # the worker and its accuser
     grow(db, net, 1, [_appeal(net, receipt.node_key, rh)])
     grow(db, net, 2)
     assert db.state.get(PENDING + rh) is None
