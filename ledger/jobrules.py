@@ -38,6 +38,9 @@ __all__ = ["apply_job", "give_up_stalled", "job_cost", "job_queue", "pay_work", 
 
 #: Verdicts a receipt can cost its job at most: its audit and one re-check.
 FEES_PER_UNIT = 2
+#: Most steps a job may have: ten million (about four months at a step a second).
+#: Attack note: a job of 10^12 steps was accepted, then held the queue for good.
+MAX_JOB_STEPS = 10_000_000
 #: A started job whose open step has not closed in this many unit timeouts is given up.
 STALL_TIMEOUTS = 16
 
@@ -63,6 +66,8 @@ def apply_job(st: Overlay, ctx: Any, tx: Job, raw: bytes) -> None:
     check_nonce(st, tx.creator, tx.nonce)
     if tx.steps == 0 or not tx.units:
         raise BadJob("a job needs at least one step and one unit")
+    if tx.steps > MAX_JOB_STEPS:
+        raise BadJob(f"a job has at most {MAX_JOB_STEPS} steps, not {tx.steps}")
     for t in tx.units:
         heads_ok = t.head_start < t.head_end or t.head_start == t.head_end == 0
         if t.kind not in UNIT_KINDS or not t.layer_start < t.layer_end or not heads_ok:

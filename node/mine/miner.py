@@ -24,14 +24,9 @@ runs each unit of it (the longest-wait rule, `ledger.rules`). The miner:
    their weights (`node.mine.averaging`, eq. 7-8), which removes such drift
    and leaves equal replicas as they are.
 
-A forward unit of section s takes the states entering s (section 0: the
-embedded batch, which every miner can compute: the batch is a pure function
-of the job and step) and sends its output to the holders of s+1; the last
-section's forward also computes the loss and sends dL/d(output) back to the
-holders of its own section. A backward unit of s takes the states entering
-s and dL/d(its output), sends dL/d(its input) to the holders of s-1
-(section 0: the embedding gradient to every miner) and its weight gradients
-to the holders of s.
+Which unit reads and sends what (a forward's states to the holders of s+1,
+a backward's gradients to those of s-1 and of s) is the plan's
+(`proof_of_learning.step_plan`, specs/consensus.md 5).
 
 Two collaborators, made once the miner is set up for the job: a `Transfer`
 (`node.mine.transfer`) keeps, pushes and receives the step's tensors, and a
@@ -53,6 +48,7 @@ import trio
 
 from compute.data import JobConfig, batch, job_corpus, make_model
 from compute.train import make_sections
+from compute.errors import ComputeError
 from compute.wiretensor import WireTensorError
 from ledger.crypto import SigningKey
 from ledger.errors import ValidationError
@@ -301,11 +297,16 @@ class Miner:
                   "client part")
 
     def _build(self) -> dict:
-        self.model = make_model(self.config).to(self.device)
-        self.sections = make_sections(self.model, self.config)
-        self.corpus = job_corpus(self.config)
-        self.k = len(self.sections.forward)
-        c = self.config
+        """Build the job's model, corpus and plan; MinerError: it can never run here (its
+        model does not build, its data gives no batch: anyone may post it, it stops no one)."""
+        try:
+            self.model = make_model(self.config).to(self.device)
+            self.sections = make_sections(self.model, self.config)
+            self.corpus = job_corpus(self.config)
+            batch(self.config, 0, 0, self.config.replicas, corpus=self.corpus)  # it can run
+        except (ComputeError, MemoryError, RuntimeError) as exc:
+            raise MinerError(f"the job cannot run: {exc}") from None
+        self.k, c = len(self.sections.forward), self.config
         self.plan = StepPlan(self.model, self.sections, (c.batch_size, c.seq_len, c.model.dim),
                              c.replicas, c.threads)
         return {"commitments": commitments(self.config)}

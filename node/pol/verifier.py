@@ -99,7 +99,11 @@ class Verifier:
             await self._appeal()
             for case in cases:
                 if self.reexecutor is None:
-                    self.reexecutor = await torch_thread.run_sync(Reexecutor, self.config)
+                    try:
+                        self.reexecutor = await torch_thread.run_sync(Reexecutor, self.config)
+                    except Exception as exc:  # a job that cannot run here (its miner says so)
+                        self.report(f"cannot judge this job's units: {exc}")
+                        return
                 await self._judge_and_send(case)
 
     async def _judge_and_send(self, case: Case) -> None:

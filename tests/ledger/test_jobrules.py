@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from ledger import errors as E
-from ledger.jobrules import STALL_TIMEOUTS, job_cost
+from ledger.jobrules import MAX_JOB_STEPS, STALL_TIMEOUTS, job_cost
 from ledger.state import JAIL, JOB, KEY_SUPPLY, PENDING, UNIT, check_supply
 from ledger.types import COIN, sign, tx_hash
 from tests.ledger.chainkit import (
@@ -84,6 +84,9 @@ def _wrong_spec(tx):
     (lambda net: job(net.users[0], steps=20, deposit=job_cost_of(20)), E.InsufficientFunds,
      "deposit"),
     (lambda net: _wrong_spec(job(net.users[0], deposit=job_cost_of(3))), E.BadJob, "spec"),
+    # Beyond the bound even for the authority, whose jobs are minted (issue 28: 10^12 steps).
+    (lambda net: job(net.authority, steps=MAX_JOB_STEPS + 1), E.BadJob, "at most 10000000 steps"),
+    (lambda net: job(net.authority, steps=10**12), E.BadJob, "at most"),
 ])
 def test_bad_jobs_are_refused(chain, make, error, words):
     net, db = chain

@@ -284,3 +284,36 @@ def test_a_job_whose_hashes_lie_is_not_mined_and_the_node_goes_on(tmp_path, pnod
     wait_for(lambda: pnode("status", "--data-dir", str(d), "--json").json()["height"] > height,
              "the node to go on producing")
     assert proc.poll() is None and stop(proc) == 0, read(err)
+
+
+def test_a_job_that_can_never_run_is_skipped_and_the_node_goes_on(tmp_path, pnode, spawn):
+    """Issue 28, item 8: a job on a 5-byte data file (shorter than one sample) ended every
+    node that mined it, and again at each restart. The miner now refuses it with one line,
+    the verifier leaves it be, and the node keeps running and producing; a restart too."""
+    from compute.data import DataSpec, JobConfig
+    from ledger.crypto import SigningKey
+    from node.datadir import DataDir, read_key_file
+    from proof_of_learning.units import job_tx
+
+    d = tmp_path / "n"
+    assert pnode("init", "--no-job", "--data-dir", str(d), "--chain-id", "t-short",
+                 "--slot-ms", "100").code == 0
+    dd = DataDir(d)
+    short = b"tiny."
+    sha = hashlib.sha256(short).hexdigest()
+    (d / "data").mkdir(exist_ok=True)
+    (d / "data" / sha).write_bytes(short)  # on the node's shelf, as `job submit` leaves it
+    config = JobConfig(steps=2, data=DataSpec(source="file", path=str(d / "data" / sha),
+                                              sha256=sha))
+    wallet = SigningKey(read_key_file(dd.wallet_file, "correct horse"))
+    with dd.open_chain() as db:
+        db.admit(job_tx(config, "t-short", wallet, 1))
+    for run in range(2):  # and once more after a restart
+        proc, out, err = spawn("n", "--no-serve", "--data-dir", str(d))
+        wait_for(lambda: "the job cannot run" in read(out), "the miner to refuse the job",
+                 limit=60)
+        height = pnode("status", "--data-dir", str(d), "--json").json()["height"]
+        wait_for(lambda: pnode("status", "--data-dir", str(d), "--json").json()["height"]
+                 > height, "the node to go on producing")
+        assert proc.poll() is None and stop(proc) == 0, read(err)
+        assert "corpus longer than seq_len" in read(out)
