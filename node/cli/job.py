@@ -171,7 +171,7 @@ def _shelved(dd: DataDir, config, job_file: str):
     """
     from dataclasses import replace
 
-    from compute.data import load_corpus
+    from compute.data import batch, load_corpus
     from compute.errors import ComputeError
     from node.mine import DataShelf
 
@@ -183,6 +183,7 @@ def _shelved(dd: DataDir, config, job_file: str):
                                  param_hint="JOB_FILE")
     try:
         corpus = load_corpus(data)  # UTF-8, long enough, and the sha256 if one is given
+        batch(config, 0, 0, config.replicas, corpus=corpus)  # one sample at least: it can run
     except ComputeError as exc:
         raise click.BadParameter(f"{job_file}: {exc}", param_hint="JOB_FILE") from None
     sha = DataShelf(dd.path / "data").add(Path(data.path))

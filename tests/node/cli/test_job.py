@@ -151,6 +151,8 @@ def chain(tmp_path, pnode, pwallet):
     ('{"k": 99}', (), "k must be in"),
     ('{"model": 3}', (), "model must be a JSON object"),
     ('{"data": {"source": "file", "path": "/nonexistent.txt"}}', (), "cannot read training data"),
+    ('{"data": {"source": "file", "path": "TINY"}}', (), "corpus longer than seq_len"),
+    ('{"steps": 20000000}', (), "at most 10000000 steps"),
     ('[1, 2]', (), "one JSON object"),
     ('{"steps": 5}', ("--deposit", "1"), "deposit short: the job needs at least 60 coins"),
     ('{"steps": 5}', ("--deposit", "0", "--wallet", "carol"), "--deposit: '0': amounts are"),
@@ -163,7 +165,8 @@ def chain(tmp_path, pnode, pwallet):
 def test_bad_job_files_and_deposits_are_refused(chain, pnode, pwallet, tmp_path, job_file,
                                                 args, words):
     pwallet("create", "--data-dir", str(chain), "--name", "carol")
-    (tmp_path / "job.json").write_text(job_file)
+    (tmp_path / "tiny.txt").write_text("tiny.")  # five bytes: shorter than one sample
+    (tmp_path / "job.json").write_text(job_file.replace("TINY", str(tmp_path / "tiny.txt")))
     r = pnode("job", "submit", str(tmp_path / "job.json"), *args, "--data-dir", str(chain))
     assert r.code == 2 and words in r.err, r.err
     assert "Traceback" not in r.err
