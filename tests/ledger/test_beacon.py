@@ -1,4 +1,5 @@
-"""The block beacon on a real chain: checked, unchosen by its producer, re-drawn only by withholding."""
+"""The block beacon on a real chain: checked, not chosen by its producer, re-drawn only by
+withholding."""
 
 from __future__ import annotations
 

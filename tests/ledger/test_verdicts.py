@@ -10,7 +10,9 @@ import pytest
 
 from ledger import audit
 from ledger import errors as E
-from ledger.state import ACCOUNT, JAIL, KEY_BEACON, KEY_PARAMS, KEY_SUPPLY, NODE, PENDING, check_supply
+from ledger.state import (
+    ACCOUNT, JAIL, KEY_BEACON, KEY_PARAMS, KEY_SUPPLY, NODE, PENDING, check_supply,
+)
 from ledger.types import (
     COIN, GRADIENT_MISMATCH, MALFORMED, OUTPUT_MISMATCH, PASS, UNAVAILABLE, ZERO_SIG, Verdict,
     sign, tx_hash,
