@@ -370,7 +370,7 @@ class Node:
     async def _flush_archive(archive) -> None:
         """Make the archive's writes durable every `SYNC_S` seconds while the node runs,
         and once more as it stops."""
-        from node.pol.archive import SYNC_S
+        from node.pol import SYNC_S
         try:
             while True:
                 await trio.sleep(SYNC_S)

@@ -14,7 +14,7 @@ own weight versions), `store` (where: the data dir's ``pol/``, or memory), `fetc
 from node.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    "node.pol.archive": ("KEEP_STATES", "PolArchive", "RING", "state_key"),
+    "node.pol.archive": ("KEEP_STATES", "PolArchive", "RING", "SYNC_S", "state_key"),
     "node.pol.fetch": ("ArchiveFetcher", "PolFetcher", "serve_pol"),
     "node.pol.verifier": ("Verifier",),
     "node.pol.catchup": ("MAX_CHECKED", "StateCheck"),
