@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterator, Sequence
 from ledger import merkle, schema
 from ledger.codec import decode, encode
 from ledger.errors import (
-    DecodeError, ForkTooDeep, StoreCorruptError, UnknownParent, ValidationError, in_context,
+    BadJob, DecodeError, ForkTooDeep, StoreCorruptError, UnknownParent, ValidationError,
+    in_context,
 )
 from ledger.proofs import ReceiptProof, TxProof
 from ledger.rules import apply_tx
@@ -30,7 +31,7 @@ from ledger.state import MemoryState, Overlay, StateReader, decode_record, flatt
 from ledger.store import KeyValueStore
 from ledger.transition import Applied, Context, build_block, genesis_block, validate_block
 from ledger.types import (
-    TX_TYPES, Block, Genesis, Header, Receipt, block_hash, encode_block, tx_hash,
+    TX_TYPES, Block, Genesis, Header, Job, Receipt, block_hash, encode_block, nonce_owner, tx_hash,
 )
 
 EXTENDED, REORG, SIDE, KNOWN = "extended", "reorg", "side", "known"
@@ -245,6 +246,36 @@ class ChainDB:
         self.store.write(ops, sync=self.sync)
         self.state.apply(applied.writes)
         self.tip_hash, self.tip = applied.hash, applied.block.header
+        self._prune_mempool()
+
+    def _prune_mempool(self) -> None:
+        """Drop queued transactions that can never apply again (specs/ledger.md 7, note 4).
+
+        Two kinds, both for good: a transaction whose nonce the account has
+        used already (nonces only grow: the loser of a same-nonce race, a
+        resent one), and a job the rules refuse whatever the state (`BadJob`:
+        too many steps, units or a spec that do not fit). Everything else
+        stays: a receipt, verdict or appeal that fails now may fit after the
+        next block. Attack note: both once stayed for good, and every
+        admission re-checks the whole queue.
+        """
+        st = Overlay(self.state)
+        ctx = Context(height=self.height + 1, prev_hash=self.tip_hash, chain_id=self.chain_id)
+        dead = []
+        for key, raw in self.store.iterate(schema.MEMPOOL):
+            tx = decode(raw, TX_TYPES)
+            owner = nonce_owner(tx)
+            if owner is not None and tx.nonce < st.account(owner).nonce:
+                dead.append(key)
+            elif isinstance(tx, Job):
+                try:
+                    apply_tx(Overlay(self.state), ctx, tx, raw)
+                except BadJob:
+                    dead.append(key)
+                except ValidationError:
+                    pass  # funds or nonce: may fit later
+        if dead:
+            self.store.write([(key, None) for key in dead], sync=self.sync)
 
     def _state_at(self, block_hash: bytes) -> tuple[StateReader, list[Applied]]:
         """The state after ``block_hash``, and the side-branch blocks replayed to get it."""
@@ -305,6 +336,7 @@ class ChainDB:
         self.store.write(ops, sync=self.sync)
         self.state.apply(final.writes)
         self.tip_hash, self.tip = branch[-1].hash, branch[-1].block.header
+        self._prune_mempool()
         return len(old_main)
 
     def _undo(self, block_hash: bytes) -> dict[bytes, Any]:

@@ -187,18 +187,38 @@ def test_reorg_moves_transactions_between_mempool_and_chain():
     net = make_net()
     main = new_db(net)
     db_b = copy_chain(net, main)
-    bob = net.users[1].public
-    abandoned = branch(main, net, 1, rank=1, spend_to=bob, nonce=0, amount=7 * COIN)[0]
-    winner = branch(db_b, net, 1, rank=0, spend_to=bob, nonce=0, amount=9 * COIN)[0]
+    bob, carol = net.users[1], net.users[0]
+    abandoned = branch(main, net, 1, rank=1, spend_to=bob.public, nonce=0, amount=7 * COIN)[0]
+    # The abandoned block also held a transfer of bob's, which the winning branch lacks.
+    winner = branch(db_b, net, 1, rank=0, spend_to=bob.public, nonce=0, amount=9 * COIN)[0]
     main.add_to_mempool(winner.txs[0])  # also queued locally
+    bobs = net.transfer(bob, carol.public, COIN, nonce=0)
+    main.add_to_mempool(bobs)
     assert main.add_block(winner, now_ms=None).status == REORG
     queued = main.mempool()
-    assert abandoned.txs[0] in queued       # back in the mempool ...
-    assert winner.txs[0] not in queued      # ... and the winner's tx left it
-    applied = next_block(main, net, queued)
-    assert abandoned.txs[0] not in applied.block.txs  # same nonce: now stale
+    assert bobs in queued                   # still applies: kept
+    assert winner.txs[0] not in queued      # the winner's tx left it ...
+    # ... and the abandoned transfer, whose nonce the winner used, can never apply: gone.
+    assert abandoned.txs[-1] not in queued
+    assert bobs in next_block(main, net, queued).block.txs
 
 
+def test_transactions_that_can_never_apply_leave_the_mempool():
+    """Issue 28: the loser of a same-nonce race stayed queued for good, as did a job the
+    rules refuse whatever the state; one that may still apply (a nonce gap) stays."""
+    from ledger.jobrules import MAX_JOB_STEPS
+    from tests.ledger.chainkit import job
+    net = make_net()
+    db = new_db(net)
+    alice, bob = net.users
+    spent = net.transfer(alice, bob.public, COIN, nonce=0)
+    racer = net.transfer(alice, bob.public, 2 * COIN, nonce=0)  # the same nonce
+    later = net.transfer(alice, bob.public, COIN, nonce=5)  # a gap: may fit one day
+    endless = job(net.authority, steps=MAX_JOB_STEPS + 1)
+    for tx in (racer, later, endless):
+        db.add_to_mempool(tx)
+    grow(db, net, 1, [spent])
+    assert db.mempool() == [later]
 def test_forks_deeper_than_the_limit_are_refused(monkeypatch):
     import ledger.chaindb as chaindb
     monkeypatch.setattr(chaindb, "MAX_REORG_DEPTH", 3)
