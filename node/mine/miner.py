@@ -122,12 +122,10 @@ class Miner:
         self.version = 0  # updates applied: the step whose units this node may run
         self.units_done = 0
         self.losses: list[tuple[int, int, float]] = []  # (step, replica, loss)
-        # Made in `_setup`, once the job is known: the step tensors' inbox and
-        # pushes, and the catching up from (and answering of) other holders.
+        # Made in `_setup`: the step's tensors in and out; catching up with holders.
         self.transfer: Transfer | None = None
         self.state_sync: StateSync | None = None
-        # Receipts of the units run, by (step, unit index): a unit that the
-        # chain took away (a timeout) and hands back gets the same receipt again.
+        # Receipts of the units run by (step, unit index): one handed back, the same again.
         self._receipts: dict[tuple[int, int], Receipt] = {}
         # Phases run of units not yet signed, by (step, unit index): their results.
         self._phases: dict[tuple[int, int], dict[str, PhaseResult]] = {}
@@ -167,6 +165,8 @@ class Miner:
                                                         self.archive.receipts(), view.step)
                 self.archive.mark_audited(audited)
                 self.archive.forget(done, view.step)
+            if self.job_id is not None and view.job_id != self.job_id:  # a reorg took it
+                return self.report(f"mining: job {self.job_id.hex()[:16]}.. left the chain")
             if self.job_id is not None and view.step >= view.steps:  # finished, or given up
                 with trio.move_on_after(FINAL_UPDATE_WAIT_S):  # the last updates, if they come
                     while self.version < view.steps and not (
