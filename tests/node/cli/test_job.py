@@ -37,6 +37,10 @@ def test_init_then_start_mines_the_chains_job_then_a_paid_one(tmp_path, pnode, p
                            "--log-level", "info")  # the default: repeats go quiet
     wait_for(lambda: _job(pnode, d, first)["state"] == "finished", "the chain's job", limit=90)
     assert f"mining job {first[:16]}" in read(out)
+    # The chain says finished once the last receipt is in; the miner applies the last
+    # update just after (a loaded run once exported step 2 in between).
+    wait_for(lambda: (pnode("status", "--data-dir", str(d), "--json").json().get("mining")
+                      or {}).get("step") == 3, "the last update", limit=30)
     _export_beats_the_initial_model(pnode, d, tmp_path, first)
     listed = pnode("job", "list", "--data-dir", str(d), "--json").json()
     assert listed["running"] is True and [j["id"] for j in listed["jobs"]] == [first]
