@@ -154,14 +154,17 @@ def draw_audits(st: Overlay, ctx: Any) -> None:
         if pending.status not in _DRAWN_LATER or pending.draw_at > ctx.height:
             continue
         seed = audit.audit_seed(beacon_value, receipt_hash)
-        mature = _mature(st, ctx.height - 2) if mature is None else mature
+        recheck = pending.status == audit.RECHECK_DUE
+        rate = params.recheck_bps if recheck else params.audit_bps
+        drawn = pending.status in (audit.APPEAL_DUE, audit.FORCED) or \
+            audit.is_sampled(seed, rate)
+        if drawn:
+            mature = _mature(st, ctx.height - 2) if mature is None else mature
         if pending.status == audit.APPEAL_DUE:
             _draw_appeal(st, ctx, receipt_hash, pending, seed, mature)
             continue
-        recheck = pending.status == audit.RECHECK_DUE
-        rate = params.recheck_bps if recheck else params.audit_bps
         verifier = None
-        if pending.status == audit.FORCED or audit.is_sampled(seed, rate):
+        if drawn:
             excluded = (pending.account, _account(st, pending.verifier)) if recheck \
                 else (pending.account,)
             verifier = audit.audit_verifier(mature, seed, excluded, ctx.height)
