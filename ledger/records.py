@@ -83,7 +83,7 @@ class Assignment:
 class Pending:
     """An accepted receipt whose reward waits for its window (and its audit, if drawn).
 
-    layer_start, layer_end: the unit's layers (whom the audit prefers);
+    layer_start, layer_end: the unit's layers (for the record: the draw no longer reads them);
     height: where the receipt was included (its draw comes at height + 2);
     verifier: the drawn verifier, zeros until then; first_verifier: while a
     pass is re-checked, the verifier that passed it (version 3), else zeros;
