@@ -68,11 +68,12 @@ def test_an_unregistered_fast_server_is_refused_and_the_registered_one_serves(
             # round trips are measured and only the claimed throughput tells them apart.
             entry = [rogue_host.addrs[0], host.addrs[0]]
             async with open_remote(entry, parts) as anyone:  # no registry: the old behaviour
-                with trio.fail_after(20):
-                    while max((s.throughput for s in anyone.servers()), default=0) < 1e5:
+                # Round trips measured on a loaded machine can outweigh the claim for a
+                # while (a full run once planned the honest server here): poll, do not race.
+                with trio.fail_after(30):
+                    while anyone.directory.plan(0, 30) != [Hop(str(stranger.peer_id), 0, 30)]:
                         await trio.sleep(0.3)
                         await anyone.refresh()
-                assert anyone.directory.plan(0, 30) == [Hop(str(stranger.peer_id), 0, 30)]
 
             async with open_remote(entry, parts, registered=registered) as client:
                 assert {s.peer_id for s in client.directory.announced()} == {
