@@ -30,6 +30,7 @@ from ledger.schedule import is_better_tip
 from ledger.state import MemoryState, Overlay, StateReader, decode_record, flatten, state_root
 from ledger.store import KeyValueStore
 from ledger.transition import Applied, Context, build_block, genesis_block, validate_block
+from ledger.tab import MIN_TAB, OpenTab
 from ledger.types import (
     TX_TYPES, Block, Genesis, Header, Job, Receipt, block_hash, encode_block, nonce_owner, tx_hash,
 )
@@ -251,9 +252,10 @@ class ChainDB:
     def _prune_mempool(self) -> None:
         """Drop queued transactions that can never apply again (specs/ledger.md 7, note 4).
 
-        Two kinds, both for good: a transaction whose nonce the account has
+        Three kinds, all for good: a transaction whose nonce the account has
         used already (nonces only grow: the loser of a same-nonce race, a
-        resent one), and a job the rules refuse whatever the state (`BadJob`:
+        resent one), a tab whose expiry is now under `MIN_TAB` blocks away
+        (a stale tab: heights only grow), and a job the rules refuse whatever the state (`BadJob`:
         too many steps, units or a spec that do not fit). Everything else
         stays: a receipt, verdict or appeal that fails now may fit after the
         next block. Attack note: both once stayed for good, and every
@@ -267,6 +269,8 @@ class ChainDB:
             owner = nonce_owner(tx)
             if owner is not None and tx.nonce < st.account(owner).nonce:
                 dead.append(key)
+            elif isinstance(tx, OpenTab) and tx.expiry_height - ctx.height < MIN_TAB:
+                dead.append(key)  # heights only grow: its life stays too short
             elif isinstance(tx, Job):
                 try:
                     apply_tx(Overlay(self.state), ctx, tx, raw)
@@ -376,6 +380,16 @@ class ChainDB:
             ValidationError: the transaction would not fit in the next block
                 (after the transactions already queued).
         """
+        st, ctx = self.pending_state()
+        apply_tx(st, ctx, tx)
+        return self.add_to_mempool(tx)
+
+    def pending_state(self) -> tuple[Overlay, Context]:
+        """The state the next block would start from with the mempool applied, and its context.
+
+        What a new transaction is checked against (`admit`), and what a
+        serving node vets a session's tab against before it seats it.
+        """
         st = Overlay(self.state)
         ctx = Context(height=self.height + 1, prev_hash=self.tip_hash, chain_id=self.chain_id)
         for queued in self.mempool():
@@ -383,8 +397,7 @@ class ChainDB:
                 apply_tx(st, ctx, queued)
             except ValidationError:
                 continue  # stale; the producer will drop it
-        apply_tx(st, ctx, tx)
-        return self.add_to_mempool(tx)
+        return st, ctx
 
     def add_to_mempool(self, tx: Any) -> bytes:
         """Queue a transaction for a later block, unchecked; returns its hash."""

@@ -21,7 +21,8 @@ from ledger.tab import (
 )
 from ledger.types import tx_hash
 
-__all__ = ["apply_claim", "apply_open_tab", "claim_outcome", "lane_of", "refund_expired"]
+__all__ = ["apply_claim", "apply_open_tab", "check_open_tab", "claim_outcome", "lane_of",
+           "refund_expired"]
 
 
 def apply_open_tab(st: Overlay, ctx: Any, tx: OpenTab, raw: bytes) -> None:
@@ -31,6 +32,24 @@ def apply_open_tab(st: Overlay, ctx: Any, tx: OpenTab, raw: bytes) -> None:
         BadNonce, BadTab, NotRegistered, InsufficientFunds: nothing written.
     """
     check_nonce(st, tx.client, tx.nonce)
+    payees, total = check_open_tab(st, ctx, tx)
+    client = st.account(tx.client)
+    tab_id = tx_hash(tx, raw)  # unique: the nonce is the client's next, used once
+    st.put_account(tx.client, replace(client, balance=client.balance - total,
+                                      nonce=client.nonce + 1))
+    st.put(TAB + tab_id, new_tab_record(tx, payees))
+
+
+def check_open_tab(st: Overlay, ctx: Any, tx: OpenTab) -> tuple[tuple[bytes, ...], int]:
+    """Every rule of an `OpenTab` but its nonce: (each lane's payee account, the caps' sum).
+
+    A server asks this before it gives a tab's session a slot (specs/network.md
+    9.6, admission order): a tab whose nonce is ahead of its account may
+    still land once its predecessors do, but one that cannot pay never will.
+
+    Raises:
+        BadTab, NotRegistered, InsufficientFunds: what fails first.
+    """
     if not tx.lanes:
         raise BadTab("a tab needs at least one lane")
     keys = [lane.node_key for lane in tx.lanes]
@@ -49,14 +68,10 @@ def apply_open_tab(st: Overlay, ctx: Any, tx: OpenTab, raw: bytes) -> None:
             raise NotRegistered(f"lane {key.hex()[:16]}.. is not a registered node")
         payees.append(node.account)
     total = sum(lane.cap for lane in tx.lanes)
-    client = st.account(tx.client)
-    if client.balance < total:
-        raise InsufficientFunds(f"balance {client.balance} < the tab's caps, {total} "
-                                "(base units)")
-    tab_id = tx_hash(tx, raw)  # unique: the nonce is the client's next, used once
-    st.put_account(tx.client, replace(client, balance=client.balance - total,
-                                      nonce=client.nonce + 1))
-    st.put(TAB + tab_id, new_tab_record(tx, tuple(payees)))
+    balance = st.account(tx.client).balance
+    if balance < total:
+        raise InsufficientFunds(f"balance {balance} < the tab's caps, {total} (base units)")
+    return tuple(payees), total
 
 
 def apply_claim(st: Overlay, ctx: Any, tx: Claim, raw: bytes) -> None:

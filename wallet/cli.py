@@ -393,7 +393,23 @@ def _payer(data_dir: str, wallet_name: str | None, passphrase_file: str | None,
                                    common.passphrase(passphrase_file)))
     view = _account_view(dd, key.public, light)  # the peer's view when no chain is here
     return Payer(key, view["chain_id"], view["next_nonce"], view["height"], max_price,
-                 blocks=tab_blocks, balance=view["balance"])
+                 blocks=tab_blocks, balance=view["balance"],
+                 height_now=lambda: _height_now(dd, key.public, light))
+
+
+def _height_now(dd: DataDir, account_id: bytes, light: str | None) -> int:
+    """The chain's height now, as `_account_view` sees it (run in a worker thread: each tab
+    is dated as it opens, not when the command started)."""
+    if light is None:
+        return account_info(dd, account_id)["height"]
+    import trio
+
+    from wallet.light import light_peer
+
+    async def ask() -> int:
+        async with light_peer(light) as peer:
+            return (await peer.account(account_id))["height"]
+    return trio.run(ask)  # a loop of its own: this runs in a worker thread
 
 
 def _infer_remote(request, peers, trusted, registered, wire, push, model_file, show,

@@ -114,11 +114,15 @@ class HopFailed(RemoteError):
     Attributes:
         session: the failed hop's session (a `wallet.client.session.HopSession`),
             when known; typed loosely so that this module stays a leaf.
+        tab_ended: the server ended the session because its tab is near expiry
+            (`node.wire.TAB_ENDS`): no fault of the server's; a new tab goes on.
     """
 
-    def __init__(self, message: str, session: object | None = None):
+    def __init__(self, message: str, session: object | None = None, *,
+                 tab_ended: bool = False):
         super().__init__(message)
         self.session = session
+        self.tab_ended = tab_ended
 
 
 class ServerBusy(RemoteError):

@@ -11,7 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from ledger import schema
+from ledger.accounts import check_nonce
 from ledger.state import TAB
+from ledger.tab import OpenTab
+from ledger.tabrules import check_open_tab
+from ledger.types import tx_hash
 from node.chain.sync import ChainService
 from node.chain.txgossip import TxGossip
 
@@ -25,6 +29,26 @@ class ChainTabs:
     @property
     def chain_id(self) -> str:
         return self.service.chain.chain_id
+
+    async def vet(self, tab: OpenTab) -> int:
+        """Whether ``tab`` would land (now, or after its predecessors): the height.
+
+        Raises:
+            ValidationError: funds, lanes, expiry, or a nonce used (`BadNonce`,
+                ``ahead`` when its predecessors may still come).
+        """
+        return await self.service.call(self._vet, tab)
+
+    def _vet(self, tab: OpenTab) -> int:
+        chain = self.service.chain
+        tab_id = tx_hash(tab)
+        if (chain.state.get(TAB + tab_id) is not None
+                or chain.store.get(schema.mempool_key(tab_id)) is not None):
+            return chain.height  # admitted already (another lane's server gossiped it)
+        st, ctx = chain.pending_state()
+        check_open_tab(st, ctx, tab)  # before the nonce: an unfunded tab ahead fails at once
+        check_nonce(st, tab.client, tab.nonce)
+        return chain.height
 
     async def admit(self, tx: Any) -> bytes:
         """Admit ``tx`` to the mempool and gossip it; its id. Raises ValidationError."""

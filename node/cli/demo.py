@@ -139,6 +139,7 @@ def paid_question(nodes: list[str], addr: str) -> str | None:
          "pwallet", "infer", "What is the capital of France?", "--peers", addr,
          "--data-dir", node0, "--wallet", "bob", "--max-price", "10", "--greedy",
          "--max-tokens", "24")
+    mid = balance_units(node0, ["--wallet", "bob"], wallets)
     doc = step("... again with --json: the route, the cost per hop, the tab and the claims",
                "pwallet", "infer", "What is the capital of France?", "--peers", addr,
                "--data-dir", node0, "--wallet", "bob", "--max-price", "10", "--greedy",
@@ -148,7 +149,17 @@ def paid_question(nodes: list[str], addr: str) -> str | None:
         console.print(f"  {hop['peer_id'][:20]}..  {hop['layers']} layers x {hop['positions']} "
                       f"positions x bid {hop['bid']} = {hop['amount_units']} base units  claim "
                       f"{(hop['claim'] or 'pending')[:16]}")
-    time.sleep(3)  # the claims land in the next blocks
+    # The story holds only if every server was paid what it ran: its claim landed (an
+    # unclaimed tab would give Bob his coins back and the demo would say so and fail).
+    owed = sum(hop["amount_units"] for hop in doc["cost"])
+    if len(doc["cost"]) != 3 or owed == 0:
+        console.print(f"[red]the paid answer paid {len(doc['cost'])} servers {owed} base units")
+        sys.exit(1)
+    wait_until("every server paid for the second answer, and Bob charged", lambda: all(
+        now >= was + hop for now, was, hop in zip(
+            balance_units(node0, ["--wallet", "bob"], wallets)[1:], mid[1:],
+            [h["amount_units"] for h in doc["cost"]])) and
+        balance_units(node0, ["--wallet", "bob"], wallets)[0] <= mid[0] - owed, limit=60)
     after = balances(node0, ["--wallet", "bob"], wallets)
     heading("Balances before and after the two paid answers (coins)")
     for name, b, a in zip(("bob", "node 0 (0-9)", "node 1 (10-19)", "node 2 (20-29)"),
@@ -176,12 +187,17 @@ def prove(root: Path, data: str, txid: str, name: str, title: str) -> None:
     step("", "pnode", "verify", "proof", str(root / f"{name}.proof"), "--data-dir", data)
 
 
-def balances(data: str, bob: list[str], wallets: list[str]) -> list[str]:
+def balance_units(data: str, bob: list[str], wallets: list[str]) -> list[int]:
+    """Bob's balance, then each wallet's, in base units."""
     docs = [step("", "pwallet", "balance", "--data-dir", data, *bob, "--json",
                  capture_json=True, quiet=True)]
     docs += [step("", "pwallet", "balance", w, "--data-dir", data, "--json", capture_json=True,
                   quiet=True) for w in wallets]
-    return [f"{d['balance_units'] / 1e6:.6f}" for d in docs]
+    return [d["balance_units"] for d in docs]
+
+
+def balances(data: str, bob: list[str], wallets: list[str]) -> list[str]:
+    return [f"{units / 1e6:.6f}" for units in balance_units(data, bob, wallets)]
 
 
 def stop_swarm(procs: list[subprocess.Popen]) -> None:

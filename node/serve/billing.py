@@ -6,13 +6,21 @@ with before it asks the chain, and `Bill`, one lane of one tab as its
 server counts it: positions delivered x layers x bid (`node.wire.charge`,
 the rule the client counts by too), against the client's latest `Voucher`.
 
-Pay after delivery, with a credit of one step: the voucher a step carries
-must cover every position delivered before it, and running the step must
-not pass the lane's cap. A voucher's amounts only grow. Its signature is
-checked apart (`Bill.verify_pending`), after the step's outputs left, so an
-Ed25519 check never sits on the decode's critical path; a bad one ends the
-session at its next step (attack note: a client that forges signatures gets
-at most two steps for free, then nothing).
+Pay after delivery, with a bounded credit: the voucher a step carries must
+cover every position delivered before it, running the step must not pass
+the lane's cap, and what the lane's steps (delivered and running, every
+session of the tab together) bring beyond what checked vouchers pay must
+stay within `node.wire.credit` (`CREDIT_POSITIONS` x layers x bid). A
+longer step comes with a voucher that pays its rest ahead. A voucher's
+amounts only grow. Its signature is checked apart (`Bill.verify_pending`),
+after the step's outputs left, so an Ed25519 check never sits on a decode
+step's critical path; a bad one ends the session at its next step. A
+voucher that must pay beyond the credit is checked before its step runs.
+
+Attack note: whatever a client does (stops paying, forges signatures, opens
+many sessions on one tab, sends a 2048-position step first), the positions
+a lane serves unpaid are at most the credit: a step is counted as running
+before its forward call, so two sessions cannot both spend one credit.
 
 Pure: no clock, no I/O; the chain's own checks (funds, nonce, registration,
 expiry) are `node.serve.cashier`'s, through the node's mempool.
@@ -27,7 +35,7 @@ from ledger.errors import DecodeError
 from ledger.tab import OpenTab, Voucher, voucher_ok
 from ledger.types import signature_ok, tx_hash
 from node.errors import NodeError
-from node.wire import TAB_REFUSED, charge
+from node.wire import TAB_REFUSED, charge, credit
 
 __all__ = ["Bill", "PaymentError", "TabRefused", "check_tab"]
 
@@ -96,6 +104,7 @@ class Bill:
     pending: the latest voucher taken, its signature not checked yet.
     forged: a voucher's signature was not the client's (the lane is done).
     sessions: the lane's sessions still open.
+    running: base units of the steps taken and not delivered yet (every session's).
     """
 
     tab: OpenTab
@@ -103,6 +112,7 @@ class Bill:
     lane: int
     bid: int
     owed: int = 0
+    running: int = 0
     voucher: Voucher | None = None
     pending: Voucher | None = None
     forged: bool = False
@@ -121,30 +131,49 @@ class Bill:
         """What the latest checked voucher pays this lane (at most its cap)."""
         return 0 if self.voucher is None else min(self.voucher.amounts[self.lane], self.cap)
 
-    def take(self, raw: bytes, positions: int, layers: int) -> None:
-        """Check the voucher a step of ``positions`` through ``layers`` carries.
+    def take(self, raw: bytes, positions: int, layers: int) -> int:
+        """Check the voucher a step of ``positions`` through ``layers`` carries; count the
+        step as running.
+
+        Returns:
+            The step's charge: `deliver` or `drop` it once the step is over.
 
         Raises:
             PaymentError: "payment behind" (the voucher pays less than the
                 positions delivered), "tab exhausted" (the step would pass the
-                cap), a malformed or shrinking voucher, or a forged one earlier.
+                cap), "beyond the credit" (the step would leave more than the
+                lane's credit unpaid), a malformed, shrinking or (when it must
+                pay ahead) forged voucher, or a forged one earlier.
         """
         if self.forged:
             raise PaymentError("an earlier voucher is not signed by the tab's client")
         step = charge(positions, layers, self.bid)
-        if self.owed + step > self.cap:
-            raise PaymentError(f"tab exhausted: {self.owed} owed, a step of {step} more passes "
-                               f"this lane's cap of {self.cap}")
-        if not raw:
-            if self.owed:
-                raise PaymentError(f"payment behind: no voucher, {self.owed} owed")
-            return  # the first step runs on credit
-        voucher = self._voucher(raw)
-        amount = voucher.amounts[self.lane]
+        if self.owed + self.running + step > self.cap:
+            raise PaymentError(f"tab exhausted: {self.owed + self.running} owed or running, a "
+                               f"step of {step} more passes this lane's cap of {self.cap}")
+        need = self.owed + self.running + step - credit(layers, self.bid)
+        voucher = self._voucher(raw) if raw else None
+        amount = 0 if voucher is None else voucher.amounts[self.lane]
         if amount < self.owed:
             raise PaymentError(f"payment behind: the voucher pays {amount}, {self.owed} are owed "
                                "for the positions delivered")
-        self.pending = voucher
+        if need > self.paid:  # beyond the credit: the voucher pays ahead, checked now
+            if min(amount, self.cap) < need:
+                raise PaymentError(f"beyond the credit: a step of {step} would leave "
+                                   f"{self.owed + self.running + step - self.paid} unpaid, the "
+                                   f"lane's credit is {credit(layers, self.bid)}: its voucher "
+                                   f"must pay {need}, it pays {amount}")
+            self.pending = voucher
+            if not self.verify_pending():
+                raise PaymentError("the voucher is not signed by the tab's client")
+        elif voucher is not None:
+            self.pending = voucher  # its signature is checked after the step (`verify_pending`)
+        self.running += step
+        return step
+
+    def drop(self, step: int) -> None:
+        """A step taken did not run or its outputs never left: it is not owed."""
+        self.running = max(0, self.running - step)
 
     def settle(self, raw: bytes) -> None:
         """Take the final voucher of a `Settle` (its signature checked now: nothing runs after).
@@ -168,9 +197,11 @@ class Bill:
             self.forged = True
         return not self.forged
 
-    def deliver(self, positions: int, layers: int) -> None:
-        """Count a step's positions as delivered (its outputs left for the next hop or client)."""
-        self.owed += charge(positions, layers, self.bid)
+    def deliver(self, step: int) -> None:
+        """Count a step taken (its charge, from `take`) as delivered: its outputs left for
+        the next hop or the client."""
+        self.running = max(0, self.running - step)
+        self.owed += step
 
     def _voucher(self, raw: bytes) -> Voucher:
         try:

@@ -1,30 +1,41 @@
 """A serving node's payments: tabs it admits, vouchers it keeps, claims it makes.
 
 Owns `Cashier` (specs/network.md section 9.6), which the inference server
-asks at three moments:
+asks at these moments:
 
-- a session opens with a tab (`open`): the pure checks (`node.serve.billing.
-  check_tab`), then the node's mempool admits the tab (the chain's checks:
-  funds, nonce, registered lanes, expiry) and gossips it, before the server
-  accepts. A tab whose nonce is ahead of the mempool waits ``gap_wait_s``
-  for its predecessors to arrive by gossip (a client's failover tab follows
-  its first tab by one nonce);
-- each step (`check`): the tab must still be on its way into a block (in
-  the mempool) or in one; a tab that is not in a block ``include_within``
-  blocks after it was admitted, or that the chain dropped (a double spend
-  lost to another tab of the same nonce), ends the lane's sessions;
+- a paid request arrives (`vet`), before it gets a slot or a seat in the
+  waiting room: the pure checks (`node.serve.billing.check_tab`, in
+  `precheck`), then the chain's (funds, registered lanes, expiry, a nonce not
+  used yet: `TabLedger.vet`, the mempool applied) and this server's serving
+  window. A tab whose nonce is ahead waits ``gap_wait_s`` for its
+  predecessors here, holding nothing (a client's failover tab follows its
+  first by one nonce); an unfunded one is refused at once;
+- the session opens (`open`): the node's mempool admits the tab and gossips
+  it, before the server accepts;
+- each step (`take`, then `delivered` or `drop`): the tab must still be in a
+  block or on its way into one, the height below its last served height
+  (`node.wire.serve_until`: `CLAIM_MARGIN` blocks before expiry, room for the
+  claim to land), and the voucher must pay what the credit does not
+  (`Bill.take`);
 - a lane's last session ends (`release`): the server submits
   ``Claim(latest voucher, close)`` at once and again until the lane is
   closed on chain or the tab expires (`run`).
+
+The loop (`run`) ends a lane's sessions (``on_end``) as soon as its tab
+cannot pay: dropped by the chain (a double spend that lost), not in a block
+``include_within`` blocks after admission, or at its last served height,
+where the claim follows at once. A lane that expires unclaimed, or with
+positions served beyond its last voucher, is logged with what was lost.
 
 The latest voucher of each lane is kept in ``folder`` (one file per tab,
 written atomically at most every ``poll_s`` and when the lane ends), so a
 restarted server still claims what it was owed.
 
 The chain is reached through ``ledger``, a `TabLedger`: ``chain_id``,
-``await admit(tx) -> txid`` (the node's `TxGossip.submit`) and ``await
-lookup(tab_id, txids) -> (height, TabRecord | None, queued txids)``; the
-node's is `node.chain.tabs.ChainTabs` (node.serve does not import node.chain).
+``await vet(tab) -> height``, ``await admit(tx) -> txid`` (the node's
+`TxGossip.submit`) and ``await lookup(tab_id, txids) -> (height, TabRecord |
+None, queued txids)``; the node's is `node.chain.tabs.ChainTabs` (node.serve
+does not import node.chain).
 """
 
 from __future__ import annotations
@@ -44,12 +55,12 @@ from ledger.errors import BadNonce, DecodeError, ValidationError
 from ledger.tab import Claim, OpenTab, TabRecord, Voucher
 from ledger.types import ZERO_SIG, sign, tx_hash
 from node.serve.billing import Bill, PaymentError, TabRefused, check_tab
-from node.wire import OpenSession
+from node.wire import CLAIM_MARGIN, TAB_ENDS, TAB_LANDING, OpenSession, serve_until
 
 log = logging.getLogger(__name__)
 
 #: Blocks a tab may take to reach a block after a server admitted it (D, specs 9.6).
-INCLUDE_WITHIN = 8
+INCLUDE_WITHIN = TAB_LANDING
 
 
 @runtime_checkable
@@ -59,6 +70,19 @@ class TabLedger(Protocol):
     @property
     def chain_id(self) -> str:
         """The chain the node follows (a tab must be for it)."""
+        ...
+
+    async def vet(self, tab: OpenTab) -> int:
+        """Whether the chain would take ``tab`` now or once its predecessors land: the height.
+
+        Checks funds, lanes and expiry against the state with the mempool
+        applied, and that its nonce is not used; admits nothing. A tab in
+        the mempool or in a block already passes.
+
+        Raises:
+            ValidationError: it cannot land (a `BadNonce` that is ``ahead``
+                may pass later).
+        """
         ...
 
     async def admit(self, tx: OpenTab | Claim) -> bytes:
@@ -107,6 +131,8 @@ class CashierStats:
     refused: int = 0
     claims: int = 0
     settled: int = 0
+    expired_unclaimed: int = 0  # lanes whose tab expired before their claim landed
+    lost: int = 0  # base units those lanes had served
     claim_ids: list[str] = field(default_factory=list)
 
 
@@ -133,6 +159,8 @@ class Cashier:
         self.lanes: dict[bytes, _Lane] = {}
         self.stats = CashierStats()
         self.height = 0
+        #: Ends the open sessions of a tab, with the reason (the inference server sets it).
+        self.on_end: Callable[[bytes, str], None] = lambda tab_id, why: None
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -150,6 +178,41 @@ class Cashier:
         return check_tab(request.tab, chain_id=self.ledger.chain_id,
                          node_key=self.node_key.public, bid=request.bid, ask=self.ask,
                          layers=layers)
+
+    async def vet(self, tab: OpenTab) -> None:
+        """Before a paid request gets a slot or a seat: would the chain take ``tab``?
+
+        A known lane's tab passes (its `open` decides). A tab whose nonce is
+        ahead (`BadNonce.ahead`) is asked again for ``gap_wait_s``: a
+        client's failover tab may arrive before its first. Nothing is held
+        meanwhile.
+
+        Raises:
+            TabRefused: the chain refuses it (funds, lanes, expiry, a used
+                nonce), or it is too near its expiry for this server to serve
+                and claim (a `PaymentError`).
+        """
+        if _tab_id(tab) in self.lanes:
+            return
+        give_up = trio.current_time() + self.gap_wait_s
+        while True:
+            try:
+                height = await self.ledger.vet(tab)
+                break
+            except BadNonce as exc:
+                if exc.ahead and trio.current_time() < give_up:
+                    await trio.sleep(0.1)  # its predecessors may still be on their way
+                    continue
+                self.stats.refused += 1
+                raise TabRefused(str(exc)) from None
+            except ValidationError as exc:
+                self.stats.refused += 1
+                raise TabRefused(f"{type(exc).__name__}: {exc}") from None
+        if height + 1 >= serve_until(tab.expiry_height):
+            self.stats.refused += 1
+            raise TabRefused(f"it expires at height {tab.expiry_height}, and this server serves "
+                             f"a tab only until {CLAIM_MARGIN} blocks before (room for its "
+                             f"claim); the chain is at {height}")
 
     async def open(self, tab: OpenTab, lane: int, bid: int) -> Bill:
         """The bill of a session on ``tab``'s ``lane``, once the node's mempool admitted the tab.
@@ -171,9 +234,13 @@ class Cashier:
         known.bill.sessions += 1
         return known.bill
 
-    def take(self, bill: Bill, voucher: bytes, positions: int, layers: int) -> None:
-        """Check a step's voucher (`Bill.take`), and that its tab is still in a block or on
-        its way into one, before the step runs.
+    def take(self, bill: Bill, voucher: bytes, positions: int, layers: int) -> int:
+        """Check a step's voucher (`Bill.take`), that its tab is still in a block or on its
+        way into one, and that the chain is below the tab's last served height, before the
+        step runs.
+
+        Returns:
+            The step's charge (for `delivered` or `drop`).
 
         Raises:
             PaymentError: the tab will not pay (see the module docstring), or
@@ -182,20 +249,26 @@ class Cashier:
         lane = self.lanes.get(bill.tab_id)
         if lane is not None and lane.dead:
             raise PaymentError(lane.dead)
-        bill.take(voucher, positions, layers)
+        if self.height >= serve_until(bill.tab.expiry_height):
+            raise PaymentError(_ends(bill, self.height))
+        return bill.take(voucher, positions, layers)
 
-    def delivered(self, bill: Bill, positions: int, layers: int) -> None:
-        """A step's outputs left: count them owed, then check the voucher's signature.
+    def delivered(self, bill: Bill, step: int) -> None:
+        """A step's outputs left: count it owed, then check the voucher's signature.
 
         After the write, so the check is off the decode's critical path; a
         forged voucher ends the session at its next step (`Bill.take`). A
         good one is kept (written at the next poll).
         """
-        bill.deliver(positions, layers)
+        bill.deliver(step)
         if bill.pending is not None and bill.verify_pending():
             lane = self.lanes.get(bill.tab_id)
             if lane is not None:
                 lane.dirty = True
+
+    def drop(self, bill: Bill, step: int) -> None:
+        """A step taken never delivered (it failed, or its session ended): not owed."""
+        bill.drop(step)
 
     async def release(self, bill: Bill) -> bytes | None:
         """A session of the bill's lane ended; the last one's claim is submitted now.
@@ -209,7 +282,12 @@ class Cashier:
         if lane is None or bill.sessions > 0 or lane.closing:
             return None
         lane.closing, lane.dirty = True, True
+        bill.verify_pending()  # the last step's voucher, if its check had not run yet
         if bill.voucher is None:  # nothing was paid: the lane's cap goes back at expiry
+            if bill.owed:
+                self.stats.lost += bill.owed
+                log.warning("tab %s: %d base units served on credit, no voucher came",
+                            bill.tab_id.hex()[:16], bill.owed)
             lane.done = True
             self._forget(bill.tab_id)
             return None
@@ -245,6 +323,7 @@ class Cashier:
                 "owed": sum(x.bill.owed for x in lanes),
                 "vouched": sum(x.bill.paid for x in lanes),
                 "claims": self.stats.claims, "settled": self.stats.settled,
+                "expired_unclaimed": self.stats.expired_unclaimed, "lost": self.stats.lost,
                 "claim_ids": self.stats.claim_ids[-8:]}
 
     async def _watch(self, lane: _Lane) -> None:
@@ -255,6 +334,7 @@ class Cashier:
         lane.since = lane.since or height  # a lane kept from an earlier run
         if height > bill.tab.expiry_height:
             lane.done = True  # expired: what was not claimed went back to the client
+            self._expired(lane)
             return
         if record is not None:
             lane.included = True
@@ -264,6 +344,10 @@ class Cashier:
             elif height - lane.since > self.include_within:
                 lane.dead = (f"the session's tab is not in a block {self.include_within} blocks "
                              "after it was admitted")
+        if not lane.dead and height >= serve_until(bill.tab.expiry_height):
+            lane.dead = _ends(bill, height)
+        if lane.dead and bill.sessions > 0:
+            self.on_end(bill.tab_id, lane.dead)  # at once: their release claims the lane
         if lane.dead and not lane.included:
             lane.done = bill.sessions == 0
             return
@@ -276,6 +360,20 @@ class Cashier:
                         "vouched for this lane")
         elif record is not None and lane.claim_id not in queued:
             await self._claim(lane)
+
+    def _expired(self, lane: _Lane) -> None:
+        """A lane's tab expired before its lane closed on chain: say what was lost."""
+        bill = lane.bill
+        if not bill.paid and not bill.owed:
+            return  # nothing served: nothing lost
+        self.stats.expired_unclaimed += 1
+        self.stats.lost += bill.owed
+        claim = f"claim {lane.claim_id.hex()[:16]}.." if lane.claim_id else "no claim made"
+        line = (f"tab {bill.tab_id.hex()[:16]}.. expired at height {bill.tab.expiry_height} "
+                f"before its lane closed on chain: {bill.owed} base units served, "
+                f"{bill.paid} vouched, {claim} (what did not land went back to the client)")
+        log.warning(line)
+        self.report(line)
 
     async def _claim(self, lane: _Lane) -> bytes | None:
         bill = lane.bill
@@ -366,3 +464,10 @@ class Cashier:
 
 def _tab_id(tab: OpenTab) -> bytes:
     return tx_hash(tab)
+
+
+def _ends(bill: Bill, height: int) -> str:
+    """Why a tab at its last served height serves no more steps (a `TAB_ENDS` reason)."""
+    return (f"{TAB_ENDS}: tab {bill.tab_id.hex()[:16]}.. expires at height "
+            f"{bill.tab.expiry_height} and is served until {serve_until(bill.tab.expiry_height)} "
+            f"(room for its claim); the chain is at {height}: go on with a new tab")

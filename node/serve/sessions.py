@@ -98,6 +98,8 @@ class _Session:
     address: str | None = None  # the client's `address_key` bucket
     meter: Meter = field(default_factory=Meter)  # compute used; its fair-queue tag
     bill: Bill | None = None  # a paid session's lane (`node.serve.billing`)
+    ending: str = ""  # why the server ended it (its tab cannot pay any more)
+    pending_charge: int = 0  # the running step's charge, owed once its outputs leave
     tokens: int = 0
     steps: int = 0
     last_forward: float = 0.0  # trio time of its last forward (or of its opening)
@@ -134,8 +136,7 @@ class InferenceServer(PushRouting):
         #: first): a paid session's bid, a free one's 0.
         self.priority: Callable[[ID, OpenSession], int] = lambda peer, request: (
             request.bid if request.tab else 0)
-        #: Payments; None: free sessions only, no tabs.
-        self.cashier: Cashier | None = None
+        self._cashier: Cashier | None = None
         self.scheduler = FairScheduler()
         self.room = WaitingRoom(config.max_waiting or config.max_sessions)
         self._ids = itertools.count(1)
@@ -200,6 +201,8 @@ class InferenceServer(PushRouting):
         request = decode(first, OpenSession)  # garbage: the host resets and scores
         try:
             paid = self._precheck(request)
+            if paid:  # the chain's checks before a slot or a seat: an unfunded tab holds none
+                await self._vet(paid[0])
             account = paid[0].client.hex() if paid else str(peer)
             address = address_key(remote_ip(stream))
             try:
@@ -231,6 +234,9 @@ class InferenceServer(PushRouting):
                                                       self.cashier.height if paid else 0))
             with session.scope:
                 await self._run_session(stream, reader, session)
+            if session.ending:  # its tab cannot pay any more (`Cashier.on_end`): say why
+                with trio.move_on_after(self.config.push_timeout):
+                    await self._reply(stream, SessionError(session.ending[:256]))
         finally:
             del self.sessions[session.id]
             del self._by_token[session.token]
@@ -243,6 +249,32 @@ class InferenceServer(PushRouting):
             for scope in session.pushes:
                 scope.cancel()
             await self._unlink(session)
+
+    @property
+    def cashier(self) -> Cashier | None:
+        """Payments; None: free sessions only, no tabs."""
+        return self._cashier
+
+    @cashier.setter
+    def cashier(self, cashier: Cashier | None) -> None:
+        self._cashier = cashier
+        if cashier is not None:
+            cashier.on_end = self._end_tab
+
+    def _end_tab(self, tab_id: bytes, why: str) -> None:
+        """End the sessions paid by tab ``tab_id`` that are between steps (a session in a
+        step ends at its next one, which `Cashier.take` refuses)."""
+        for s in list(self.sessions.values()):
+            if s.bill is not None and s.bill.tab_id == tab_id and not s.lock.locked():
+                s.ending = why
+                s.scope.cancel()
+
+    async def _vet(self, tab) -> None:
+        """`Cashier.vet`, its refusal a `SessionRefused`."""
+        try:
+            await self.cashier.vet(tab)
+        except PaymentError as exc:
+            raise SessionRefused(str(exc)) from None
 
     def _precheck(self, req: OpenSession):
         """The tab and lane paying for ``req`` (None: free), checked without the chain.
@@ -358,39 +390,57 @@ class InferenceServer(PushRouting):
         """
         async with s.lock:
             s.last_forward = trio.current_time()  # a long forward is not idleness either
+            charge = 0
             try:
                 hidden = await self._check_step(step, s)
-                if s.bill is not None:  # pay after delivery: the voucher covers the steps before
-                    self.cashier.take(s.bill, step.voucher, hidden.shape[1], s.end - s.start)
-                out = await self._forward(s, step, hidden)
+                if s.bill is not None:  # pay after delivery, within the lane's credit
+                    charge = self.cashier.take(s.bill, step.voucher, hidden.shape[1],
+                                               s.end - s.start)
+                try:
+                    return await self._run_step(s, step, hidden, charge)
+                finally:
+                    if s.pending_charge and s.bill is not None:  # its outputs never left
+                        self.cashier.drop(s.bill, s.pending_charge)
+                        s.pending_charge = 0
             except (SessionRefused, PaymentError) as exc:
                 self.refused_steps += 1
                 await self._reply(s.client, SessionError(str(exc)[:256]))
                 s.scope.cancel()
                 return False
-            s.steps += 1
-            self._charge(s, steps=1)
-            s.last_forward = trio.current_time()
-            s.tokens = step.pos + hidden.shape[1]
-            self.served_tokens += hidden.shape[1]
-            if s.link is not None:
-                try:
-                    await write_frame(s.link, encode(Step(step.pos, step.chunks, out,
-                                                          step.voucher)),
-                                      timeout=self.config.push_timeout)
-                    self._delivered(s, hidden.shape[1])
-                    return True
-                except Exception as exc:  # the next hop died or stalled: the client sees to it
-                    log.info("push to the next hop failed: %s: %s", type(exc).__name__, exc)
-                    await self._unlink(s)
-            await self._reply(s.client, self._answer(s, step, out))
-            self._delivered(s, hidden.shape[1])
-            return True
 
-    def _delivered(self, s: _Session, positions: int) -> None:
+    async def _run_step(self, s: _Session, step: Step, hidden: torch.Tensor, charge: int
+                        ) -> bool:
+        """Run a checked step and deliver its outputs (to the linked hop, else the client).
+
+        ``charge`` (what `Cashier.take` counted running) is owed once the
+        outputs left; the caller drops it if they never did.
+        """
+        s.pending_charge = charge
+        out = await self._forward(s, step, hidden)
+        s.steps += 1
+        self._charge(s, steps=1)
+        s.last_forward = trio.current_time()
+        s.tokens = step.pos + hidden.shape[1]
+        self.served_tokens += hidden.shape[1]
+        if s.link is not None:
+            try:
+                await write_frame(s.link, encode(Step(step.pos, step.chunks, out,
+                                                      step.voucher)),
+                                  timeout=self.config.push_timeout)
+                self._delivered(s)
+                return True
+            except Exception as exc:  # the next hop died or stalled: the client sees to it
+                log.info("push to the next hop failed: %s: %s", type(exc).__name__, exc)
+                await self._unlink(s)
+        await self._reply(s.client, self._answer(s, step, out))
+        self._delivered(s)
+        return True
+
+    def _delivered(self, s: _Session) -> None:
         """The step's outputs left: a paid session's bill counts them (`Cashier.delivered`)."""
-        if s.bill is not None:
-            self.cashier.delivered(s.bill, positions, s.end - s.start)
+        charge, s.pending_charge = s.pending_charge, 0
+        if s.bill is not None and charge:
+            self.cashier.delivered(s.bill, charge)
 
     def _answer(self, s: _Session, step: Step, out: bytes) -> StepResult:
         """The signed `StepResult` of ``step``: the server's key over its `StepClaim`.

@@ -43,8 +43,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "Linked", "ModelId", "OpenSession", "PushOpen", "SessionAccepted", "SessionError", "Step",
         "StepResult", "SwarmRequest", "SwarmResponse", "Text", "sign_announce", "Settle",
         "Settled",
-        "S_STEP", "SignedAnswer", "SpotEvidence", "StepClaim", "TAB_REFUSED", "session_id",
-        "step_claim",
+        "S_STEP", "SignedAnswer", "SpotEvidence", "StepClaim", "TAB_ENDS", "TAB_REFUSED",
+        "session_id", "step_claim",
     ),
     "node.wire.pol": (
         "CERT", "EVIDENCE", "MAX_POL_FRAME", "MAX_POL_REQUEST", "MAX_WINDOW_ITEMS",
@@ -52,7 +52,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "POL_KINDS", "POL_PROTOCOL", "STATE", "TENSOR", "NamedSet", "PolReply", "PolRequest",
         "PolWindow",
     ),
-    "node.wire.span": ("ServerInfo", "SpanError", "charge"),
+    "node.wire.span": ("CLAIM_MARGIN", "CREDIT_POSITIONS", "ServerInfo", "SpanError",
+                       "TAB_LANDING", "charge", "credit", "serve_until"),
     "node.wire.wallet": (
         "MAX_REGISTRY", "MAX_TX_BYTES", "MAX_WALLET_REQUEST", "WALLET_PROTOCOL", "AccountInfo",
         "AccountQuery", "RegisteredEntry", "RegistryInfo", "RegistryQuery", "SubmitTx",

@@ -228,8 +228,9 @@ class StepResult:
 class SessionError:
     """The server refused a request of the session and closes the stream.
 
-    reason: free text for a person, but for one prefix a client acts on:
-        `TAB_REFUSED` (the session's tab is one no chain will take).
+    reason: free text for a person, but for two prefixes a client acts on:
+        `TAB_REFUSED` (the session's tab is one no chain will take) and
+        `TAB_ENDS` (the tab is too near its expiry to serve: a new one goes on).
     """
 
     reason: Text
@@ -238,6 +239,9 @@ class SessionError:
 #: How a `SessionError` reason starts when the server's chain refuses the session's tab
 #: (funds, nonce, lanes, expiry): every server's chain would, so a client stops.
 TAB_REFUSED = "the chain refuses the tab"
+#: How a `SessionError` reason starts when the session's tab reached its last served height
+#: (`node.wire.serve_until`): its server claims it now; the client goes on with a new tab.
+TAB_ENDS = "the tab ends"
 
 
 @wire(72)

@@ -108,3 +108,30 @@ def charge(positions: int, layers: int, price: int) -> int:
         positions x layers x price.
     """
     return positions * layers * price
+
+
+#: Positions of credit a paid server gives one tab's lane, all its sessions together:
+#: what a step may run beyond what the client's checked vouchers pay. A longer step
+#: (a prompt, a replay) comes with a voucher that pays its rest before it runs.
+CREDIT_POSITIONS = 32
+#: Blocks before a tab's expiry at which its servers stop serving it and claim it: the
+#: room a claim has to land (a claim after expiry is refused, specs/ledger.md 5.2).
+CLAIM_MARGIN = 8
+#: Blocks a client dates a new tab beyond its ``--tab-blocks``: the room the tab has to
+#: land (a server ends a tab not in a block this many blocks after it admitted it).
+TAB_LANDING = 8
+
+
+def credit(layers: int, bid: int) -> int:
+    """The credit of one lane: `CREDIT_POSITIONS` x ``layers`` x ``bid`` base units.
+
+    Both ends count by it: the server refuses a step whose positions would
+    leave more than this unpaid by checked vouchers, and the client's
+    voucher pays ahead whatever a step brings beyond it (specs/network.md 9.6).
+    """
+    return charge(CREDIT_POSITIONS, layers, bid)
+
+
+def serve_until(expiry_height: int) -> int:
+    """The first height at which a tab expiring at ``expiry_height`` is no longer served."""
+    return expiry_height - CLAIM_MARGIN

@@ -44,8 +44,11 @@ class PaidSwarm:
         return registry_from_view(registry_view(self.db))
 
     def payer(self, user, max_price: int, blocks: int = 120) -> Payer:
+        """A payer of ``user`` that dates each tab by the entry server's chain, as
+        `pwallet infer` does by its node's."""
         return Payer(user, self.net.genesis.chain_id, self._nonce(user.public), self.db.height,
-                     max_price, blocks=blocks, balance=balance(self.db, user.public))
+                     max_price, blocks=blocks, balance=balance(self.db, user.public),
+                     height_now=lambda: self.db.height)
 
     def _nonce(self, account: bytes) -> int:
         from ledger.state import ACCOUNT
@@ -93,9 +96,11 @@ async def paid_swarm(stack: AsyncExitStack, tmp_path, reader, prices=(5, 6, 7), 
         announcer.make_announce = server.announce
         await nursery.start(announcer.run)
         await nursery.start(server.run)
-        await nursery.start(Producer(service, node, now_ms, interval_ms=interval_ms).run)
+        producer = Producer(service, node, now_ms, interval_ms=interval_ms)
+        await nursery.start(producer.run)
         swarm.servers.append(SimpleNamespace(host=host, db=db, service=service, txs=txs,
                                              cashier=cashier, server=server, node=node,
+                                             producer=producer,
                                              wallet=net.wallets[i], price=price, span=span,
                                              nursery=nursery, announcer=announcer))
     # The entry server knows every announcement (a client asks it for its view).

@@ -16,6 +16,7 @@ beside these modules and takes this interface:
 Inner modules: `route` (plans hops: `plan_route`, `replan`), `directory`
 (`SwarmDirectory`: the servers a client can use), `hop` (one hop's
 session), `session` (`RouteRun`: a route's sessions across a generation),
+`failover` (replacing a hop, or moving it to a new tab),
 `spotcheck` (`SpotChecker`: recomputing a hop to catch a lying server).
 Importing this package loads none of them (no torch, no libp2p).
 """

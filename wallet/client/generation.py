@@ -40,6 +40,9 @@ class ClientConfig:
     spot_check_rate: float = 0.02
     spot_check_seed: int | None = None
     evidence_dir: str | None = None
+    # A paying client asks the chain's height at most this often during a generation, to
+    # move a hop to a new tab before its tab's last served height (specs/network.md 9.6).
+    date_every_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:

@@ -54,9 +54,10 @@ class HopSession:
     def paid(self) -> bool:
         return self.tab is not None
 
-    def voucher(self) -> bytes:
-        """The voucher a step to this hop carries (b"": a free session)."""
-        return self.tab.voucher() if self.tab is not None else b""
+    def voucher(self, through=()) -> bytes:
+        """The voucher a step to this hop carries (b"": a free session); ``through``: the
+        (hop, positions) the step runs on (`wallet.payer.ClientTab.voucher`)."""
+        return self.tab.voucher(through) if self.tab is not None else b""
 
     async def close(self) -> None:
         """Close the stream; a paid session not settled yet is first sent the voucher it

@@ -26,10 +26,11 @@ from ledger.errors import EncodeError
 from node.net import FramingError, Host, write_frame
 from node.torch_thread import tensor_work
 from node.wire import (
-    MAX_INFERENCE_FRAME, MAX_POSITIONS, Link, Linked, SessionError, Settle, Settled, Step,
-    StepResult,
+    MAX_INFERENCE_FRAME, MAX_POSITIONS, TAB_ENDS, Link, Linked, SessionError, Settle, Settled,
+    Step, StepResult,
 )
 from wallet.client.directory import SwarmDirectory
+from wallet.client.failover import Failover
 from wallet.errors import HopFailed, NoRoute, RemoteError, RouteBusy, ServerBusy, SessionTooLong
 from wallet.client.generation import ClientConfig, Generation
 from wallet.client.hop import (
@@ -43,7 +44,7 @@ from wallet.client.route import Hop
 INBOX_SIZE = 16
 
 
-class RouteRun:
+class RouteRun(Failover):
     """The sessions of one generation and the inputs kept for replay.
 
     Every hop's frames arrive through one inbox (a reader task per session
@@ -86,6 +87,7 @@ class RouteRun:
         # ``widest`` is the longest call sent so far, which a replacement must run too.
         self.chunk = MAX_POSITIONS
         self.widest = 1
+        self._dated = trio.current_time()  # when the payer last asked the chain's height
         self._inbox_in, self._inbox = trio.open_memory_channel(INBOX_SIZE)
 
     async def open(self, start: int, end: int) -> None:
@@ -126,6 +128,7 @@ class RouteRun:
 
     async def forward(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         """Run hidden states ``x`` (1, T, C) at ``pos`` through every hop; fail over as needed."""
+        await self._renew_due()
         i = 0
         while i < len(self.sessions):
             try:
@@ -160,7 +163,7 @@ class RouteRun:
             pushed.sent[pos] = x.shape[1]
         chunks = tuple(p.shape[1] for p in pieces) if len(pieces) > 1 else ()
         began = trio.current_time()
-        timeout, sent = await self._send(session, x, pos, chunks)
+        timeout, sent = await self._send(session, x, pos, chunks, self.sessions[i + 1: last + 1])
         timeout += sum(chained_timeout(self.config, self.directory.throughput(s.hop.peer_id),
                                        x.shape[1]) for s in self.sessions[i + 1: last + 1])
         answered, out = await self._await(self.sessions[: last + 1],
@@ -207,73 +210,6 @@ class RouteRun:
                 except Exception:  # a dead hop: failover sees to it
                     pass
 
-    async def _fail_over(self, i: int, exc: Exception, pos: int = 0
-                         ) -> tuple[int, torch.Tensor]:
-        """Replace hop ``i`` and replay its inputs; returns (next hop index, its output).
-
-        The replacement may be several servers; each replays the inputs in
-        their original chunks, and its outputs are the next one's inputs
-        (and the next hop's, which are then complete). The output returned
-        is the replacement's at positions ``pos..``: the step under way's,
-        which may have gone in several chunks.
-        """
-        i = await self._rebuild_inputs(i)
-        failed = self.sessions[i]
-        span = (failed.hop.start, failed.hop.end)
-        kept = self.inputs[span[0]]
-        while True:
-            failed.served.failed = True
-            await failed.close()
-            self._count_failure(exc)
-            self.directory.exclude(failed.hop.peer_id)
-            await self.directory.refresh()
-            replacement = await self._open_span(*span)
-            history = kept
-            try:
-                for failed in replacement:
-                    self._keep(failed, history)
-                    history = await self._replay(failed, history)
-            except HopFailed as again:
-                exc = again  # ``failed`` is the replacement that failed: exclude it, retry
-                for session in replacement:
-                    await session.close()
-                continue
-            except BaseException:  # e.g. a history too large for one frame: free them
-                for session in replacement:
-                    await session.close()
-                raise
-            self.sessions[i: i + 1] = replacement
-            self.on_route([s.hop for s in self.sessions])
-            after = i + len(replacement)
-            if after < len(self.sessions):
-                self._keep(self.sessions[after], history)
-            return after, torch.cat(history, dim=1)[:, pos:]
-
-    async def _rebuild_inputs(self, i: int) -> int:
-        """Make hop ``i``'s kept inputs complete: replay the hops before it whose outputs are not.
-
-        Pushed steps never passed through the client, so it replays the
-        first kept hop's inputs onward (each server rolls its cache back to
-        position 0 and recomputes it bit for bit); a hop that fails on the
-        way is failed over in turn.
-
-        Returns:
-            Hop ``i``'s index now (a hop before it may have become several).
-        """
-        k = max(j for j in range(i + 1) if self.sessions[j].hop.start in self.kept)
-        while k < i:
-            session = self.sessions[k]
-            try:
-                history = await self._replay(session, self.inputs[session.hop.start])
-            except HopFailed as exc:
-                after, _ = await self._fail_over(k, exc)
-                i += after - k - 1  # the failed hop became (after - k) hops
-                k = after
-                continue
-            k += 1
-            self._keep(self.sessions[k], history)
-        return i
-
     def _record(self, session: HopSession, pieces: list[torch.Tensor], pos: int) -> None:
         """Keep a step's ``pieces`` (its chunks), sent to ``session`` at ``pos``, unless held.
 
@@ -300,12 +236,6 @@ class RouteRun:
         timeout, sent = await self._send(session, x, 0, lengths)
         _, out = await self._await([session], [session], x, 0, timeout, sent)
         return list(torch.split(out, list(lengths), dim=1))
-
-    def _count_failure(self, exc: Exception) -> None:
-        self.result.failovers += 1
-        if self.result.failovers > self.config.max_failovers:
-            raise RemoteError(f"gave up after {self.config.max_failovers} "
-                              f"failures: {exc}") from None
 
     async def _open_span(self, start: int, end: int) -> list[HopSession]:
         """Sessions covering [start, end): planned, opened, replanned around busy or dead servers.
@@ -342,8 +272,10 @@ class RouteRun:
                 busy.clear()
                 await directory.refresh()
                 continue
-            tab = None if self.payer is None else self.payer.open_tab(
-                hops, directory.server_map(), self.max_len)
+            tab = None
+            if self.payer is not None:
+                await self.payer.date()  # dated now: the tab's life starts as it opens
+                tab = self.payer.open_tab(hops, directory.server_map(), self.max_len)
             try:
                 opened = await open_all(hops, lambda hop: self._open(hop, tab))
                 caps = {s.peer_id: s.max_chunk_positions for s in directory.servers()}
@@ -379,6 +311,7 @@ class RouteRun:
         """A session on ``hop`` (paid from ``tab``, else from a tab of its own when the
         run pays), its reader started. Raises as `wallet.client.hop.open_hop`."""
         if self.payer is not None and tab is None:
+            await self.payer.date()
             tab = self.payer.open_tab([hop], self.directory.server_map(), self.max_len)
         session = await open_hop(self.host, self.directory, hop, self.config, self.max_len, tab)
         if self.payer is not None:
@@ -387,15 +320,20 @@ class RouteRun:
         return session
 
     async def _send(self, session: HopSession, x: torch.Tensor, pos: int,
-                    chunks: tuple[int, ...]) -> tuple[float, int]:
-        """Send a step to ``session``; returns (its answer's timeout, payload bytes)."""
+                    chunks: tuple[int, ...], pushed: list[HopSession] = ()
+                    ) -> tuple[float, int]:
+        """Send a step to ``session`` (and the ``pushed`` hops after it); returns (its
+        answer's timeout, payload bytes)."""
         cfg = self.config
         payload = await tensor_work(encode_tensor, x, cfg.codec, rows=x.shape[1])
         timeout = step_timeout(self.config, self.directory.throughput(session.hop.peer_id),
                                x.shape[1], max(len(chunks), 1))
+        if session.error is not None:  # its server ended it already (e.g. `TAB_ENDS`)
+            raise session.error
         session.sent[pos] = x.shape[1]
         try:
-            message = encode(Step(pos, chunks, payload, session.voucher()))
+            through = [(h.hop, x.shape[1]) for h in (session, *pushed) if h.tab is session.tab]
+            message = encode(Step(pos, chunks, payload, session.voucher(through)))
         except EncodeError as exc:
             raise RemoteError(f"a step of {x.shape[1]} positions is too large for one frame "
                               f"({exc}); use a shorter prompt or --wire fp16") from None
@@ -406,7 +344,11 @@ class RouteRun:
             raise HopFailed(f"{session.hop.peer_id} stalled: a step unsent in {timeout:.1f} s",
                             session) from None
         except FramingError as exc:
-            raise HopFailed(f"{session.hop.peer_id} failed: {exc}", session) from None
+            with trio.move_on_after(1.0):  # the server may have said why it closed
+                while session.error is None:
+                    await trio.sleep(0.01)
+            raise session.error or HopFailed(f"{session.hop.peer_id} failed: {exc}",
+                                             session) from None
         return timeout, len(payload)
 
     async def _await(self, watch: list[HopSession], answering: list[HopSession],
@@ -474,7 +416,8 @@ class RouteRun:
                         self._delivered(session, message.pos)
                     if isinstance(message, SessionError):  # the server ends the session
                         raise HopFailed(f"{session.hop.peer_id} refused a step: "
-                                        f"{message.reason}", session)
+                                        f"{message.reason}", session,
+                                        tab_ended=message.reason.startswith(TAB_ENDS))
                     await self._inbox_in.send((session, message))
             except Exception as exc:  # refused, framing, decoding, whatever the stream raised
                 session.error = exc if isinstance(exc, HopFailed) else HopFailed(

@@ -1,8 +1,9 @@
 """node.serve.billing: a server's checks of a session's tab and of each step's voucher.
 
-Real keys and signatures. The property: a client that vouches exactly for
-what was delivered is never refused until the cap, and what the server
-counts owed is always bid x layers x the positions it ran.
+Real keys and signatures. The properties: the client's vouchers
+(`wallet.payer.ClientTab`) are never refused until the cap; whatever a client
+sends, a lane serves at most its credit unpaid (specs/network.md 9.6); what
+the server counts owed is always bid x layers x the positions it ran.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ledger.crypto import SigningKey
 from ledger.tab import Lane, OpenTab, Voucher, sign_voucher
 from ledger.types import ZERO_SIG, sign, tx_hash
 from node.serve.billing import Bill, PaymentError, check_tab
-from node.wire import charge
+from node.wire import CREDIT_POSITIONS, charge, credit
 from wallet.client.route import Hop
 from wallet.payer import ClientTab
 
@@ -64,34 +65,63 @@ def bill(cap=10_000) -> tuple[OpenTab, Bill]:
     return t, Bill.of(t, 1, BID)
 
 
-def test_pay_after_delivery_with_one_step_of_credit():
+def run(b: Bill, raw: bytes, positions: int) -> None:
+    """A step taken and delivered."""
+    b.deliver(b.take(raw, positions, LAYERS))
+
+
+def test_pay_after_delivery_within_the_credit():
     t, b = bill()
-    b.take(b"", 6, LAYERS)  # the first step runs on credit
-    b.deliver(6, LAYERS)
-    assert b.owed == 300
-    with pytest.raises(PaymentError, match="payment behind: no voucher, 300 owed"):
+    run(b, b"", 6)  # the first step runs on credit
+    assert b.owed == 300 and b.running == 0
+    with pytest.raises(PaymentError, match="payment behind: the voucher pays 0, 300"):
         b.take(b"", 1, LAYERS)
     with pytest.raises(PaymentError, match="payment behind: the voucher pays 299, 300"):
         b.take(voucher(t, (0, 299)), 1, LAYERS)
     b.take(voucher(t, (0, 300)), 1, LAYERS)
-    assert b.verify_pending() and b.paid == 300
+    assert b.verify_pending() and b.paid == 300 and b.running == 50
+
+
+def test_a_long_first_step_pays_what_passes_the_credit_ahead():
+    t, b = bill(cap=10**9)
+    step, free = charge(2048, LAYERS, BID), credit(LAYERS, BID)
+    with pytest.raises(PaymentError, match=f"beyond the credit: a step of {step} would leave "
+                       f"{step} unpaid, the lane's credit is {free}"):
+        b.take(b"", 2048, LAYERS)
+    with pytest.raises(PaymentError, match=f"must pay {step - free}, it pays {step - free - 1}"):
+        b.take(voucher(t, (0, step - free - 1)), 2048, LAYERS)
+    assert b.running == 0
+    b.take(voucher(t, (0, step - free)), 2048, LAYERS)
+    assert b.paid == step - free and b.running == step  # checked before the step ran
+    forged = Bill.of(t, 1, BID)
+    with pytest.raises(PaymentError, match="not signed by the tab's client"):  # checked now
+        forged.take(voucher(t, (0, step), key=OTHER), 2048, LAYERS)
+    assert forged.running == 0 and forged.forged
+
+
+def test_sessions_on_one_tab_share_one_credit():
+    t, b = bill(cap=10**9)
+    per = CREDIT_POSITIONS // 2
+    first = b.take(b"", per, LAYERS)  # two sessions of the lane, each a step running
+    b.take(b"", per, LAYERS)
+    with pytest.raises(PaymentError, match="beyond the credit"):
+        b.take(b"", 1, LAYERS)  # a third, before either delivered: the credit is spent
+    b.drop(first)  # one failed before its outputs left: its credit comes back
+    b.take(b"", per, LAYERS)
 
 
 def test_the_cap_is_never_passed():
     t, b = bill(cap=charge(7, LAYERS, BID))
-    b.take(b"", 6, LAYERS)
-    b.deliver(6, LAYERS)
-    with pytest.raises(PaymentError, match="tab exhausted: 300 owed, a step of 100 more"):
+    run(b, b"", 6)
+    with pytest.raises(PaymentError, match="tab exhausted: 300 owed or running, a step of 100"):
         b.take(voucher(t, (0, 300)), 2, LAYERS)
     b.take(voucher(t, (0, 300)), 1, LAYERS)  # exactly to the cap
 
 
 def test_a_forged_voucher_ends_the_lane_at_the_next_step():
     t, b = bill()
-    b.take(b"", 2, LAYERS)
-    b.deliver(2, LAYERS)
-    b.take(voucher(t, (0, 10**6), key=SERVER), 1, LAYERS)  # taken: checked after the step
-    b.deliver(1, LAYERS)
+    run(b, b"", 2)
+    run(b, voucher(t, (0, 10**6), key=SERVER), 1)  # within the credit: checked after the step
     assert not b.verify_pending() and b.forged and b.voucher is None
     with pytest.raises(PaymentError, match="not signed by the tab's client"):
         b.take(voucher(t, (0, 150)), 1, LAYERS)
@@ -112,33 +142,41 @@ def test_bad_vouchers_are_refused(make, reason):
 
 def test_settle_checks_the_signature_at_once():
     t, b = bill()
-    b.deliver(3, LAYERS)
+    b.deliver(150)
     with pytest.raises(PaymentError, match="final voucher is not signed"):
         b.settle(voucher(t, (0, 150), key=OTHER))
     b2 = Bill.of(t, 1, BID)
-    b2.deliver(3, LAYERS)
+    b2.deliver(150)
     b2.settle(voucher(t, (0, 150)))
     assert b2.paid == 150
 
 
-@settings(max_examples=40, deadline=None)
-@given(steps=st.lists(st.integers(1, 40), min_size=1, max_size=12),
-       cap=st.integers(1_000, 30_000))
-def test_an_honest_client_is_refused_only_at_the_cap(steps, cap):
-    t, b = bill(cap)
-    vouched = ran = covered = 0
-    for n in steps:
-        raw = b"" if vouched == 0 else voucher(t, (0, vouched))
-        if b.owed + charge(n, LAYERS, BID) > cap:
-            with pytest.raises(PaymentError, match="tab exhausted"):
-                b.take(raw, n, LAYERS)
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.integers(1, 300), min_size=1, max_size=12),
+       cap=st.integers(1_000, 300_000), forged=st.integers(0, 12))
+def test_the_credit_bounds_what_a_lane_serves_unpaid(steps, cap, forged):
+    # The honest client's vouchers (`ClientTab.voucher`) are never refused but at the cap;
+    # whatever a client sends, the positions served unpaid by checked vouchers stay within
+    # the credit, and a forged voucher (from step ``forged`` on) buys nothing beyond it.
+    t = tab(cap)
+    hop = Hop("server", 3, 3 + LAYERS)
+    client = ClientTab(t, CLIENT, {"server": 1}, {"server": BID}, [0, 0])
+    b = Bill.of(t, 1, BID)
+    for k, n in enumerate(steps):
+        raw = client.voucher([(hop, n)])
+        if k >= forged:
+            raw = voucher(t, (0, 10**9), key=OTHER)
+        try:
+            step = b.take(raw, n, LAYERS)
+        except PaymentError as exc:
+            assert k >= forged or "tab exhausted" in str(exc), exc
             break
-        b.take(raw, n, LAYERS)
-        b.deliver(n, LAYERS)
-        assert b.verify_pending()
-        covered, vouched, ran = vouched, b.owed, ran + n
-    assert b.owed == charge(ran, LAYERS, BID) <= cap
-    assert b.paid == covered  # the last voucher taken: every step but the last one run
+        assert b.owed + b.running - b.paid <= credit(LAYERS, BID)
+        b.deliver(step)
+        client.deliver(hop, n)
+        b.verify_pending()
+        assert b.owed - b.paid <= credit(LAYERS, BID)
+        assert client.owed("server") == b.owed
 
 
 @settings(max_examples=40, deadline=None)
@@ -151,6 +189,6 @@ def test_the_client_counts_a_lane_as_its_server_does(steps, bid):
     server = Bill.of(t, 1, bid)
     for n in steps:
         client.deliver(hop, n)
-        server.deliver(n, LAYERS)
+        server.deliver(charge(n, LAYERS, bid))
         assert client.owed("server") == server.owed
     assert server.owed == charge(sum(steps), LAYERS, bid)

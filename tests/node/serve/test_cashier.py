@@ -20,7 +20,7 @@ from ledger.types import tx_hash
 from node.serve.billing import PaymentError, TabRefused
 from node.chain.tabs import ChainTabs
 from node.serve.cashier import Cashier, TabLedger
-from node.wire import TAB_REFUSED
+from node.wire import CLAIM_MARGIN, TAB_REFUSED
 from tests.node.serve.test_billing import BID, CHAIN, SERVER, tab
 
 
@@ -29,8 +29,14 @@ class FakeChain:
 
     chain_id = CHAIN
 
-    def __init__(self, errors: list[Exception]):
-        self.errors, self.admitted = list(errors), []
+    def __init__(self, errors: list[Exception], height: int = 7):
+        self.errors, self.admitted, self.vetted, self.height = list(errors), [], [], height
+
+    async def vet(self, tab: OpenTab) -> int:
+        if self.errors:
+            raise self.errors.pop(0)
+        self.vetted.append(tab)
+        return self.height
 
     async def admit(self, tx: OpenTab) -> bytes:
         if self.errors:
@@ -39,7 +45,7 @@ class FakeChain:
         return tx_hash(tx)
 
     async def lookup(self, tab_id: bytes, txids: list[bytes]):
-        return 7, None, frozenset()  # in no block yet
+        return self.height, None, frozenset()  # in no block yet
 
 
 def open_lane(cashier: Cashier, t: OpenTab):
@@ -83,3 +89,35 @@ def test_a_tab_still_ahead_when_the_wait_ends_is_refused():
     with pytest.raises(TabRefused, match="out of order"):
         open_lane(cashier, tab())
     assert 5 < 1000 - len(chain.errors) < 20  # tried every 0.1 s for the second it waits
+
+
+def vet(cashier: Cashier, t: OpenTab) -> None:
+    trio.run(cashier.vet, t, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_vetting_waits_for_predecessors_and_admits_nothing():
+    ahead = BadNonce("nonce 1 is out of order: account expects 0", ahead=True)
+    chain = FakeChain([ahead, ahead])
+    cashier = Cashier(chain, SERVER, BID, gap_wait_s=5.0)
+    vet(cashier, tab())
+    assert chain.vetted == [tab()] and not chain.admitted and not cashier.lanes
+
+
+def test_vetting_refuses_an_unfunded_tab_at_once():
+    chain = FakeChain([InsufficientFunds("balance 0 < 99")] + [BadNonce("x", ahead=True)] * 9)
+    cashier = Cashier(chain, SERVER, BID, gap_wait_s=5.0)
+    with pytest.raises(TabRefused, match="InsufficientFunds: balance 0 < 99"):
+        vet(cashier, tab())
+    assert len(chain.errors) == 9 and cashier.stats.refused == 1
+
+
+@pytest.mark.parametrize("height, refused", [(100 - CLAIM_MARGIN - 2, False),
+                                             (100 - CLAIM_MARGIN - 1, True), (100, True)])
+def test_a_tab_too_near_its_expiry_to_claim_is_refused(height, refused):
+    # tab() expires at height 100: served until 100 - CLAIM_MARGIN, its claim then lands.
+    cashier = Cashier(FakeChain([], height=height), SERVER, BID)
+    if refused:
+        with pytest.raises(TabRefused, match=f"serves a tab only until {CLAIM_MARGIN} blocks"):
+            vet(cashier, tab())
+    else:
+        vet(cashier, tab())
