@@ -25,6 +25,7 @@ assigned nodes strikes, for a bounded time.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -34,7 +35,8 @@ from ledger.state import JOB, PENDING, UNIT, Overlay
 from ledger.types import UNIT_KINDS, Job, Params, tx_hash, unit_id
 from ledger.records import JobRecord
 
-__all__ = ["apply_job", "give_up_stalled", "job_cost", "job_queue", "pay_work", "refund_finished"]
+__all__ = ["apply_job", "check_sizes", "give_up_stalled", "job_cost", "job_queue", "pay_work",
+           "refund_finished"]
 
 #: Verdicts a receipt can cost its job at most: its audit and one re-check.
 FEES_PER_UNIT = 2
@@ -58,7 +60,8 @@ def apply_job(st: Overlay, ctx: Any, tx: Job, raw: bytes) -> None:
 
     Raises:
         BadJob: no steps or units, a malformed or repeated unit, a spec that
-            is not the one ``hyper_hash`` commits to, no deposit from anyone
+            is not the one ``hyper_hash`` commits to or states sizes that can
+            never run (`check_sizes`), no deposit from anyone
             but the job authority, or a deposit short of `job_cost`.
         InsufficientFunds: the creator's balance is under the deposit.
         BadNonce: not the creator's next nonce.
@@ -76,6 +79,7 @@ def apply_job(st: Overlay, ctx: Any, tx: Job, raw: bytes) -> None:
         raise BadJob("a job lists the same unit twice")
     if hashlib.sha256(tx.spec).digest() != tx.hyper_hash:
         raise BadJob("the job's spec is not the one its hyper_hash commits to")
+    check_sizes(tx)
     params = st.params()
     cost = job_cost(params, tx.steps, len(tx.units))
     # Attack note: rewards for the authority's jobs are minted, so whoever
@@ -94,6 +98,54 @@ def apply_job(st: Overlay, ctx: Any, tx: Job, raw: bytes) -> None:
     st.put_account(tx.creator, replace(creator, balance=creator.balance - tx.deposit,
                                        nonce=creator.nonce + 1))
     st.put(JOB + tx_hash(tx, raw), JobRecord(tx, 0, ctx.height, False, tx.deposit, 0))
+
+
+def check_sizes(tx: Job) -> None:
+    """Refuse a job whose spec states sizes that can never run.
+
+    The spec is the node's canonical config JSON (`compute.jobfile.config_json`:
+    every field named, which is the only form a miner mines), read here as
+    plain JSON: the ledger knows no model. Of the fields it names: a sample
+    of ``seq_len`` + 1 tokens must fit the model's ``max_seq_len`` positions
+    (``seq_len <= max_seq_len``), every unit's layers must be the model's
+    (``layer_end <= n_layers``), and
+    synthetic data must give one sample (``n_chars > seq_len``: a character
+    is at least one token's worth, so fewer can never make one).
+
+    Attack note: anyone may post a paid job, and a job nobody can run holds
+    the queue and strikes its assignees until it is given up. A spec that
+    leaves a field out is no config a miner mines, so it escapes only into
+    that bounded give-up. A data file's length is not on chain (the spec
+    names the file by its SHA-256 alone), so a file shorter than one sample
+    is refused by the client (`pnode job submit`) and skipped by miners
+    (`node.mine.miner.Miner._build`), not here.
+
+    Raises:
+        BadJob: a stated size the job can never run with.
+    """
+    try:
+        spec = json.loads(tx.spec)
+    except (ValueError, UnicodeDecodeError):
+        return  # no config at all: no miner builds it (above)
+    if not isinstance(spec, dict):
+        return
+    model, data = (spec.get(k) if isinstance(spec.get(k), dict) else {} for k in ("model", "data"))
+    seq, positions = _size(spec, "seq_len"), _size(model, "max_seq_len")
+    layers = _size(model, "n_layers")
+    if seq is not None and positions is not None and seq > positions:
+        raise BadJob(f"seq_len {seq} is more than the model's max_seq_len {positions}")
+    if layers is not None and any(t.layer_end > layers for t in tx.units):
+        raise BadJob(f"a unit's layers lie outside the model's {layers} layers")
+    chars = _size(data, "n_chars") if data.get("source") == "synthetic" else None
+    if chars is not None and seq is not None and chars <= seq:
+        raise BadJob(f"synthetic data of {chars} characters is shorter than one sample "
+                     f"(seq_len {seq} + 1 tokens)")
+
+
+def _size(fields: dict, name: str) -> int | None:
+    """The integer ``fields`` names ``name`` (None: absent, or not an integer)."""
+    value = fields.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def job_queue(st: Overlay) -> list[bytes]:

@@ -13,30 +13,53 @@ import json
 from typing import Any
 
 from ledger.chaindb import ChainDB
-from ledger.jobrules import job_cost, job_queue
+from ledger.jobrules import STALL_TIMEOUTS, job_cost, job_queue
 from ledger.state import JOB, NODE, PENDING, UNIT, Overlay
-from ledger.types import Job, format_coins, tx_hash, unit_id
+from ledger.types import Job, Receipt, format_coins, tx_hash, unit_id
 from ledger.records import JobRecord
 from node.errors import NodeError
 
-__all__ = ["jobs_view", "job_view", "find_job"]
+__all__ = ["find_job", "given_up", "job_view", "jobs_view"]
 
 
 class UnknownJob(NodeError):
     """No job, or more than one, has the id prefix a command gave."""
 
 
-def _state(record: JobRecord, queue: list[bytes], job_id: bytes) -> str:
+def given_up(chain, job_id: bytes) -> bool:
+    """Whether the chain ended ``job_id`` unfinished (`ledger.jobrules.give_up_stalled`).
+
+    A given-up job's record reads as a finished one's (``step == steps``);
+    what tells them apart is its last step's receipts: a finished job has
+    one for every unit, included after the step was assigned (at ``moved``)
+    and before a give-up could come (`STALL_TIMEOUTS` unit timeouts on), so
+    only those blocks are searched. False for a job still training.
+    """
+    record = chain.state.get(JOB + job_id)
+    if record is None or record.step < record.job.steps:
+        return False
+    last = record.moved + 1 + STALL_TIMEOUTS * Overlay(chain.state).params().unit_timeout
+    wanted = {unit_id(job_id, record.job.steps - 1, u) for u in record.job.units}
+    for h in range(record.moved + 1, min(last, chain.height) + 1):
+        wanted -= {tx.unit_id for tx in chain.block_at(h).txs if isinstance(tx, Receipt)}
+        if not wanted:
+            return False
+    return True
+
+
+def _state(chain: ChainDB, record: JobRecord, queue: list[bytes], job_id: bytes) -> str:
     if job_id not in queue and record.posted is None:
         return "in the mempool"
-    if record.step >= record.job.steps:
-        return "finished"
+    if record.step >= record.job.steps:  # or ended by the chain: a stalled step
+        return "given up" if given_up(chain, job_id) else "finished"
     return "training" if record.started else f"queued ({queue.index(job_id)} ahead)"
 
 
-def _summary(job_id: bytes, record: JobRecord, queue: list[bytes]) -> dict[str, Any]:
+def _summary(chain: ChainDB, job_id: bytes, record: JobRecord, queue: list[bytes]
+             ) -> dict[str, Any]:
     job = record.job
-    return {"id": job_id.hex(), "creator": job.creator.hex(), "state": _state(record, queue, job_id),
+    return {"id": job_id.hex(), "creator": job.creator.hex(),
+            "state": _state(chain, record, queue, job_id),
             "step": min(record.step, job.steps), "steps": job.steps, "units": len(job.units),
             "posted": record.posted, "paid_by": "deposit" if job.deposit else "minting",
             "deposit": format_coins(job.deposit), "deposit_units": job.deposit,
@@ -48,7 +71,9 @@ def jobs_view(chain: ChainDB) -> dict[str, Any]:
 
     Returns:
         height and ``jobs``: per job its id, creator, state (training,
-        queued (n ahead), finished, or in the mempool), step and steps, units per step, the
+        queued (n ahead), finished, given up (ended by the chain with a step
+        that did not close: `given_up`; its step reads as
+        its steps), or in the mempool), step and steps, units per step, the
         height it was posted at, who pays (deposit or minting), its deposit
         and the escrow left.
     """
@@ -58,8 +83,8 @@ def jobs_view(chain: ChainDB) -> dict[str, Any]:
     order = queue + sorted((j for j in records if j not in queue),
                            key=lambda j: (records[j].posted, j))
     queued = _mempool_jobs(chain)
-    return {"height": chain.height, "jobs": [_summary(j, records[j], queue) for j in order]
-            + [_summary(j, r, queue) for j, r in queued.items() if j not in records]}
+    return {"height": chain.height, "jobs": [_summary(chain, j, records[j], queue) for j in order]
+            + [_summary(chain, j, r, queue) for j, r in queued.items() if j not in records]}
 
 
 def _mempool_jobs(chain: ChainDB) -> dict[bytes, JobRecord]:
@@ -120,7 +145,7 @@ def job_view(chain: ChainDB, job: str) -> dict[str, Any]:
                           else None, "deadline": a.deadline, "done": a.done})
     pending = sum(1 for h in st.ids(PENDING) if st.get(PENDING + h).job_id == job_id)
     cost = job_cost(st.params(), record.job.steps, len(record.job.units))
-    return {**_summary(job_id, record, job_queue(st)), "height": chain.height, "spec": spec,
+    return {**_summary(chain, job_id, record, job_queue(st)), "height": chain.height, "spec": spec,
             "model_hash": record.job.model_hash.hex(), "data_hash": record.job.data_hash.hex(),
             "hyper_hash": record.job.hyper_hash.hex(), "cost": format_coins(cost),
             "cost_units": cost, "receipts_pending": pending, "open_step": units}

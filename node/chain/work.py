@@ -11,6 +11,9 @@ each with its reason:
 - `AROUND_RECEIPT_BLOCKS`: the receipts an audited receipt is judged
   against (its unit's the step before, its forward's), searched from this
   many blocks before it;
+- the blocks a job's last step can have closed in, from the height it was
+  assigned (``moved``) to its give-up (`node.chain.jobviews.given_up`, kept
+  there: the job views load no libp2p);
 - the whole chain, for a replay of every closed step (`pnode verify pol
   --all`).
 

@@ -28,15 +28,16 @@ Which unit reads and sends what (a forward's states to the holders of s+1,
 a backward's gradients to those of s-1 and of s) is the plan's
 (`proof_of_learning.step_plan`, specs/consensus.md 5).
 
-Two collaborators, made once the miner is set up for the job: a `Transfer`
-(`node.mine.transfer`) keeps, pushes and receives the step's tensors, and a
+Three collaborators, made once the miner is set up for the job: a `Transfer`
+(`node.mine.transfer`) keeps, pushes and receives the step's tensors, a
 `StateSync` (`node.mine.state_sync`) fetches the held parts' state from
-another holder when this node is behind, and serves it to others.
+another holder when this node is behind, and serves it to others, and a
+`Resumer` (`node.mine.resume`) replays the job from kept states when no
+holder is ahead (a node that mines alone and restarted).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import time
@@ -55,11 +56,13 @@ from ledger.errors import ValidationError
 from ledger.state import JOB
 from ledger.types import ZERO_SIG, Receipt, sign, unit_id
 from node import torch_thread
-from node.chain import ChainService, TxGossip, job_named
+from node.chain import ChainService, TxGossip, given_up, job_named
 from node.errors import BadPush, MinerError
 from node.mine.averaging import Averager, average_round
+from node.mine.export import FINAL_UPDATE_WAIT_S, export_weights
 from node.mine.jobs import MinerView, check_job, miner_view, step_workers, unauditable
-from node.mine.parts import ServeState, StateAccepts, Tamper, UnitArchive
+from node.mine.parts import KeptStates, ServeState, StateAccepts, Tamper, UnitArchive
+from node.mine.resume import Resumer
 from node.mine.state_sync import StateSync
 from node.mine.transfer import Transfer
 from node.wire import CLIENT, STATE_PROTOCOL, TRAIN_PROTOCOL
@@ -70,10 +73,6 @@ from proof_of_learning.units import commitments, hyper_hash
 log = logging.getLogger(__name__)
 
 __all__ = ["BadPush", "Miner", "MinerError"]
-
-#: Most seconds a miner waits, once its job is finished, for the updates it has not applied
-#: (a given-up job's never come).
-FINAL_UPDATE_WAIT_S = 120.0
 
 
 class Miner:
@@ -102,6 +101,8 @@ class Miner:
         serve_state: ``serve_state(job_id, handler)`` registers the job's
             state server with a router of the node's (None: this miner
             takes `STATE_PROTOCOL` itself).
+        kept_states: where kept states come from, to resume by replay when
+            no holder is ahead (`node.mine.parts.KeptStates`; None: never).
     """
 
     def __init__(self, service: ChainService, txs: TxGossip, node_key: SigningKey,
@@ -109,9 +110,12 @@ class Miner:
                  wait_s: float = 20.0, report: Callable[[str], None] = lambda line: None,
                  device: str = "cpu", archive: UnitArchive | None = None,
                  tamper: Tamper | None = None, state_check: StateAccepts | None = None,
-                 job_id: bytes | None = None, serve_state: ServeState | None = None):
+                 job_id: bytes | None = None, serve_state: ServeState | None = None,
+                 kept_states: KeptStates | None = None):
         self.service, self.txs, self.key, self.config = service, txs, node_key, config
         self.wanted, self.serve_state = job_id, serve_state
+        self.resumer = None if kept_states is None else Resumer(service, config, kept_states)
+        self._unresumable: tuple[int, str] | None = None  # (open step, why) of the last try
         self.hyper = hyper_hash(config)
         self.host = service.host
         self.log_file, self.average_every, self.wait_s = log_file, average_every, wait_s
@@ -129,7 +133,7 @@ class Miner:
         self._receipts: dict[tuple[int, int], Receipt] = {}
         # Phases run of units not yet signed, by (step, unit index): their results.
         self._phases: dict[tuple[int, int], dict[str, PhaseResult]] = {}
-        self._view: MinerView | None = None
+        self.view: MinerView | None = None  # the last look at the chain
         # Set once this node could take a unit (set up for the job, or sure it has none).
         self.ready = trio.Event()
         self._said: str | None = None
@@ -138,7 +142,7 @@ class Miner:
         # Given to the `Transfer` at setup (see its Args).
         self.push_wait_s, self.push_retry_s = 5.0, 60.0
         self._poisoned: int | None = None  # the attack battery's: the step last poisoned
-        self._done = False  # the job is over and this miner stopped
+        self.done = False  # the job is over and this miner stopped
 
     def status(self) -> dict:
         """Mining fields of `pnode status`."""
@@ -159,7 +163,7 @@ class Miner:
 
     async def _mine(self) -> None:
         while True:
-            view = self._view = await self.service.call(self._look)
+            view = self.view = await self.service.call(self._look)
             if self.archive is not None and view.job_id is not None:
                 done, audited = await self.service.call(unauditable, self.service.chain.state,
                                                         self.archive.receipts(), view.step)
@@ -168,16 +172,15 @@ class Miner:
             if self.job_id is not None and view.job_id != self.job_id:  # a reorg took it
                 return self.report(f"mining: job {self.job_id.hex()[:16]}.. left the chain")
             if self.job_id is not None and view.step >= view.steps:  # finished, or given up
-                with trio.move_on_after(FINAL_UPDATE_WAIT_S):  # the last updates, if they come
-                    while self.version < view.steps and not (
+                dropped = await self.service.call(given_up, self.service.chain, view.job_id)
+                with trio.move_on_after(0 if dropped else FINAL_UPDATE_WAIT_S):  # the last
+                    while self.version < view.steps and not (  # updates, if they come
                             self.version == view.steps - 1
                             and await self._apply_update(self.version)):
-                        if not await self._fetch_state(view):
+                        if not await self._catch_up(view):
                             await trio.sleep(1.0)
-                self.report(f"mining: job {view.job_id.hex()[:16]}.. finished at step "
-                            f"{self.version} of {view.steps}")
-                self._done = True
-                return
+                self.done = True
+                return self.report(self._ended(view, dropped))
             if not await self._ready(view):
                 await self.service.wait_tip_change(view.tip)
                 continue
@@ -216,15 +219,28 @@ class Miner:
             self._say(f"mining: job {view.job_id.hex()[:16]}.. finished ({view.steps} steps)")
             return False
         while self.version < view.step:
-            # One update behind: it is (being) pushed here. Further behind (this
-            # node joined late or was down): fetch the state from a holder.
+            # One update behind: it is (being) pushed here. Further behind (this node
+            # joined late or was down): a holder's state, else a replay of kept states.
             if self.version == view.step - 1 and await self._apply_update(self.version):
                 continue
-            if not await self._fetch_state(view):  # say what it waits for, and from whom
+            if not await self._catch_up(view):  # say what it waits for, and from whom
                 self._say(f"mining: out of step at update {self.version} of {view.step}: "
-                          f"{self.transfer.lacking(self.version, view.step)}")
+                          f"{self.transfer.lacking(self.version, view.step)}"
+                          + (f" (no resume from kept states: {self._unresumable[1]})"
+                             if self._unresumable else ""))
                 return False
         return True
+
+    def _ended(self, view: MinerView, dropped: bool) -> str:
+        """What the miner says of a job the chain no longer trains: finished only if it
+        applied every update."""
+        job = f"mining: job {view.job_id.hex()[:16]}.."
+        if self.version >= view.steps:
+            return f"{job} finished at step {view.steps} of {view.steps}"
+        why = "the chain gave it up (a step did not close in time)" if dropped else \
+            "the chain finished it, but its last updates did not come here"
+        return (f"{job} ended unfinished here: {why}; this node's weights are at step "
+                f"{self.version} of {view.steps}, and `pnode job export` refuses them")
 
     def _say(self, line: str) -> None:
         if line != self._said:
@@ -313,14 +329,14 @@ class Miner:
 
     def _producer(self, key) -> str | None:
         """The peer the chain assigned the unit that pushes ``key`` (open step only)."""
-        view = self._view
+        view = self.view
         if view is None or key[0] != view.step:
             return None
         return view.assignees.get(self.plan.producer(key))
 
     def _registered(self) -> tuple[str, ...] | None:
         """Every registered node's peer id as the last look saw them (None before it)."""
-        return None if self._view is None else self._view.miners
+        return None if self.view is None else self.view.miners
 
     # -- units --------------------------------------------------------------------------
 
@@ -392,8 +408,11 @@ class Miner:
         needs = [self.plan.update_needs(t, r, self.held) for r in range(self.config.replicas)]
         keys = [key for keys in needs for key in keys]
         workers = await self.service.call(step_workers, self.service.chain, self.job_id, t)
-        got = await self.transfer.wait(keys, producers={
-            key: workers[unit] for key in keys if (unit := self.plan.producer(key)) in workers})
+        producers = {key: workers[unit] for key in keys
+                     if (unit := self.plan.producer(key)) in workers}
+        if any(peer == self.me for _, peer in self.transfer.missing(keys, producers)):
+            return False  # its own push, of a unit run before a restart: it never comes
+        got = await self.transfer.wait(keys, producers=producers)
         if got is None:
             return False
         messages, at = [], 0
@@ -410,13 +429,18 @@ class Miner:
         if self.version % self.average_every == 0:
             await self._average()
         await self._keep_version()
+        await self._keep_states()
+        return True
+
+    async def _keep_states(self) -> None:
+        """At a checkpoint step, keep every held part's full state: what a joining node
+        replays from, and this node resumes from after a restart (`node.mine.resume`)."""
         if self.archive is not None and self.version % self.config.state_every == 0:
-            states = await torch_thread.run_sync(lambda: {  # what a joining node replays from
+            states = await torch_thread.run_sync(lambda: {
                 s: {k: v.to("cpu") for k, v in self._optimizer(s).state_dict().items()}
                 for s in [*self.held, CLIENT]})
             for s, state in states.items():
                 self.archive.keep_state(self.job_id, self.version, s, state)
-        return True
 
     def _step_optimizers(self, messages: list, version: int) -> None:
         grads = self.plan.update_grads(messages)
@@ -428,47 +452,9 @@ class Miner:
         self.state_sync.weights_version = version
 
     async def export_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
-        """(updates applied, the whole model's weights at that version), on the CPU.
-
-        Of a job the chain has finished, it waits (``FINAL_UPDATE_WAIT_S`` at
-        most) for this node's last update, so the export has the final weights.
-
-        The parts this node holds are its own; every other section's weights
-        come from one of its holders at the same version (`StateSync.fetch_parts`).
-
-        Raises:
-            MinerError: not set up for the job yet, or some section has no
-                holder that sends its weights at this node's version.
-        """
-        if self.job_id is None or self._view is None:
-            raise MinerError("this node has not set up for the job yet")
-        with trio.move_on_after(FINAL_UPDATE_WAIT_S):  # a finished job: its last update first
-            while self._view.step >= self._view.steps > self.version and not self._done:
-                await trio.sleep(0.1)
-        missing = [s for s in range(len(self.sections.forward)) if s not in self.held]
-        for _ in range(3):  # an update between the fetch and the copy: once more
-            version, view = self.version, self._view
-            got = await self.state_sync.fetch_parts(
-                missing, job_id=self.job_id, step=version, miners=view.miners,
-                holders=view.holders) if missing else {}
-            if got is None:
-                raise MinerError(f"no holder of sections {', '.join(map(str, missing))} sent "
-                                 f"its weights at step {version}")
-            weights = await torch_thread.run_sync(self._whole_model, got, version)
-            if weights is not None:
-                return version, weights
-        raise MinerError("the weights kept changing under the export; try again")
-
-    def _whole_model(self, got: dict[int, dict[str, torch.Tensor]], version: int):
-        """This node's model with ``got``'s sections put in (a copy; torch thread), or None
-        when an update came in since ``version``."""
-        if self.version != version:
-            return None
-        model = copy.deepcopy(self.model).to("cpu")
-        sections = make_sections(model, self.config)
-        for s, tensors in got.items():
-            sections.optimizers[s].load_weights({k: v for k, v in tensors.items() if "#" not in k})
-        return {name: t.detach().clone() for name, t in model.state_dict().items()}
+        """(updates applied, the whole model's weights then), on the CPU
+        (`node.mine.export.export_weights`, whose Raises it has)."""
+        return await export_weights(self)
 
     def _optimizer(self, s: int):
         return self.sections.client if s == CLIENT else self.sections.optimizers[s]
@@ -483,18 +469,31 @@ class Miner:
 
     async def _average(self) -> None:
         """One averaging round per held section (and the client part) with the other holders."""
-        view = self._view
+        view = self.view
         groups = {s: view.miners if s == CLIENT else view.holders[s] for s in self._averagers}
         await average_round(self._averagers, groups, self.me, self.version)
 
     # -- catching up: the state of a holder ---------------------------------------------
 
-    async def _fetch_state(self, view: MinerView) -> bool:
-        """Take every held part's weights and AdamW state from holders at the open step."""
-        if not await self.state_sync.fetch(job_id=view.job_id, step=view.step,
-                                           miners=view.miners, holders=view.holders):
-            return False
+    async def _catch_up(self, view: MinerView) -> bool:
+        """Take every held part's weights and AdamW state at the open step: from holders,
+        else by a replay from kept states (`node.mine.resume`; once per open step)."""
+        if await self.state_sync.fetch(job_id=view.job_id, step=view.step,
+                                       miners=view.miners, holders=view.holders):
+            how = "with the holders' weights"
+        else:
+            if self.resumer is None or (self._unresumable or (None,))[0] == view.step:
+                return False
+            got = await self.resumer.resume(view.job_id, self.units, view.step, view.miners)
+            if isinstance(got, str):
+                self._unresumable = (view.step, got)
+                return False
+            await torch_thread.run_sync(self.state_sync.restore_all, {
+                s: got.states[s] for s in [*self.held, CLIENT]}, view.step)
+            how = (f"from the state kept at step {got.start}, replayed {view.step - got.start} "
+                   "steps, each unit equal to its receipt")
         self.version = view.step
         await self._keep_version()
-        self._say(f"mining: caught up at step {view.step} with the holders' weights")
+        await self._keep_states()
+        self._say(f"mining: caught up at step {view.step} {how}")
         return True

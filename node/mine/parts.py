@@ -9,17 +9,18 @@ layer test holds it so. Each `Protocol` names exactly what the miner calls.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 import torch
 
 from ledger.types import Receipt
 from proof_of_learning.certificate import UnitCert
+from proof_of_learning.joinaudit import StateSource
 from proof_of_learning.phases import PhaseResult, Push
 from proof_of_learning.step_plan import StepPlan
 
-__all__ = ["ServeState", "StateAccepts", "Tamper", "UnitArchive"]
+__all__ = ["KeptStates", "ServeState", "StateAccepts", "Tamper", "UnitArchive"]
 
 
 class UnitArchive(Protocol):
@@ -57,3 +58,7 @@ class Tamper(Protocol):
 StateAccepts = Callable[[bytes, int, int, dict[str, torch.Tensor]], Awaitable[bool]]
 #: ``serve_state(job_id, handler)``: registers a job's state server with the node's router.
 ServeState = Callable[[bytes, Callable[[object, bytes], Awaitable[bytes]]], None]
+#: ``kept_states(job_id, peers)``: where a resuming miner takes each part's full state at a
+#: checkpoint step (`node.mine.resume`): this node's archive first, then each of ``peers``
+#: (`node.pol.Verifier.state_source`).
+KeptStates = Callable[[bytes, Sequence[str]], StateSource]

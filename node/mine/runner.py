@@ -89,7 +89,8 @@ class JobRunner:
                                    archive=self.archive, tamper=worker_tamper,
                                    state_check=StateCheck(self.fetcher,
                                                           self.verifier.receipts_of),
-                                   job_id=job_id, serve_state=self._route_state)
+                                   job_id=job_id, serve_state=self._route_state,
+                                   kept_states=self.verifier.state_source)
                 self.miners[job_id] = self.miner
                 await self._run_miner(job_id)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import trio
 from libp2p.peer.id import ID
@@ -310,7 +310,7 @@ class Verifier:
                 random.SystemRandom().sample(reachable, min(windows, len(reachable))))
             if self.replayer is None:
                 self.replayer = await torch_thread.run_sync(Replayer, self.config)
-            source = self._state_source(job_id, peers)
+            source = self.state_source(job_id, peers)
             out = []
             for first, steps in chosen:
                 try:
@@ -335,8 +335,10 @@ class Verifier:
         receipts = step_receipts(chain, job_id, units, range(closed))  # the whole chain
         return job_id, units, closed, receipts, peers
 
-    def _state_source(self, job_id: bytes, peers: list[str]):
-        """Where a window's states come from: this node's archive, then every bonded peer."""
+    def state_source(self, job_id: bytes, peers: Sequence[str]):
+        """Where a window's states come from: this node's archive, then each of ``peers``
+        (`proof_of_learning.joinaudit.StateSource`; also a resuming miner's,
+        `node.mine.resume`)."""
         me = str(self.fetcher.host.peer_id) if self.fetcher.host is not None else None
         others = [p for p in peers if p != me]
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from ledger import errors as E
-from ledger.jobrules import MAX_JOB_STEPS, STALL_TIMEOUTS, job_cost
+from ledger.jobrules import MAX_JOB_STEPS, STALL_TIMEOUTS, check_sizes, job_cost
 from ledger.state import JAIL, JOB, KEY_SUPPLY, PENDING, UNIT, check_supply
 from ledger.types import COIN, sign, tx_hash
 from tests.ledger.chainkit import (
@@ -87,11 +87,32 @@ def _wrong_spec(tx):
     # Beyond the bound even for the authority, whose jobs are minted (issue 28: 10^12 steps).
     (lambda net: job(net.authority, steps=MAX_JOB_STEPS + 1), E.BadJob, "at most 10000000 steps"),
     (lambda net: job(net.authority, steps=10**12), E.BadJob, "at most"),
+    # Sizes that can never run (issue 28, item 8), as the canonical spec states them.
+    (lambda net: job(net.authority, spec=b'{"model":{"max_seq_len":128},"seq_len":129}'),
+     E.BadJob, "seq_len 129 is more than the model's max_seq_len 128"),
+    (lambda net: job(net.authority, spec=b'{"model":{"n_layers":4}}'), E.BadJob,
+     "outside the model's 4 layers"),
+    (lambda net: job(net.authority, spec=b'{"data":{"n_chars":64,"source":"synthetic"},'
+                                         b'"seq_len":64}'), E.BadJob, "shorter than one sample"),
 ])
 def test_bad_jobs_are_refused(chain, make, error, words):
     net, db = chain
     with pytest.raises(error, match=words):
         check(db, with_txs(next_block(db, net).block, net, [make(net)]))
+
+
+def test_sizes_a_job_can_run_with_pass():
+    from compute.data import DataSpec, JobConfig
+    from compute.jobfile import config_json
+
+    fits = config_json(JobConfig(seq_len=64, data=DataSpec(n_chars=65))).encode()
+    check_sizes(job(key(1), spec=fits, layers=((0, 2), (2, 4))))  # the default model's 4
+    with pytest.raises(E.BadJob, match="shorter than one sample"):
+        check_sizes(job(key(1), spec=fits.replace(b'"n_chars":65', b'"n_chars":64'),
+                        layers=((0, 4),)))
+    for spec in (b"not json", b"[1]", b'{"seq_len":true,"model":{"max_seq_len":1}}',
+                 b'{"model":"x","data":7}'):  # no config: left to the give-up, not refused
+        check_sizes(job(key(1), spec=spec))
 
 
 def test_a_paid_job_goes_first_and_a_started_job_is_never_overtaken(chain):
