@@ -61,10 +61,29 @@ def test_a_locked_wallet_is_said_clearly_and_a_registered_node_says_so(tmp_path,
                                  env_remove=locked)
     node_addr(a, proc_a, 60)
     node_addr(b, proc_b, 60)
-    # Genesis registered A already: it says so, and needs no key for that.
-    wait_for(lambda: "registered on chain t-reg2: layers 0:30, bond 10" in read(out_a),
-             "A's registration line", limit=30)
+    # Genesis registered A already, for layers 0:30; it serves 0:2, and says why it
+    # cannot register those.
+    wait_for(lambda: "registered for layers 0:30 but serving 0:2: the wallet is locked"
+             in read(out_a), "A's registration line", limit=30)
     wait_for(lambda: "not registered: the wallet is locked" in read(out_b),
              "B to say its wallet is locked", limit=30)
     assert stop(proc_a) == 0, read(err_a)
     assert stop(proc_b) == 0, read(err_b)
+
+
+def test_a_node_restarted_with_other_layers_registers_the_served_span(tmp_path, pnode, spawn):
+    a = tmp_path / "A"
+    assert pnode("init", "--no-job", "--data-dir", str(a), "--chain-id", "t-reg3", "--slot-ms",
+                 "50").code == 0  # genesis registers layers 0:30
+    for span, old in (("0:2", "0:30"), ("2:4", "0:2")):
+        proc, out, err = spawn(f"a{span}", "--data-dir", str(a), "--layers", span,
+                               "--block-interval-ms", "100")
+        node_addr(a, proc, 60)
+        wait_for(lambda: f"re-registering: layers {span} (registered {old};" in read(out),
+                 f"A to register {span}", limit=30)
+        wait_for(lambda: f"registered on chain t-reg3: layers {span}, bond 10" in read(out),
+                 f"A to see {span} in a block", limit=30)
+        status = live_status(pnode, a)
+        assert status["layers"] == [int(x) for x in span.split(":")]
+        assert status["bond_units"] == 10 * 10**6  # re-registering bonds nothing more
+        assert stop(proc) == 0, read(err)
