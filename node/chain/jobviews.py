@@ -17,6 +17,7 @@ from ledger.jobrules import job_cost, job_queue
 from ledger.state import JOB, NODE, PENDING, UNIT, Overlay
 from ledger.types import Job, format_coins, tx_hash, unit_id
 from ledger.records import JobRecord
+from node.chain.views import find_by_prefix
 from node.errors import NodeError
 
 __all__ = ["jobs_view", "job_view", "find_job"]
@@ -74,14 +75,8 @@ def find_job(chain: ChainDB, prefix: str) -> bytes:
     Raises:
         UnknownJob: not hex, no such job, or more than one.
     """
-    text = prefix.lower() if isinstance(prefix, str) else ""
-    if not text or any(c not in "0123456789abcdef" for c in text):
-        raise UnknownJob(f'"{prefix}" is not a job id (hex; a prefix will do)')
-    found = [j for j in {*chain.state.ids(JOB), *_mempool_jobs(chain)} if j.hex().startswith(text)]
-    if len(found) != 1:
-        what = "no job" if not found else f"{len(found)} jobs"
-        raise UnknownJob(f"{what} on the chain with an id starting {text}")
-    return found[0]
+    return find_by_prefix(prefix, lambda: {*chain.state.ids(JOB), *_mempool_jobs(chain)},
+                          "job", UnknownJob)
 
 
 def job_view(chain: ChainDB, job: str) -> dict[str, Any]:

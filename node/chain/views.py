@@ -10,6 +10,7 @@ where the store may be read (the chain service's thread while a node runs).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ledger.chaindb import ChainDB
@@ -171,18 +172,55 @@ def block_view(chain: ChainDB, height: int | None = None) -> dict[str, Any]:
     return doc
 
 
+def find_by_prefix(prefix: Any, ids: Callable[[], Iterable[bytes]], what: str,
+                   error: type[Exception]) -> bytes:
+    """The one id of ``ids()`` whose hex starts with ``prefix``: how commands take ids.
+
+    `pnode job ...` (a job id) and `pnode proof` (a transaction id) resolve
+    what they are given here, so both take the same prefixes. 64 hex digits
+    are the id itself (``ids`` is not called: the caller looks it up).
+
+    Args:
+        prefix: hex digits, any case.
+        ids: the candidates (called only for a shorter prefix).
+        what: what an id names, for the errors ("job", "transaction").
+        error: the error to raise.
+
+    Returns:
+        The matching id.
+
+    Raises:
+        error: ``prefix`` is not hex digits, or no id or more than one starts so.
+    """
+    text = prefix.lower() if isinstance(prefix, str) else ""
+    if not text or len(text) > 64 or any(c not in "0123456789abcdef" for c in text):
+        raise error(f'"{prefix}" is not a {what} id (hex; a prefix will do)')
+    if len(text) == 64:
+        return bytes.fromhex(text)
+    found = {i for i in ids() if i.hex().startswith(text)}
+    if len(found) != 1:
+        many = f"{len(found)} {what}s" if found else f"no {what}"
+        raise error(f"{many} on the chain with an id starting {text}")
+    return found.pop()
+
+
 def proof_view(chain: ChainDB, txid: str) -> dict[str, Any]:
     """The inclusion proof of a receipt (against the tip's log root) or any other
     transaction (against its block's transactions root), as `pnode proof` writes it.
 
+    Args:
+        txid: the id in hex, or a prefix of it (`find_by_prefix`; a prefix is
+            looked for in every main-chain block).
+
     Raises:
-        BadRequest: ``txid`` is not 64 hex digits.
-        ProofError: no receipt or main-chain transaction has that id.
+        ProofError: not hex, or no receipt or main-chain transaction (or more
+            than one) has that id.
     """
     from ledger.codec import to_json
     from node.errors import ProofError
 
-    wanted = _id32(txid, "a transaction id")
+    wanted = find_by_prefix(txid, lambda: (tx_hash(tx) for block in chain.iter_blocks()
+                                           for tx in block.txs), "transaction", ProofError)
     try:
         found = chain.receipt_proof(wanted) if chain.receipt_index(wanted) is not None else \
             chain.tx_proof(wanted)

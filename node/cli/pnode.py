@@ -112,9 +112,11 @@ def init(data_dir, genesis_file, chain_id, premine, alloc, bond, layers, slot_ms
     genesis = joined or _new_genesis(chain_id, premine, alloc, bond, layer_range, slot_ms,
                                      node_key, peer_key, wallet, job_config)
     genesis_hash = dd.initialise(genesis, node_key, peer_key, wallet.seed(), secret)
+    from libp2p.peer.id import ID  # here: the other commands need no libp2p
+
     info = {"data_dir": str(dd.path), "chain_id": genesis.chain_id,
             "genesis_hash": genesis_hash.hex(), "address": wallet.public.hex(),
-            "node_key": node_key.public.hex(), "peer_id": libp2p_peer_id(peer_key.public).hex(),
+            "node_key": node_key.public.hex(), "peer_id": ID(libp2p_peer_id(peer_key.public)).to_base58(),  # 12D3KooW.., as everywhere
             "joined": joined is not None,
             "jobs": [tx_hash(j).hex() for j in genesis.jobs]}
     emit(as_json, info, lambda: "\n".join(

@@ -87,3 +87,24 @@ def test_a_node_restarted_with_other_layers_registers_the_served_span(tmp_path, 
         assert status["layers"] == [int(x) for x in span.split(":")]
         assert status["bond_units"] == 10 * 10**6  # re-registering bonds nothing more
         assert stop(proc) == 0, read(err)
+
+
+def test_a_span_the_model_lacks_is_refused_at_start_or_replaced_by_the_served_one(
+        tmp_path, pnode, spawn):
+    a = tmp_path / "A"
+    # init cannot know the model a node will serve (`pnode start --model`): it takes the span.
+    assert pnode("init", "--no-job", "--data-dir", str(a), "--chain-id", "t-reg4", "--slot-ms",
+                 "50", "--layers", "0:99").code == 0
+    proc, out, err = spawn("asked", "--data-dir", str(a), "--layers", "0:99")
+    assert proc.wait(timeout=120) == 2
+    assert "the model has layers 0:30, asked for layers 0:99" in read(err)
+    assert "registering" not in read(out) and "serving layers" not in read(out)
+    # Placed by the node, it serves what the model has and registers that, not 0:99.
+    proc, out, err = spawn("placed", "--data-dir", str(a), "--block-interval-ms", "100")
+    node_addr(a, proc, 120)
+    wait_for(lambda: "re-registering: layers 0:30 (registered 0:99;" in read(out),
+             "A to register what it serves", limit=30)
+    wait_for(lambda: "registered on chain t-reg4: layers 0:30, bond 10" in read(out),
+             "A to see 0:30 in a block", limit=30)
+    assert live_status(pnode, a)["layers"] == [0, 30]
+    assert stop(proc) == 0, read(err)

@@ -14,7 +14,8 @@ from ledger.chaindb import ChainDB
 from ledger.codec import decode
 from ledger.store import LevelDBStore
 from ledger.types import Receipt, tx_hash
-from node.datadir import DataDir, write_genesis_file
+from node.datadir import DataDir, read_seed_file, write_genesis_file
+from node.net.identity import PeerIdentity
 from tests.ledger.chainkit import grow, make_net, receipts_due
 
 
@@ -34,6 +35,9 @@ def test_init_writes_keys_genesis_and_chain(node_dir):
     genesis = json.loads((d / "genesis.json").read_text())
     assert genesis["chain_id"] == "t1"
     assert genesis["registrations"][0]["node_key"] == info["node_key"]
+    # The peer id as libp2p, `pnode status` and the registry print it (12D3KooW..).
+    peer_id = PeerIdentity.from_seed(read_seed_file(d / "peer.key").seed()).peer_id
+    assert info["peer_id"] == str(peer_id) and info["peer_id"].startswith("12D3KooW")
 
 
 def test_join_with_a_genesis_file_gives_the_same_chain(node_dir, pnode, tmp_path):
@@ -137,6 +141,25 @@ def test_proof_of_unknown_receipt_is_a_clear_error(chain_with_receipts, pnode):
     dd, _ = chain_with_receipts
     r = pnode("proof", "ab" * 32, "--data-dir", str(dd.path))
     assert r.code == 2 and "neither in this chain's log nor in a main-chain block" in r.err
+
+
+def test_proof_takes_a_unique_prefix_as_job_commands_do(chain_with_receipts, pnode):
+    dd, receipt_ids = chain_with_receipts
+    whole = pnode("proof", receipt_ids[1], "--data-dir", str(dd.path))
+    assert whole.code == 0, whole.err
+    short = pnode("proof", receipt_ids[1][:8].upper(), "--data-dir", str(dd.path))
+    assert short.code == 0, short.err
+    assert short.out == whole.out
+    r = pnode("proof", "", "--data-dir", str(dd.path))  # every id starts so: not one
+    assert r.code == 2 and "is not a transaction id (hex; a prefix will do)" in r.err
+    for bad, says in (("xyz", "is not a transaction id"), ("ab" * 33, "is not a transaction id")):
+        r = pnode("proof", bad, "--data-dir", str(dd.path))
+        assert r.code == 2 and says in r.err and "Traceback" not in r.err
+    # A prefix of none says so, as `pnode job` says of a job.
+    none = next(p for p in (f"{i:04x}" for i in range(1 << 16))
+                if not any(r.startswith(p) for r in receipt_ids))
+    r = pnode("proof", none, "--data-dir", str(dd.path))
+    assert r.code == 2 and f"no transaction on the chain with an id starting {none}" in r.err
 
 
 def test_a_transactions_proof_round_trips_through_files(tmp_path, pnode, pwallet):
