@@ -10,7 +10,6 @@ where the store may be read (the chain service's thread while a node runs).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from typing import Any
 
 from ledger.chaindb import ChainDB
@@ -172,38 +171,6 @@ def block_view(chain: ChainDB, height: int | None = None) -> dict[str, Any]:
     return doc
 
 
-def find_by_prefix(prefix: Any, ids: Callable[[], Iterable[bytes]], what: str,
-                   error: type[Exception]) -> bytes:
-    """The one id of ``ids()`` whose hex starts with ``prefix``: how commands take ids.
-
-    `pnode job ...` (a job id) and `pnode proof` (a transaction id) resolve
-    what they are given here, so both take the same prefixes. 64 hex digits
-    are the id itself (``ids`` is not called: the caller looks it up).
-
-    Args:
-        prefix: hex digits, any case.
-        ids: the candidates (called only for a shorter prefix).
-        what: what an id names, for the errors ("job", "transaction").
-        error: the error to raise.
-
-    Returns:
-        The matching id.
-
-    Raises:
-        error: ``prefix`` is not hex digits, or no id or more than one starts so.
-    """
-    text = prefix.lower() if isinstance(prefix, str) else ""
-    if not text or len(text) > 64 or any(c not in "0123456789abcdef" for c in text):
-        raise error(f'"{prefix}" is not a {what} id (hex; a prefix will do)')
-    if len(text) == 64:
-        return bytes.fromhex(text)
-    found = {i for i in ids() if i.hex().startswith(text)}
-    if len(found) != 1:
-        many = f"{len(found)} {what}s" if found else f"no {what}"
-        raise error(f"{many} on the chain with an id starting {text}")
-    return found.pop()
-
-
 def proof_view(chain: ChainDB, txid: str) -> dict[str, Any]:
     """The inclusion proof of a receipt (against the tip's log root) or any other
     transaction (against its block's transactions root), as `pnode proof` writes it.
@@ -217,6 +184,7 @@ def proof_view(chain: ChainDB, txid: str) -> dict[str, Any]:
             than one) has that id.
     """
     from ledger.codec import to_json
+    from node.chain.jobviews import find_by_prefix
     from node.errors import ProofError
 
     wanted = find_by_prefix(txid, lambda: (tx_hash(tx) for block in chain.iter_blocks()
