@@ -181,8 +181,9 @@ def history(address, data_dir, wallet_name, as_json) -> None:
     """Transactions that moved coins of an address, oldest first, then queued ones.
 
     A tab's row shows the caps it locked; each claim's, what it paid this
-    address's lanes or refunded it as the tab's client; a TabExpired row, the
-    rest an expired tab gave back.
+    address's lanes or refunded it as the tab's client (a TabRefund row: a
+    claim that paid no server, an unused tab given back); a TabExpired row,
+    the rest an expired tab gave back.
 
     \b
     Example:
