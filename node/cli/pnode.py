@@ -21,9 +21,8 @@ from ledger.types import tx_hash
 from node.chain import node_status_view
 from node.cli import common
 from node.cli.common import (
-    ask_node_or_store, data_dir_option, emit, format_coins, in_coins, json_option, parse_layers,
-    read_view,
-    passphrase_option,
+    ask_node_or_store, coins, data_dir_option, emit, in_coins, json_option, parse_layers,
+    passphrase_option, plural, read_view,
 )
 from node.cli.job import job
 from node.cli.pol import pol
@@ -280,7 +279,7 @@ def _status_text(info: dict) -> str:
         lines.append(f"{'peers':16} {len(info['peers'])} connected")
         lines += [f"  {p}" for p in info["peers"]]
     if info.get("swarm") is not None:
-        lines.append(f"{'swarm':16} {len(info['swarm'])} servers announced")
+        lines.append(f"{'swarm':16} {plural(len(info['swarm']), 'server')} announced")
         lines += [f"  layers {s['layers'][0]:>3}:{s['layers'][1]:<3} {s['throughput']:7.1f} tok/s"
                   f"  load {s['load']}  price {s['price']}/position/layer  {s['peer_id']}"
                   for s in info["swarm"]]
@@ -294,7 +293,7 @@ def _plain(key: str, value) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if key in _COIN_FIELDS and isinstance(value, int):
-        return f"{format_coins(value)} coins"
+        return coins(value)
     if key in ("layers", "serving") and isinstance(value, list) and len(value) == 2:
         return f"{value[0]}:{value[1]}"
     if isinstance(value, dict):

@@ -210,6 +210,16 @@ def test_every_command_has_help_with_examples(pnode, command):
     assert r.code == 0 and "Example" in r.out
 
 
+def test_plural_and_coins_say_one_in_the_singular():
+    from node.cli.common import coins, plural
+
+    assert [plural(n, "server") for n in (0, 1, 2)] == ["0 servers", "1 server", "2 servers"]
+    assert plural(1, "body", "bodies") == "1 body" and plural(3, "body", "bodies") == "3 bodies"
+    assert [coins(u) for u in (1_000_000, 2_500_000, 500_000)] == [
+        "1 coin", "2.5 coins", "0.5 coins"]
+    assert coins("1") == "1 coin" and coins("1.25") == "1.25 coins"
+
+
 def test_status_text_lists_peers_and_the_swarm_a_line_each():
     from node.cli.pnode import _status_text
 
@@ -218,15 +228,16 @@ def test_status_text_lists_peers_and_the_swarm_a_line_each():
             "swarm": [{"peer_id": "12D3KooWB", "layers": [10, 20], "throughput": 98.54,
                        "load": 1, "price": 1000}],
             "running": True, "jailed_until": None, "misbehaving": {},
-            "mining": {"job": "5e3c", "loss": 1.5}, "payments": {"owed": 1_500_000, "claim_ids": []}}
+            "mining": {"job": "5e3c", "loss": 1.5},
+            "payments": {"owed": 1_500_000, "claim_ids": [], "settled": 1_000_000}}
     text = _status_text(info)
     lines = text.splitlines()
     assert lines[0].split() == ["height", "7"] and lines[1].split() == ["balance", "2.5", "coins"]
     assert not any(s in text for s in ("None", "{", "[", "True", "range("))  # no Python reprs
     assert "mining           job 5e3c, loss 1.5" in lines and "serving          0:10" in lines
-    assert "payments         owed 1.5 coins, claim_ids none" in lines
+    assert "payments         owed 1.5 coins, claim_ids none, settled 1 coin" in lines
     assert "peers            2 connected" in lines and "  12D3KooWA" in lines
-    assert "swarm            1 servers announced" in lines
+    assert "swarm            1 server announced" in lines  # not "1 servers"
     assert lines[-1].split() == ["layers", "10:20", "98.5", "tok/s", "load", "1", "price",
                                  "1000/position/layer", "12D3KooWB"]
 
