@@ -218,6 +218,7 @@ def test_plural_and_coins_say_one_in_the_singular():
     assert [coins(u) for u in (1_000_000, 2_500_000, 500_000)] == [
         "1 coin", "2.5 coins", "0.5 coins"]
     assert coins("1") == "1 coin" and coins("1.25") == "1.25 coins"
+    assert plural(1.0, "coin") == "1.0 coin" and plural(2.5, "coin") == "2.5 coins"
 
 
 def test_status_text_lists_peers_and_the_swarm_a_line_each():
