@@ -71,7 +71,10 @@ for command in (start, train, devnet, proof, verify, pol, job):  # the commands 
 @click.option("--alloc", multiple=True, metavar="ADDRESS=COINS",
               help="Further genesis allocations of a new chain (repeatable).")
 @click.option("--bond", default="10", show_default=True, help="Coins this node bonds.")
-@click.option("--layers", default="0:30", show_default=True, help="Layers served, START:END.")
+@click.option("--layers", default="0:30", show_default=True,
+              help="Layers served, START:END, as a new chain's genesis registers them. The "
+                   "model is known only at `pnode start`: it refuses --layers the model lacks "
+                   "and registers again the span it serves.")
 @click.option("--slot-ms", type=click.IntRange(1, 600_000), default=DEFAULT_PARAMS["slot_ms"],
               show_default=True, help="Producer slot (timeout ladder step) of a new chain.")
 @click.option("--job", "job_file", type=click.Path(dir_okay=False),

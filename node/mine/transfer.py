@@ -272,7 +272,7 @@ class Transfer:
 
         Raises:
             BadPush, DecodeError, FramingError: the host resets the stream and
-                scores the peer.
+                scores the peer (not for a `FrameTimeout`: slow is not hostile).
         """
         registered = self.registered()
         if registered is None or str(peer) not in registered:
