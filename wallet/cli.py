@@ -26,7 +26,8 @@ from ledger.types import ZERO_SIG, Transfer, sign
 from node import torch_thread
 from node.cli import common
 from node.cli.common import (
-    account_info, data_dir_option, emit, format_coins, json_option, parse_address, parse_coins,
+    account_info, coins, data_dir_option, emit, format_coins, json_option, parse_address,
+    parse_coins, plural,
     in_coins, parse_peer_addr, passphrase_option, read_peer_list, read_view,
 )
 from node.datadir import DataDir
@@ -95,7 +96,7 @@ def balance(address, data_dir, wallet_name, peer, as_json) -> None:
     info = {k: view[k] for k in ("address", "height", "balance", "bond", "nonce", "queued",
                                  "running")}
     emit(as_json, in_coins(info, "balance", "bond"),
-         f"{format_coins(info['balance'])} coins (bond {format_coins(info['bond'])}) at height "
+         f"{coins(info['balance'])} (bond {format_coins(info['bond'])}) at height "
          f"{info['height']}")
 
 
@@ -139,7 +140,7 @@ def send(recipient, amount, data_dir, wallet_name, passphrase_file, peer, wait, 
         txid = common.submit_tx(dd, tx, view["running"])
     info = {"txid": txid.hex(), "nonce": nonce, "amount": format_coins(units),
             "amount_units": units, "running": view["running"]}
-    queued = f"queued {format_coins(units)} coins to {recipient[:16]}..  txid {txid.hex()}"
+    queued = f"queued {coins(units)} to {recipient[:16]}..  txid {txid.hex()}"
     if not wait:
         emit(as_json, info, queued)
         return
@@ -181,8 +182,9 @@ def history(address, data_dir, wallet_name, as_json) -> None:
     """Transactions that moved coins of an address, oldest first, then queued ones.
 
     A tab's row shows the caps it locked; each claim's, what it paid this
-    address's lanes or refunded it as the tab's client; a TabExpired row, the
-    rest an expired tab gave back.
+    address's lanes or refunded it as the tab's client (a TabRefund row: a
+    claim that paid no server, an unused tab given back); a TabExpired row,
+    the rest an expired tab gave back.
 
     \b
     Example:
@@ -325,9 +327,10 @@ def infer(prompt, local, peers, trusted_file, allow_unregistered, wire, push, sp
             if not as_json:  # the tokens went to stdout: the warning to stderr
                 click.echo(_mismatch_line(m), err=True)
         if doc["cost"] and not as_json:
-            click.echo(f"\npaid {format_coins(sum(p['amount_units'] for p in doc['cost']))} coins "
-                       f"to {len(doc['cost'])} servers (tab {doc['tabs'][0]['tab'][:16]}.., "
-                       f"{len(doc['claims'])} claims submitted)", err=True)
+            click.echo(f"\npaid {coins(sum(p['amount_units'] for p in doc['cost']))} "
+                       f"to {plural(len(doc['cost']), 'server')} (tab "
+                       f"{doc['tabs'][0]['tab'][:16]}.., {plural(len(doc['claims']), 'claim')} "
+                       "submitted)", err=True)
     doc["text"] = "".join(pieces)
     if not greedy:
         doc["seed"] = seed

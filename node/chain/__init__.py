@@ -22,7 +22,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.chain.views": ("LOCAL_ONLY", "account_view", "history_view", "node_status_view",
                          "read_views", "receipts_view", "registry_view"),
     "node.chain.history": ("history_rows",),
-    "node.chain.jobviews": ("find_job", "given_up", "job_view", "jobs_view"),
+    "node.chain.jobviews": ("find_by_prefix", "find_job", "given_up", "job_view", "jobs_view"),
     "node.chain.work": ("AROUND_RECEIPT_BLOCKS", "CLOSED_STEP_BLOCKS", "bonded_peers",
                         "job_named", "receipt_at", "receipts_between", "step_receipts",
                         "unit_receipt"),

@@ -8,7 +8,9 @@ then the queued transactions.
   deposit), verdicts (the verifier's fee), tabs and claims. For tabs it
   follows the ledger's own arithmetic (`ledger.tabrules.claim_outcome`): a
   claim's row says what it paid the account's lanes or refunded the
-  account as a tab's client.
+  account as a tab's client. To the client, a claim that paid no lane
+  anything and gave it coins back (an unused tab closed) is a ``TabRefund``,
+  not a ``Claim``: nothing was bought.
 - What a block's rules paid without a transaction, read from the block's
   undo record: ``Reward`` (a receipt of the account's node whose window
   closed: minted, or out of its job's deposit), ``TabExpired`` (an expired
@@ -186,8 +188,11 @@ class _Book:
         earned = sum(p for p, payee in zip(pay, record.payees) if payee == self.account)
         if not mine and not earned and self.owner.get(tx.node_key) != self.account:
             return None
-        return _row(tx, earned + (refund if mine else 0),
-                    (self.owner.get(tx.node_key, b"") if mine else record.client).hex())
+        row = _row(tx, earned + (refund if mine else 0),
+                   (self.owner.get(tx.node_key, b"") if mine else record.client).hex())
+        if mine and refund and not any(pay):
+            row["type"] = "TabRefund"
+        return row
 
     def queued(self, tx) -> dict | None:
         """A mempool transaction's row (a claim's effect is not known until it lands)."""

@@ -4,12 +4,14 @@ Owns `jobs_view` and `job_view`, built from a `ChainDB` whether a running
 node answers (the control socket's ``view`` op) or a command reads a
 stopped node's store, like `node.chain.views`. Amounts are given twice:
 in coins (a decimal string, as the CLIs print them) and in base units
-(``*_units``, integers).
+(``*_units``, integers). Also `find_by_prefix`, how commands take an id
+or a hex prefix of one (a job's here, a transaction's in `pnode proof`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ledger.chaindb import ChainDB
@@ -19,7 +21,7 @@ from ledger.types import Job, Receipt, format_coins, tx_hash, unit_id
 from ledger.records import JobRecord
 from node.errors import NodeError
 
-__all__ = ["find_job", "given_up", "job_view", "jobs_view"]
+__all__ = ["find_by_prefix", "find_job", "given_up", "job_view", "jobs_view"]
 
 
 class UnknownJob(NodeError):
@@ -93,20 +95,46 @@ def _mempool_jobs(chain: ChainDB) -> dict[bytes, JobRecord]:
             for tx in chain.mempool() if isinstance(tx, Job)}
 
 
+def find_by_prefix(prefix: Any, ids: Callable[[], Iterable[bytes]], what: str,
+                   error: type[Exception]) -> bytes:
+    """The one id of ``ids()`` whose hex starts with ``prefix``: how commands take ids.
+
+    `pnode job ...` (a job id) and `pnode proof` (a transaction id) resolve
+    what they are given here, so both take the same prefixes. 64 hex digits
+    are the id itself (``ids`` is not called: the caller looks it up).
+
+    Args:
+        prefix: hex digits, any case.
+        ids: the candidates (called only for a shorter prefix).
+        what: what an id names, for the errors ("job", "transaction").
+        error: the error to raise.
+
+    Returns:
+        The matching id.
+
+    Raises:
+        error: ``prefix`` is not hex digits, or no id or more than one starts so.
+    """
+    text = prefix.lower() if isinstance(prefix, str) else ""
+    if not text or len(text) > 64 or any(c not in "0123456789abcdef" for c in text):
+        raise error(f'"{prefix}" is not a {what} id (hex; a prefix will do)')
+    if len(text) == 64:
+        return bytes.fromhex(text)
+    found = {i for i in ids() if i.hex().startswith(text)}
+    if len(found) != 1:
+        many = f"{len(found)} {what}s" if found else f"no {what}"
+        raise error(f"{many} on the chain with an id starting {text}")
+    return found.pop()
+
+
 def find_job(chain: ChainDB, prefix: str) -> bytes:
     """The id of the one job whose hex id starts with ``prefix``.
 
     Raises:
         UnknownJob: not hex, no such job, or more than one.
     """
-    text = prefix.lower() if isinstance(prefix, str) else ""
-    if not text or any(c not in "0123456789abcdef" for c in text):
-        raise UnknownJob(f'"{prefix}" is not a job id (hex; a prefix will do)')
-    found = [j for j in {*chain.state.ids(JOB), *_mempool_jobs(chain)} if j.hex().startswith(text)]
-    if len(found) != 1:
-        what = "no job" if not found else f"{len(found)} jobs"
-        raise UnknownJob(f"{what} on the chain with an id starting {text}")
-    return found[0]
+    return find_by_prefix(prefix, lambda: {*chain.state.ids(JOB), *_mempool_jobs(chain)},
+                          "job", UnknownJob)
 
 
 def job_view(chain: ChainDB, job: str) -> dict[str, Any]:

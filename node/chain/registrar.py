@@ -8,7 +8,11 @@ and the peer key both sign the binding of the node key and the peer id to
 the account, the served span is the registered layers, the bond is ``bond``
 or the chain's ``min_bond``) or says once, clearly, why it cannot: the
 wallet is locked (no passphrase given), or its balance is below the bond
-(with the address to fund). Registered, it says so once and stops.
+(with the address to fund). Registered for another span than the one
+served (a restart with other ``--layers``, or a span given at `pnode init`
+that the model does not have), it registers again with the served span and
+no further bond (`Register` on a registered account updates its layers).
+Registered for the served span, it says so once and stops.
 """
 
 from __future__ import annotations
@@ -74,14 +78,14 @@ class Registrar:
         task_status.started(self)
         while True:
             look = await self.service.call(self._look)
-            if look.registered:
+            if look.registered and look.layers == self.layers:
                 self.registered = True
                 start, end = look.layers
                 self._say(f"registered on chain {look.chain_id}: layers {start}:{end}, bond "
                           f"{format_coins(look.bond)}")
                 return
             if not look.queued:
-                await self._try(look)
+                await (self._move(look) if look.registered else self._try(look))
             await self.service.wait_tip_change(look.tip)
 
     def _look(self) -> _Look:
@@ -117,6 +121,24 @@ class Registrar:
             return
         self._say(f"registering: layers {self.layers[0]}:{self.layers[1]}, bond "
                   f"{format_coins(look.bond)} (tx {txid.hex()[:16]}..)")
+
+    async def _move(self, look: _Look) -> None:
+        """Register again, bonding nothing more: the chain's span is not the one served."""
+        span, old = f"{self.layers[0]}:{self.layers[1]}", f"{look.layers[0]}:{look.layers[1]}"
+        if self.wallet is None:
+            self._say(f"registered for layers {old} but serving {span}: the wallet is locked "
+                      "(start with PNODE_PASSPHRASE set or --passphrase-file to register "
+                      "the served span)")
+            return
+        register = node_registration(look.chain_id, self.wallet, self.node_key, self.peer_key,
+                                     self.layers, 0, look.nonce)
+        try:
+            txid = await self.txs.submit(register)
+        except ValidationError as exc:
+            self._say(f"not re-registered: the registration was refused: "
+                      f"{type(exc).__name__}: {exc}")
+            return
+        self._say(f"re-registering: layers {span} (registered {old}; tx {txid.hex()[:16]}..)")
 
     def _say(self, line: str) -> None:
         """Report a line once (the same situation is not repeated at every block)."""

@@ -175,14 +175,20 @@ def proof_view(chain: ChainDB, txid: str) -> dict[str, Any]:
     """The inclusion proof of a receipt (against the tip's log root) or any other
     transaction (against its block's transactions root), as `pnode proof` writes it.
 
+    Args:
+        txid: the id in hex, or a prefix of it (`find_by_prefix`; a prefix is
+            looked for in every main-chain block).
+
     Raises:
-        BadRequest: ``txid`` is not 64 hex digits.
-        ProofError: no receipt or main-chain transaction has that id.
+        ProofError: not hex, or no receipt or main-chain transaction (or more
+            than one) has that id.
     """
     from ledger.codec import to_json
+    from node.chain.jobviews import find_by_prefix
     from node.errors import ProofError
 
-    wanted = _id32(txid, "a transaction id")
+    wanted = find_by_prefix(txid, lambda: (tx_hash(tx) for block in chain.iter_blocks()
+                                           for tx in block.txs), "transaction", ProofError)
     try:
         found = chain.receipt_proof(wanted) if chain.receipt_index(wanted) is not None else \
             chain.tx_proof(wanted)

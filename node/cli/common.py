@@ -398,6 +398,23 @@ def registry_info(dd: DataDir) -> dict[str, Any]:
     return read_view(dd, "registry")
 
 
+def plural(count: float | str, word: str, words: str | None = None) -> str:
+    """``count`` and ``word``, plural unless the count is one: "1 server", "2 servers".
+
+    Args:
+        count: a number, or a decimal string (an amount as `format_coins` writes it).
+        word: the singular; words: the plural (default: ``word`` + "s").
+    """
+    one = count == "1" if isinstance(count, str) else count == 1
+    return f"{count} {word if one else words or word + 's'}"
+
+
+def coins(amount: int | str) -> str:
+    """An amount in base units (an int) or in coins (a decimal string, as the views give
+    it) as "1 coin", "2.5 coins"."""
+    return plural(format_coins(amount) if isinstance(amount, int) else amount, "coin")
+
+
 def in_coins(doc: dict[str, Any], *names: str) -> dict[str, Any]:
     """``doc`` with each money field ``name`` (base units) given as coins, a decimal string,
     and its base units beside it as ``name_units``: the CLIs' one money format in JSON."""

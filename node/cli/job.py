@@ -19,7 +19,8 @@ from ledger.crypto import SigningKey
 from ledger.jobrules import FEES_PER_UNIT, job_cost
 from node.cli import common
 from node.cli.common import (
-    account_info, data_dir_option, emit, format_coins, json_option, passphrase_option, read_view,
+    account_info, coins, data_dir_option, emit, format_coins, json_option, passphrase_option,
+    read_view,
 )
 from node.datadir import DataDir
 from node.datadir import read_key_file
@@ -143,13 +144,13 @@ def submit(job_file, deposit, wallet_name, init_file, data_dir, passphrase_file,
     units = _coins(deposit, "--deposit") if deposit is not None else 0 if authority else cost
     if 0 < units < cost:
         raise click.BadParameter(
-            f"deposit short: the job needs at least {format_coins(cost)} coins ({config.steps} "
+            f"deposit short: the job needs at least {coins(cost)} ({config.steps} "
             f"steps x {n_units} units x (reward {format_coins(params['reward'])} + "
             f"{FEES_PER_UNIT} x fee {format_coins(params['verify_fee'])})), got "
             f"{format_coins(units)}", param_hint="--deposit")
     account = account_info(dd, key.public)
     if units > account["balance"]:
-        raise click.BadParameter(f"the deposit, {format_coins(units)} coins, is more than the "
+        raise click.BadParameter(f"the deposit, {coins(units)}, is more than the "
                                  f"wallet's balance, {format_coins(account['balance'])}",
                                  param_hint="--deposit")
     tx = _built(job_tx, config, job_file, account["chain_id"], key, account["next_nonce"], plan,
@@ -159,7 +160,7 @@ def submit(job_file, deposit, wallet_name, init_file, data_dir, passphrase_file,
             "deposit": format_coins(units), "deposit_units": units,
             "cost": format_coins(cost), "cost_units": cost, "running": account["running"]}
     emit(as_json, info, f"job {job_id.hex()} queued: {config.steps} steps x {n_units} units, "
-                        f"deposit {format_coins(units)} coins"
+                        f"deposit {coins(units)}"
                         f"{'' if units else ' (minted: the job authority)'}")
 
 
@@ -359,7 +360,7 @@ def export(job_id, out, data_dir, as_json) -> None:
 def _describe(info: dict, *, full: bool) -> str:
     lines = [f"job {info['id']}", f"  state     {info['state']}, step {info['step']} of "
              f"{info['steps']} ({info['units']} units a step)",
-             f"  paid by   {info['paid_by']}: deposit {info['deposit']} coins, "
+             f"  paid by   {info['paid_by']}: deposit {coins(info['deposit'])}, "
              f"{info['escrow']} left in escrow, {info['receipts_pending']} receipts pending"]
     for u in info["open_step"]:
         lines.append(f"    unit {u['index']:>3} layers {u['layers'][0]}:{u['layers'][1]}  "

@@ -21,9 +21,8 @@ from ledger.types import tx_hash
 from node.chain import node_status_view
 from node.cli import common
 from node.cli.common import (
-    ask_node_or_store, data_dir_option, emit, format_coins, in_coins, json_option, parse_layers,
-    read_view,
-    passphrase_option,
+    ask_node_or_store, coins, data_dir_option, emit, in_coins, json_option, parse_layers,
+    passphrase_option, plural, read_view,
 )
 from node.cli.job import job
 from node.cli.pol import pol
@@ -72,7 +71,10 @@ for command in (start, train, devnet, proof, verify, pol, job):  # the commands 
 @click.option("--alloc", multiple=True, metavar="ADDRESS=COINS",
               help="Further genesis allocations of a new chain (repeatable).")
 @click.option("--bond", default="10", show_default=True, help="Coins this node bonds.")
-@click.option("--layers", default="0:30", show_default=True, help="Layers served, START:END.")
+@click.option("--layers", default="0:30", show_default=True,
+              help="Layers served, START:END, as a new chain's genesis registers them. The "
+                   "model is known only at `pnode start`: it refuses --layers the model lacks "
+                   "and registers again the span it serves.")
 @click.option("--slot-ms", type=click.IntRange(1, 600_000), default=DEFAULT_PARAMS["slot_ms"],
               show_default=True, help="Producer slot (timeout ladder step) of a new chain.")
 @click.option("--job", "job_file", type=click.Path(dir_okay=False),
@@ -112,9 +114,11 @@ def init(data_dir, genesis_file, chain_id, premine, alloc, bond, layers, slot_ms
     genesis = joined or _new_genesis(chain_id, premine, alloc, bond, layer_range, slot_ms,
                                      node_key, peer_key, wallet, job_config)
     genesis_hash = dd.initialise(genesis, node_key, peer_key, wallet.seed(), secret)
+    from libp2p.peer.id import ID  # here: the other commands need no libp2p
+
     info = {"data_dir": str(dd.path), "chain_id": genesis.chain_id,
             "genesis_hash": genesis_hash.hex(), "address": wallet.public.hex(),
-            "node_key": node_key.public.hex(), "peer_id": libp2p_peer_id(peer_key.public).hex(),
+            "node_key": node_key.public.hex(), "peer_id": ID(libp2p_peer_id(peer_key.public)).to_base58(),  # 12D3KooW.., as everywhere
             "joined": joined is not None,
             "jobs": [tx_hash(j).hex() for j in genesis.jobs]}
     emit(as_json, info, lambda: "\n".join(
@@ -278,7 +282,7 @@ def _status_text(info: dict) -> str:
         lines.append(f"{'peers':16} {len(info['peers'])} connected")
         lines += [f"  {p}" for p in info["peers"]]
     if info.get("swarm") is not None:
-        lines.append(f"{'swarm':16} {len(info['swarm'])} servers announced")
+        lines.append(f"{'swarm':16} {plural(len(info['swarm']), 'server')} announced")
         lines += [f"  layers {s['layers'][0]:>3}:{s['layers'][1]:<3} {s['throughput']:7.1f} tok/s"
                   f"  load {s['load']}  price {s['price']}/position/layer  {s['peer_id']}"
                   for s in info["swarm"]]
@@ -292,7 +296,7 @@ def _plain(key: str, value) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if key in _COIN_FIELDS and isinstance(value, int):
-        return f"{format_coins(value)} coins"
+        return coins(value)
     if key in ("layers", "serving") and isinstance(value, list) and len(value) == 2:
         return f"{value[0]}:{value[1]}"
     if isinstance(value, dict):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from node.cli.common import emit, json_option
+from node.cli.common import emit, json_option, plural
 
 
 @click.command()
@@ -177,11 +177,12 @@ def devnet(n_nodes, steps, duration, data_dir, keep_running, replicas, gpu, audi
         f"devnet {root}: height {info['height']}, {'finished' if done else 'stopped'} after "
         f"{len(info['losses'])} of {steps} steps",
         f"loss {info['loss_first']:.3f} -> {info['loss_last']:.3f}" if info["losses"] else
-        "no loss computed", f"supply {info['supply']} coins ({info['minted']} minted)",
+        "no loss computed", f"supply {plural(info['supply'], 'coin')} ({info['minted']} minted)",
         "verdicts: {pass} pass, {fail} fail, {unavailable} unavailable".format(
             **info["verdicts"]),
-        *(f"node{i}: {n['units_accepted']} units accepted, {n['coins']} coins"
-          + (f", {n['slashed']} coins slashed" if n["slashed"] else "")
+        *(f"node{i}: {plural(n['units_accepted'], 'unit')} accepted, "  # whole coins
+          f"{plural(n['coins'], 'coin')}"
+          + (f", {plural(n['slashed'], 'coin')} slashed" if n["slashed"] else "")
           + (", jailed" if n["jailed"] else "")
           for i, n in enumerate(info["nodes"]))]))
 

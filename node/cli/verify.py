@@ -28,16 +28,17 @@ def proof(receipt_id, data_dir) -> None:
 
     A receipt (a unit's, in the log) gets a proof against the tip's log root;
     any other transaction (a transfer, a tab, a claim that paid a server)
-    one against its block's transaction root.
+    one against its block's transaction root. ID is the id in hex or, as
+    `pnode job` commands take, a prefix that only one id starts with.
 
     \b
     Examples:
       pnode proof 3fa1...c9 --data-dir D > receipt.proof
+      pnode proof 3f73260d --data-dir D > receipt.proof      # a prefix will do
       pnode proof "$(pwallet infer Hi --max-price 10 --json | jq -r '.claims[0]')" > claim.proof
       pnode verify proof claim.proof --data-dir D
     """
-    common.parse_address(receipt_id)  # 64 hex digits, or exit 2 saying so
-    found = read_view(DataDir(data_dir), "proof", txid=receipt_id.lower())
+    found = read_view(DataDir(data_dir), "proof", txid=receipt_id)  # an id or a prefix
     found.pop("running")
     click.echo(json.dumps(found, indent=2))
 

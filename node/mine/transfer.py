@@ -40,7 +40,7 @@ from ledger.codec import decode, encode
 from node.errors import BadPush
 from proof_of_learning.errors import NoSuchPush
 from proof_of_learning.phases import Key, Push, Tensors
-from node.net import Host, read_frame, write_frame
+from node.net import Host, frame_deadline, read_frame, write_frame
 from node.wire import CLIENT, MAX_TRAIN_FRAME, TRAIN_PROTOCOL, WHATS, NamedTensor, StepTensors
 
 log = logging.getLogger(__name__)
@@ -66,9 +66,10 @@ class Transfer:
         version: the updates the miner has applied (what steps it may use).
         wait_tip_change: returns once the chain's tip is no longer the one given.
         device: where the kept tensors live.
-        wait_s: most seconds to wait for tensors, or for a pushed frame.
+        wait_s: most seconds to wait for tensors, or for a pushed frame (plus
+            its size at `node.net.framing.MIN_TRANSFER_RATE`).
         push_wait_s: most seconds a phase waits for its pushes' first attempts
-            (and one attempt's limit).
+            (and one attempt's base limit, plus its size at that rate).
         push_retry_s: how long a push goes on being retried.
     """
 
@@ -248,7 +249,9 @@ class Transfer:
         with trio.move_on_after(self.push_retry_s):
             while True:
                 try:
-                    with trio.fail_after(self.push_wait_s):
+                    # The limit scales with the frame (a SmolLM2 push is tens of MB):
+                    # a flat one cut every attempt on a loaded link (issue 28 item 11).
+                    with trio.fail_after(frame_deadline(self.push_wait_s, len(msg))):
                         stream = await self.host.open_stream(peer, TRAIN_PROTOCOL)
                         await write_frame(stream, msg)
                         await stream.close()
@@ -269,7 +272,7 @@ class Transfer:
 
         Raises:
             BadPush, DecodeError, FramingError: the host resets the stream and
-                scores the peer.
+                scores the peer (not for a `FrameTimeout`: slow is not hostile).
         """
         registered = self.registered()
         if registered is None or str(peer) not in registered:

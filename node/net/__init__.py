@@ -13,11 +13,13 @@ from node.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "node.net.framing": (
-        "DEFAULT_MAX_FRAME_SIZE", "FrameEOF", "FrameReader", "FrameStreamError", "FrameTimeout",
-        "FrameTooLarge", "FramingError", "read_frame", "write_frame",
+        "DEFAULT_MAX_FRAME_SIZE", "MIN_TRANSFER_RATE", "FrameEOF", "FrameReader",
+        "FrameStreamError", "FrameTimeout", "FrameTooLarge", "FramingError", "frame_deadline",
+        "read_frame", "write_frame",
     ),
     "node.net.host": (
-        "DialError", "Host", "LocalFault", "RequestError", "ResponseTooLarge", "open_host",
+        "DialError", "Host", "LocalFault", "RequestError", "RequestTimeout", "ResponseTooLarge",
+        "open_host",
     ),
     "node.net.gossip": ("GossipError",),
     "node.net.identity": ("HostError", "PeerIdentity"),

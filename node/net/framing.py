@@ -12,8 +12,13 @@ Reading is defensive, since the other end is untrusted:
   actually arrived (a peer that announces 16 MiB and sends 1 byte costs 1 byte);
 - a stream that ends before the first byte of a frame is a clean end
   (`FrameEOF`); one that ends anywhere inside a frame is `FrameTruncated`;
-- an optional ``timeout`` bounds the whole frame (``trio.fail_after``), so a
-  peer that drips one byte at a time cannot hold a reader forever.
+- an optional ``timeout`` bounds the whole frame, so a peer that drips one
+  byte at a time cannot hold a reader forever. The bound scales with the
+  frame: ``timeout`` seconds for the length prefix, and the whole frame
+  ``timeout + size / MIN_TRANSFER_RATE`` from the start (`frame_deadline`), so
+  a large frame over a slow or loaded link is not cut at a flat limit. A
+  timeout says the peer is slow, never that it misbehaved: `node.net.host`
+  does not score `FrameTimeout` (specs/network.md section 2).
 
 The stream only needs ``await read(n) -> bytes`` (at most ``n`` bytes; an
 empty result or ``EOFError``/libp2p ``StreamEOF`` at end of stream) and
@@ -36,8 +41,27 @@ HEADER_SIZE = 4
 MAX_LENGTH = 2**32 - 1  # what the 4-byte prefix can express
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024  # 16 MiB: a large hidden-state batch
 READ_CHUNK = 256 * 1024  # the most one read() asks for (bounds each allocation)
+# The slowest link a frame's deadline allows for, in bytes per second: a frame of
+# ``size`` bytes gets ``size / MIN_TRANSFER_RATE`` seconds on top of its base timeout
+# (SmolLM2's 113 MB of averaged tensors: 108 s more). Attack note: a peer can hold a
+# reader this long per frame, but only up to the reader's ``max_size``, and the buffer
+# grows only with bytes that arrived.
+MIN_TRANSFER_RATE = 1024 * 1024
 
 _HEADER = struct.Struct(">I")
+
+
+def frame_deadline(timeout: float, size: int) -> float:
+    """Seconds a frame of ``size`` payload bytes may take, given a base ``timeout``.
+
+    Args:
+        timeout: the base seconds (what a tiny frame gets).
+        size: the frame's payload length.
+
+    Returns:
+        ``timeout + size / MIN_TRANSFER_RATE``.
+    """
+    return timeout + size / MIN_TRANSFER_RATE
 
 
 class ByteStream(Protocol):
@@ -105,22 +129,25 @@ async def write_frame(
         stream: where to write.
         payload: the frame body.
         max_size: refuse payloads longer than this (the peer's known limit).
-        timeout: seconds the whole write may take; None waits forever.
+        timeout: base seconds the write may take; the limit is
+            `frame_deadline` (``timeout`` plus the payload at
+            `MIN_TRANSFER_RATE`). None waits forever.
 
     Raises:
         FrameTooLarge: ``payload`` is longer than ``max_size`` (or 2**32-1).
-        FrameTimeout: the write did not finish within ``timeout``.
+        FrameTimeout: the write did not finish within that limit.
         FrameStreamError: the stream broke.
     """
     size = len(payload)
     if size > min(max_size, MAX_LENGTH):
         raise FrameTooLarge(size, min(max_size, MAX_LENGTH))
     data = _HEADER.pack(size) + bytes(payload)
+    limit = None if timeout is None else frame_deadline(timeout, size)
     try:
-        with _deadline(timeout):
+        with _deadline(limit):
             await stream.write(data)
     except trio.TooSlowError:
-        raise FrameTimeout(f"writing a {size}-byte frame took over {timeout} s") from None
+        raise FrameTimeout(f"writing a {size}-byte frame took over {limit:.1f} s") from None
     except _broken_stream_errors() as exc:
         raise FrameStreamError(f"stream broke while writing a frame: {exc!r}") from exc
 
@@ -137,7 +164,10 @@ async def read_frame(
         stream: where to read.
         max_size: the longest payload accepted; a longer length prefix is
             refused before any body byte is read.
-        timeout: seconds the whole frame may take to arrive; None waits forever.
+        timeout: seconds for the length prefix to arrive; once it has, the
+            whole frame may take `frame_deadline` (``timeout`` plus its
+            announced size at `MIN_TRANSFER_RATE`), counted from the call.
+            None waits forever.
 
     Returns:
         The payload (possibly empty).
@@ -146,18 +176,20 @@ async def read_frame(
         FrameEOF: the stream ended cleanly before the frame began.
         FrameTruncated: the stream ended inside the frame.
         FrameTooLarge: the length prefix exceeds ``max_size``.
-        FrameTimeout: the frame did not arrive within ``timeout``.
+        FrameTimeout: the frame did not arrive within that limit.
         FrameStreamError: the stream broke (reset, connection lost).
     """
+    size = None
     try:
-        with _deadline(timeout):
+        with _deadline(timeout) as scope:
             header = await _read_exactly(stream, HEADER_SIZE, "length prefix", clean_eof=True)
             (size,) = _HEADER.unpack(header)
             if size > max_size:
                 raise FrameTooLarge(size, max_size)
+            _extend(scope, timeout, size)
             return await _read_exactly(stream, size, "body", clean_eof=False)
     except trio.TooSlowError:
-        raise FrameTimeout(f"no complete frame within {timeout} s") from None
+        raise FrameTimeout(_late(timeout, size)) from None
 
 
 async def iter_frames(
@@ -197,15 +229,17 @@ class FrameReader:
     async def read_frame(self, max_size: int = DEFAULT_MAX_FRAME_SIZE, *,
                          timeout: float | None = None) -> bytes:
         """Read exactly one frame and return its payload (see `read_frame`)."""
+        size = None
         try:
-            with _deadline(timeout):
+            with _deadline(timeout) as scope:
                 await self._fill(HEADER_SIZE, "length prefix", clean_eof=True)
                 (size,) = _HEADER.unpack_from(self._buffer)
                 if size > max_size:
                     raise FrameTooLarge(size, max_size)
+                _extend(scope, timeout, size)
                 await self._fill(HEADER_SIZE + size, "body", clean_eof=False)
         except trio.TooSlowError:
-            raise FrameTimeout(f"no complete frame within {timeout} s") from None
+            raise FrameTimeout(_late(timeout, size)) from None
         payload = bytes(self._buffer[HEADER_SIZE:HEADER_SIZE + size])
         del self._buffer[:HEADER_SIZE + size]
         return payload
@@ -267,8 +301,22 @@ def _broken_stream_errors() -> tuple[type[BaseException], ...]:
     return errors if libp2p_io is None else (*errors, libp2p_io.IOException)
 
 
-def _deadline(timeout: float | None) -> AbstractContextManager[object]:
+def _deadline(timeout: float | None) -> AbstractContextManager[trio.CancelScope]:
     """A ``fail_after`` scope, or a scope that never fires for ``None``."""
     if timeout is None:
         return trio.CancelScope()
     return trio.fail_after(timeout)
+
+
+def _extend(scope: trio.CancelScope, timeout: float | None, size: int) -> None:
+    """Give a frame whose length prefix came the time its size needs (`frame_deadline`)."""
+    if timeout is not None:
+        scope.deadline += size / MIN_TRANSFER_RATE
+
+
+def _late(timeout: float | None, size: int | None) -> str:
+    """The text of a read's `FrameTimeout`."""
+    if size is None:
+        return f"no frame began within {timeout} s"
+    return (f"no complete frame of {size} bytes within {frame_deadline(timeout or 0.0, size):.1f} s"
+            f" (at least {MIN_TRANSFER_RATE} bytes/s)")

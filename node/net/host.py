@@ -5,7 +5,8 @@ listed in specs/network.md) but the identity (`node.net.identity.PeerIdentity`,
 re-exported here): `open_host`, a `Host` with TCP, Noise the *only* security
 protocol, pnode's yamux (`node.net.yamux.conn`), pubsub + gossipsub started
 before any connection; one-frame request/response streams (`node.net.framing`)
-where an error closes only that stream and scores its peer (`Host.penalize`).
+where an error closes only that stream and scores its peer (`Host.penalize`)
+unless it only shows the peer slow (a timeout: dropped, never scored).
 Two parts of the host live in their own modules: gossip (`node.net.gossip`:
 a size limit checked at publish, the rate limit raised, per-topic validators
 that run before gossipsub relays a message) and misbehaviour
@@ -38,8 +39,8 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from node.net import yamux
 from node.net.framing import (
-    DEFAULT_MAX_FRAME_SIZE as MAX_FRAME, FrameStreamError, FrameTooLarge, FramingError, read_frame,
-    write_frame,
+    DEFAULT_MAX_FRAME_SIZE as MAX_FRAME, FrameStreamError, FrameTimeout, FrameTooLarge,
+    FramingError, frame_deadline, read_frame, write_frame,
 )
 from node.net.bans import BanGate, BanMixin
 from node.net.gossip import GossipError, GossipMixin
@@ -95,7 +96,7 @@ class HostConfig:
     heartbeat_interval: int = 1  # seconds (py-libp2p default 120: meshes form slowly)
     dial_timeout: float = 10.0
     max_request_size: int = MAX_FRAME
-    handler_timeout: float = 30.0  # for a request handler to get its request
+    handler_timeout: float = 30.0  # base s for a request to come (+ its size at 1 MiB/s)
     subscription_buffer: int = 256  # per subscriber; a full one drops messages
     publish_backpressure: float = 5.0  # most seconds publish waits for full peer queues
     validation_timeout: float = 30.0  # for a topic validator (py-libp2p: 5 s); late = dropped
@@ -339,8 +340,10 @@ class Host(BanMixin, GossipMixin):
 
         The stream is closed when the handler returns. If it raises, the stream
         is reset and the peer scores a point in `misbehaving` (unless the peer
-        broke the stream, as a client that gave up does, or the handler raised
-        `LocalFault`: the fault is this node's); all else carries on.
+        broke the stream, as a client that gave up does; or it was too slow, a
+        `FrameTimeout`, ``trio.TooSlowError`` or `RequestTimeout`: slowness is
+        not misbehaviour; or the handler raised `LocalFault`: the fault is this
+        node's); all else carries on.
         A banned peer's stream is reset at once; so is an untrusted peer's
         unless the protocol is ``public`` (what clients use).
         """
@@ -368,6 +371,12 @@ class Host(BanMixin, GossipMixin):
             except LocalFault as exc:
                 log.debug("%s stream from %s not served: %s", protocol_id, peer, exc)
                 await _quietly(stream.reset)
+            except (FrameTimeout, trio.TooSlowError, RequestTimeout) as exc:
+                # Attack note: not scoring a stall lets a peer hold a stream for the
+                # frame's time limit, which its max size bounds; scoring it banned honest
+                # peers on a loaded machine (issue 28 item 11). It loses the stream.
+                log.info("%s stream from %s dropped, too slow: %s", protocol_id, peer, exc)
+                await _quietly(stream.reset)
             except Exception as exc:
                 self.penalize(peer, 1, f"{protocol_id} stream: {type(exc).__name__}: {exc}")
                 await _quietly(stream.reset)
@@ -380,8 +389,9 @@ class Host(BanMixin, GossipMixin):
                             max_request_size: int | None = None, public: bool = False) -> None:
         """Serve one-frame requests with ``await handler(peer_id, request) -> response``.
 
-        Malformed, oversize, truncated or late (``config.handler_timeout``)
-        requests reset the stream and count as misbehaviour (see `set_handler`).
+        Malformed, oversize or truncated requests reset the stream and count
+        as misbehaviour (see `set_handler`); a late one (``config.handler_timeout``
+        plus its size at `MIN_TRANSFER_RATE`) resets it unscored.
         """
         limit = max_request_size or self.config.max_request_size
 
@@ -396,22 +406,32 @@ class Host(BanMixin, GossipMixin):
                       timeout: float = 30.0, *, max_response_size: int = MAX_FRAME) -> bytes:
         """Send one frame on a new stream and return the one frame answered.
 
+        Args:
+            timeout: base seconds for it all (dial, request, answer); the
+                request's and the answer's sizes each add their time at
+                `MIN_TRANSFER_RATE` (`frame_deadline`), so a large answer over
+                a slow link is not cut at a flat limit.
+
         Raises:
-            RequestTimeout: no answer within ``timeout`` seconds (all included).
+            RequestTimeout: no answer within that time.
             ResponseTooLarge: an answer over ``max_response_size``.
             RequestError: no stream, the peer closed it without an answer, or a
                 malformed answer.
         """
         stream: INetStream | None = None
+        deadline = trio.current_time() + frame_deadline(timeout, len(payload))
         try:
-            with trio.fail_after(timeout):
+            with trio.fail_after(deadline - trio.current_time()):
                 stream = await self.open_stream(peer_id, protocol_id)
                 await write_frame(stream, payload)
-                response = await read_frame(stream, max_response_size)
-        except trio.TooSlowError:
+            # Outside that scope: read_frame extends the time left by the answer's size.
+            response = await read_frame(stream, max_response_size,
+                                        timeout=max(deadline - trio.current_time(), 0.0))
+        except (trio.TooSlowError, FrameTimeout) as exc:
             if stream is not None:
                 await _quietly(stream.reset)
-            raise RequestTimeout(f"{protocol_id} to {peer_id}: no answer in {timeout} s") from None
+            raise RequestTimeout(f"{protocol_id} to {peer_id}: no answer in time (base "
+                                 f"{timeout} s): {exc or 'request not sent'}") from None
         except FramingError as exc:
             if stream is not None:
                 await _quietly(stream.reset)

@@ -30,6 +30,19 @@ def test_send_is_mined_and_shows_in_balance_and_history(node, pnode, pwallet):
     assert sum(r["amount_units"] for r in bob_rows) == 3_500_001
 
 
+def test_one_coin_is_said_in_the_singular(node, pnode, pwallet):
+    d, info = node
+    bob = pwallet("create", "--data-dir", d, "--name", "bob", "--json").json()["address"]
+    r = pwallet("send", bob, "1", "--data-dir", d)
+    assert r.code == 0 and r.out.startswith(f"queued 1 coin to {bob[:16]}..")
+    assert pwallet("send", bob, "1.5", "--data-dir", d).out.startswith("queued 1.5 coins to ")
+    assert pnode("produce", "--data-dir", d).code == 0
+    assert pwallet("balance", bob, "--data-dir", d).out.startswith("2.5 coins (bond 0) ")
+    assert pwallet("send", "--data-dir", d, "--wallet", "bob", info["address"], "1.5").code == 0
+    assert pnode("produce", "--data-dir", d).code == 0
+    assert pwallet("balance", bob, "--data-dir", d).out.startswith("1 coin (bond 0) at height")
+
+
 def test_overspend_is_refused_before_queueing(node, pwallet):
     d, _ = node
     bob = pwallet("create", "--data-dir", d, "--name", "bob", "--json").json()["address"]

@@ -51,6 +51,27 @@ def test_claims_refunds_and_an_expiry_add_up_to_every_balance():
                                               if r["type"] == "Allocation"]
 
 
+def test_a_claim_that_pays_no_server_is_a_refund_to_the_client():
+    net = make_net()
+    db = new_db(net)
+    client = net.users[0]
+    lanes = [(net.nodes[0].public, 5 * COIN), (net.nodes[1].public, 3 * COIN)]
+    unused, used = open_tab(db, client, lanes), open_tab(db, client, lanes, nonce=1)
+    grow(db, net, 1, [unused, used])
+    # The unused tab's lane 0 closed on an empty voucher: its 5 coins back, nothing paid.
+    grow(db, net, 1, [claim(net.nodes[0], voucher(client, unused, [0, 0]), close=True),
+                      claim(net.nodes[0], voucher(client, used, [COIN, 0]), close=True)])
+    rows = [r for r in history_rows(db, client.public) if r["height"] == db.height]
+    assert sorted((r["type"], r["amount_units"]) for r in rows) == [
+        ("Claim", 4 * COIN), ("TabRefund", 5 * COIN)]  # the other paid a server 1 coin
+    assert next(r for r in rows if r["type"] == "TabRefund")["txid"] == tx_hash(
+        claim(net.nodes[0], voucher(client, unused, [0, 0]), close=True)).hex()
+    # To the server both stay claims (its own, paying it nothing, then 1 coin).
+    server = [r for r in history_rows(db, net.wallets[0].public) if r["height"] == db.height]
+    assert [(r["type"], r["amount_units"]) for r in server] == [("Claim", 0), ("Claim", COIN)]
+    assert settled(db, client.public) == balance(db, client.public)
+
+
 def test_a_queued_claim_is_pending_and_changes_nothing_settled():
     net = make_net()
     db = new_db(net)

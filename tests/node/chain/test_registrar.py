@@ -61,10 +61,50 @@ def test_a_locked_wallet_is_said_clearly_and_a_registered_node_says_so(tmp_path,
                                  env_remove=locked)
     node_addr(a, proc_a, 60)
     node_addr(b, proc_b, 60)
-    # Genesis registered A already: it says so, and needs no key for that.
-    wait_for(lambda: "registered on chain t-reg2: layers 0:30, bond 10" in read(out_a),
-             "A's registration line", limit=30)
+    # Genesis registered A already, for layers 0:30; it serves 0:2, and says why it
+    # cannot register those.
+    wait_for(lambda: "registered for layers 0:30 but serving 0:2: the wallet is locked"
+             in read(out_a), "A's registration line", limit=30)
     wait_for(lambda: "not registered: the wallet is locked" in read(out_b),
              "B to say its wallet is locked", limit=30)
     assert stop(proc_a) == 0, read(err_a)
     assert stop(proc_b) == 0, read(err_b)
+
+
+def test_a_node_restarted_with_other_layers_registers_the_served_span(tmp_path, pnode, spawn):
+    a = tmp_path / "A"
+    assert pnode("init", "--no-job", "--data-dir", str(a), "--chain-id", "t-reg3", "--slot-ms",
+                 "50").code == 0  # genesis registers layers 0:30
+    for span, old in (("0:2", "0:30"), ("2:4", "0:2")):
+        proc, out, err = spawn(f"a{span}", "--data-dir", str(a), "--layers", span,
+                               "--block-interval-ms", "100")
+        node_addr(a, proc, 60)
+        wait_for(lambda: f"re-registering: layers {span} (registered {old};" in read(out),
+                 f"A to register {span}", limit=30)
+        wait_for(lambda: f"registered on chain t-reg3: layers {span}, bond 10" in read(out),
+                 f"A to see {span} in a block", limit=30)
+        status = live_status(pnode, a)
+        assert status["layers"] == [int(x) for x in span.split(":")]
+        assert status["bond_units"] == 10 * 10**6  # re-registering bonds nothing more
+        assert stop(proc) == 0, read(err)
+
+
+def test_a_span_the_model_lacks_is_refused_at_start_or_replaced_by_the_served_one(
+        tmp_path, pnode, spawn):
+    a = tmp_path / "A"
+    # init cannot know the model a node will serve (`pnode start --model`): it takes the span.
+    assert pnode("init", "--no-job", "--data-dir", str(a), "--chain-id", "t-reg4", "--slot-ms",
+                 "50", "--layers", "0:99").code == 0
+    proc, out, err = spawn("asked", "--data-dir", str(a), "--layers", "0:99")
+    assert proc.wait(timeout=120) == 2
+    assert "the model has layers 0:30, asked for layers 0:99" in read(err)
+    assert "registering" not in read(out) and "serving layers" not in read(out)
+    # Placed by the node, it serves what the model has and registers that, not 0:99.
+    proc, out, err = spawn("placed", "--data-dir", str(a), "--block-interval-ms", "100")
+    node_addr(a, proc, 120)
+    wait_for(lambda: "re-registering: layers 0:30 (registered 0:99;" in read(out),
+             "A to register what it serves", limit=30)
+    wait_for(lambda: "registered on chain t-reg4: layers 0:30, bond 10" in read(out),
+             "A to see 0:30 in a block", limit=30)
+    assert live_status(pnode, a)["layers"] == [0, 30]
+    assert stop(proc) == 0, read(err)

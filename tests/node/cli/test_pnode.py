@@ -14,7 +14,8 @@ from ledger.chaindb import ChainDB
 from ledger.codec import decode
 from ledger.store import LevelDBStore
 from ledger.types import Receipt, tx_hash
-from node.datadir import DataDir, write_genesis_file
+from node.datadir import DataDir, read_seed_file, write_genesis_file
+from node.net.identity import PeerIdentity
 from tests.ledger.chainkit import grow, make_net, receipts_due
 
 
@@ -34,6 +35,9 @@ def test_init_writes_keys_genesis_and_chain(node_dir):
     genesis = json.loads((d / "genesis.json").read_text())
     assert genesis["chain_id"] == "t1"
     assert genesis["registrations"][0]["node_key"] == info["node_key"]
+    # The peer id as libp2p, `pnode status` and the registry print it (12D3KooW..).
+    peer_id = PeerIdentity.from_seed(read_seed_file(d / "peer.key").seed()).peer_id
+    assert info["peer_id"] == str(peer_id) and info["peer_id"].startswith("12D3KooW")
 
 
 def test_join_with_a_genesis_file_gives_the_same_chain(node_dir, pnode, tmp_path):
@@ -139,6 +143,25 @@ def test_proof_of_unknown_receipt_is_a_clear_error(chain_with_receipts, pnode):
     assert r.code == 2 and "neither in this chain's log nor in a main-chain block" in r.err
 
 
+def test_proof_takes_a_unique_prefix_as_job_commands_do(chain_with_receipts, pnode):
+    dd, receipt_ids = chain_with_receipts
+    whole = pnode("proof", receipt_ids[1], "--data-dir", str(dd.path))
+    assert whole.code == 0, whole.err
+    short = pnode("proof", receipt_ids[1][:8].upper(), "--data-dir", str(dd.path))
+    assert short.code == 0, short.err
+    assert short.out == whole.out
+    r = pnode("proof", "", "--data-dir", str(dd.path))  # every id starts so: not one
+    assert r.code == 2 and "is not a transaction id (hex; a prefix will do)" in r.err
+    for bad, says in (("xyz", "is not a transaction id"), ("ab" * 33, "is not a transaction id")):
+        r = pnode("proof", bad, "--data-dir", str(dd.path))
+        assert r.code == 2 and says in r.err and "Traceback" not in r.err
+    # A prefix of none says so, as `pnode job` says of a job.
+    none = next(p for p in (f"{i:04x}" for i in range(1 << 16))
+                if not any(r.startswith(p) for r in receipt_ids))
+    r = pnode("proof", none, "--data-dir", str(dd.path))
+    assert r.code == 2 and f"no transaction on the chain with an id starting {none}" in r.err
+
+
 def test_a_transactions_proof_round_trips_through_files(tmp_path, pnode, pwallet):
     d = str(tmp_path / "t")
     assert pnode("init", "--no-job", "--data-dir", d, "--chain-id", "t-txproof").code == 0
@@ -187,6 +210,17 @@ def test_every_command_has_help_with_examples(pnode, command):
     assert r.code == 0 and "Example" in r.out
 
 
+def test_plural_and_coins_say_one_in_the_singular():
+    from node.cli.common import coins, plural
+
+    assert [plural(n, "server") for n in (0, 1, 2)] == ["0 servers", "1 server", "2 servers"]
+    assert plural(1, "body", "bodies") == "1 body" and plural(3, "body", "bodies") == "3 bodies"
+    assert [coins(u) for u in (1_000_000, 2_500_000, 500_000)] == [
+        "1 coin", "2.5 coins", "0.5 coins"]
+    assert coins("1") == "1 coin" and coins("1.25") == "1.25 coins"
+    assert plural(1.0, "coin") == "1.0 coin" and plural(2.5, "coin") == "2.5 coins"
+
+
 def test_status_text_lists_peers_and_the_swarm_a_line_each():
     from node.cli.pnode import _status_text
 
@@ -195,15 +229,16 @@ def test_status_text_lists_peers_and_the_swarm_a_line_each():
             "swarm": [{"peer_id": "12D3KooWB", "layers": [10, 20], "throughput": 98.54,
                        "load": 1, "price": 1000}],
             "running": True, "jailed_until": None, "misbehaving": {},
-            "mining": {"job": "5e3c", "loss": 1.5}, "payments": {"owed": 1_500_000, "claim_ids": []}}
+            "mining": {"job": "5e3c", "loss": 1.5},
+            "payments": {"owed": 1_500_000, "claim_ids": [], "settled": 1_000_000}}
     text = _status_text(info)
     lines = text.splitlines()
     assert lines[0].split() == ["height", "7"] and lines[1].split() == ["balance", "2.5", "coins"]
     assert not any(s in text for s in ("None", "{", "[", "True", "range("))  # no Python reprs
     assert "mining           job 5e3c, loss 1.5" in lines and "serving          0:10" in lines
-    assert "payments         owed 1.5 coins, claim_ids none" in lines
+    assert "payments         owed 1.5 coins, claim_ids none, settled 1 coin" in lines
     assert "peers            2 connected" in lines and "  12D3KooWA" in lines
-    assert "swarm            1 servers announced" in lines
+    assert "swarm            1 server announced" in lines  # not "1 servers"
     assert lines[-1].split() == ["layers", "10:20", "98.5", "tok/s", "load", "1", "price",
                                  "1000/position/layer", "12D3KooWB"]
 

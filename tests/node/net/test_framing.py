@@ -10,13 +10,14 @@ import struct
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings, strategies as st
 from libp2p.network.stream.exceptions import StreamEOF, StreamReset
 
 from node.errors import NodeError
 from node.net.framing import (
-    FrameEOF, FrameStreamError, FrameTimeout, FrameTooLarge, FrameTruncated, FramingError,
-    iter_frames, read_frame, write_frame,
+    MIN_TRANSFER_RATE, FrameEOF, FrameReader, FrameStreamError, FrameTimeout, FrameTooLarge,
+    FrameTruncated, FramingError, frame_deadline, iter_frames, read_frame, write_frame,
 )
 
 DEADLINE = 5.0
@@ -194,6 +195,68 @@ def test_timeout_does_not_fire_on_a_prompt_frame():
     async def go():
         return await read_frame(FakeStream(frame(b"ok"), piece=1), 100, timeout=1.0)
     assert run(go) == b"ok"
+
+
+class SlowStream(FakeStream):
+    """A FakeStream whose every read and write takes ``delay`` s (of a mock clock)."""
+
+    def __init__(self, data: bytes = b"", *, piece: int, delay: float, **kw):
+        super().__init__(data, piece=piece, **kw)
+        self.delay = delay
+
+    async def read(self, n: int | None = None) -> bytes:
+        await trio.sleep(self.delay)
+        return await super().read(n)
+
+    async def write(self, data: bytes) -> None:
+        for i in range(0, len(data), self.piece):
+            await trio.sleep(self.delay)
+            await super().write(data[i:i + self.piece])
+
+
+def on_mock_clock(fn):
+    """Run ``fn`` where sleeps take no wall time (timing without wall-clock waits)."""
+    return trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("reader", ["read_frame", "FrameReader"])
+def test_the_time_limit_scales_with_the_announced_size(reader):
+    assert MIN_TRANSFER_RATE == MIB and frame_deadline(2.0, 3 * MIB) == 5.0
+    payload = bytes(range(256)) * (8 * MIB // 256)  # 8 MiB: 1 s + 8 s at the least rate
+
+    async def read(stream):
+        if reader == "FrameReader":
+            return await FrameReader(stream).read_frame(16 * MIB, timeout=1.0)
+        return await read_frame(stream, 16 * MIB, timeout=1.0)
+
+    async def go():
+        # 1.6 MiB/s: 5 s, five times the base, but within 1 + 8 s: it arrives.
+        t0 = trio.current_time()
+        assert await read(SlowStream(frame(payload), piece=64 * 1024, delay=1 / 25.6)) == payload
+        assert 4.9 < trio.current_time() - t0 < 9.0
+        # 0.8 MiB/s, under the least rate: cut at 1 + 8 s.
+        with pytest.raises(FrameTimeout, match="8388608 bytes within 9.0 s"):
+            await read(SlowStream(frame(payload), piece=64 * 1024, delay=1 / 12.8))
+        assert trio.current_time() - t0 == pytest.approx(5.0 + 9.0, abs=0.1)
+        # The prefix itself gets the base only (what arrives says nothing of its size).
+        with pytest.raises(FrameTimeout, match="no frame began within 1.0 s"):
+            await read(FakeStream(b"", stall=True))
+    on_mock_clock(go)
+
+
+def test_the_write_limit_scales_with_the_size():
+    payload = b"x" * (4 * MIB)
+
+    async def go():
+        s = SlowStream(piece=64 * 1024, delay=1 / 32)  # 2 MiB/s: 2 s, in 1 + 4 s
+        await write_frame(s, payload, timeout=1.0)
+        assert bytes(s.written) == frame(payload)
+        with pytest.raises(FrameTimeout, match="over 5.0 s"):  # 0.5 MiB/s: 8 s
+            await write_frame(SlowStream(piece=64 * 1024, delay=1 / 8), payload, timeout=1.0)
+    on_mock_clock(go)
 
 
 def test_reset_stream_is_a_stream_error():

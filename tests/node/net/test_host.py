@@ -282,18 +282,68 @@ def test_hostile_peer_only_loses_its_own_stream():
             assert h.misbehaving[bad.peer_id] == 3
             await attack(struct.pack(">I", 8) + b"garbage!")  # well framed, refused by handler
             assert h.misbehaving[bad.peer_id] == 4
-            await attack(struct.pack(">I", 100) + b"drip", close=False)  # stalls: handler_timeout
-            assert h.misbehaving[bad.peer_id] == 5
             await attack(b"", close=True)  # opens and closes without a request
-            assert h.misbehaving[bad.peer_id] == 6
-            # A client that gives up (resets) is not a misbehaving one.
+            assert h.misbehaving[bad.peer_id] == 5
+            # A stall (handler_timeout) loses the stream but is not misbehaviour: slow
+            # is not hostile (issue 28 item 11); nor is a client that gives up (resets).
+            await attack(struct.pack(">I", 100) + b"drip", close=False)
             await attack(struct.pack(">I", 100) + b"part", reset=True)
             assert await good.request(h.peer_id, ECHO, b"PING", 5) == b"PONG"
-            assert h.misbehaving[bad.peer_id] == 6
+            assert h.misbehaving[bad.peer_id] == 5
             assert good.peer_id not in h.misbehaving
             # the hostile peer's connection still serves well-formed requests
             assert await bad.request(h.peer_id, ECHO, b"PING", 5) == b"PONG"
     run(main, 40)
+
+
+async def drip(stream, data: bytes, *, piece: int = 64 * 1024, pause: float = 0.02) -> None:
+    """Write ``data`` in pieces with a pause after each: a slow link, in user space."""
+    for i in range(0, len(data), piece):
+        await stream.write(data[i:i + piece])
+        await trio.sleep(pause)
+
+
+def test_slow_is_not_misbehaviour_and_large_frames_get_time_for_their_size():
+    # Any point is a ban here; a base limit of 1 s, which the frames below outlast.
+    config = HostConfig(handler_timeout=1.0, ban_threshold=1, ban_seconds=600.0)
+    big = bytes(range(256)) * (4 * 1024 * 1024 // 256)  # 4 MiB: 1 s + 4 s at 1 MiB/s
+    got = []
+
+    async def keep(peer, request: bytes) -> bytes:
+        got.append(request)
+        return b"kept"
+
+    async def main():
+        async with open_host(ident(1), config=config) as h, open_host(ident(2)) as slow, \
+                open_host(ident(3)) as bad:
+            h.set_request_handler(ECHO, keep, max_request_size=8 << 20)
+            await slow.connect(h.addrs[0])
+            await bad.connect(h.addrs[0])
+            # A slow sender (about 2 s for 4 MiB, over the flat 1 s) within 1 s + 4 s.
+            stream = await slow.open_stream(h.peer_id, ECHO)
+            await drip(stream, struct.pack(">I", len(big)) + big)
+            assert await read_frame(stream, 100, timeout=10) == b"kept"
+            assert got == [big] and h.misbehaving == {}
+            # One that stalls loses its stream after the limit, and nothing more.
+            stream = await slow.open_stream(h.peer_id, ECHO)
+            await stream.write(struct.pack(">I", 100) + b"part")
+            with pytest.raises(FramingError):
+                await read_frame(stream, 100, timeout=10)
+            assert h.misbehaving == {} and not h.is_banned(slow.peer_id)
+            assert slow.peer_id in h.connected_peers()
+            assert await slow.request(h.peer_id, ECHO, b"again", 5) == b"kept"
+            # A slow answer: the requester's limit grows with its announced size.
+            async def answer_slowly(stream, peer):
+                await read_frame(stream, 100, timeout=5)
+                await drip(stream, struct.pack(">I", len(big)) + big)
+            slow.set_handler(RAW, answer_slowly)
+            assert await h.request(slow.peer_id, RAW, b"x", 1.0, max_response_size=8 << 20) == big
+            # Garbage is still misbehaviour: banned at once (ban_threshold 1).
+            stream = await bad.open_stream(h.peer_id, ECHO)
+            await stream.write(struct.pack(">I", 2**32 - 1) + b"\x00" * 64)
+            await eventually(lambda: h.is_banned(bad.peer_id), "the ban")
+            assert list(h.misbehaving) == [bad.peer_id] and not h.is_banned(slow.peer_id)
+    run(main, 60)
 
 
 # -- gossip -------------------------------------------------------------------------------
