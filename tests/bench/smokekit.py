@@ -47,6 +47,7 @@ FIGURES = {
     "ledger_bench": rf"{NUMBER} tx/s\W+Ed25519 verify {NUMBER}/s",
     "merkle_bench": rf"verify_inclusion, 1,000-leaf tree\W+{NUMBER} proofs/s",
     "paid_bench": rf"decode tokens/s\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}",
+    "paid_risk": rf"greedy\s+(-|{NUMBER} \({NUMBER}\))\s+{NUMBER} \({NUMBER}\)",
     "pol_bench": rf"judge / train, median over steps\s+{NUMBER}x",
     "pol_noise": rf"cheat\s+9e-05\s+9e-05\s+9e-05\s+1\s+1",
     "pol_devnet": r"scaled-gradients\s+\d+\s+\d+\s+\d+\s+[\d.]+ / (True|False)",
