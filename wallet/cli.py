@@ -230,8 +230,9 @@ def history(address, data_dir, wallet_name, as_json) -> None:
               help="Pay servers asking at most this many base units (1e-6 coin) per position "
                    "per layer, from this wallet, through a tab (0: free servers only).")
 @click.option("--tab-blocks", type=click.IntRange(16, 86_400), default=120, show_default=True,
-              help="Blocks until a paid session's tab expires (what no server claimed comes "
-                   "back then).")
+              help="A tab's life in blocks, counted from when it opens (+8 for it to land; "
+                   "what no server claimed comes back at expiry). Servers stop 8 blocks "
+                   "before expiry: a longer generation moves on to a new tab.")
 @wallet_option
 @passphrase_option
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the chat template.")
