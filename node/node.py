@@ -336,10 +336,13 @@ class Node:
         """Register the served span once the first syncs are over (see `Registrar`)."""
         with trio.move_on_after(self.network.catch_up_s):
             await joined.wait()
-        layers = self.server.inference.layers
+        inference = self.server.inference  # its layers change when the server moves
+
+        def served() -> tuple[int, int]:
+            return inference.layers.start, inference.layers.stop
         self.registrar = Registrar(self.service, self.txs, self.wallet_key, self.address, key,
-                                   self.datadir.peer_key(), (layers.start, layers.stop),
-                                   bond=self.bond, report=self.report)
+                                   self.datadir.peer_key(), served, bond=self.bond,
+                                   report=self.report)
         await self.registrar.run()
 
     async def _mine_after(self, joined: trio.Event, key) -> None:

@@ -12,7 +12,9 @@ wallet is locked (no passphrase given), or its balance is below the bond
 served (a restart with other ``--layers``, or a span given at `pnode init`
 that the model does not have), it registers again with the served span and
 no further bond (`Register` on a registered account updates its layers).
-Registered for the served span, it says so once and stops.
+Registered for the served span, it says so once and stops, or, for a
+node that places itself (its span a function of what it serves now), goes
+on looking at every new tip and registers the span it moved to.
 """
 
 from __future__ import annotations
@@ -57,24 +59,33 @@ class Registrar:
         address: the wallet's account (known even when locked).
         node_key: this node's key; peer_key: its libp2p identity key (which
             signs the binding of its peer id too).
-        layers: the span to register (the one served).
+        layers: the span to register (the one served), or a function returning it
+            now: a serving node that moves to other layers registers them again.
         bond: base units to lock (None: the chain's ``min_bond``).
         report: where the one-line messages go.
     """
 
     def __init__(self, service: ChainService, txs: TxGossip, wallet: SigningKey | None,
                  address: bytes, node_key: SigningKey, peer_key: SigningKey,
-                 layers: tuple[int, int], *, bond: int | None = None,
-                 report: Callable[[str], None] = lambda line: None):
+                 layers: tuple[int, int] | Callable[[], tuple[int, int]], *,
+                 bond: int | None = None, report: Callable[[str], None] = lambda line: None):
         self.service, self.txs, self.wallet, self.address = service, txs, wallet, address
-        self.node_key, self.peer_key, self.layers = node_key, peer_key, layers
+        self.node_key, self.peer_key = node_key, peer_key
+        self._span = layers if callable(layers) else (lambda: layers)
+        self._moving = callable(layers)
         self.bond, self.report = bond, report
         self.registered = False
         self._said: str | None = None
 
+    @property
+    def layers(self) -> tuple[int, int]:
+        """The span served now (the one to register)."""
+        return tuple(self._span())
+
     async def run(self, *, task_status: trio.TaskStatus[Registrar] = trio.TASK_STATUS_IGNORED
                   ) -> None:
-        """Check at start and at every new tip until registered."""
+        """Check at start and at every new tip: register, or register the served span again
+        once it moved (a fixed span: until registered)."""
         task_status.started(self)
         while True:
             look = await self.service.call(self._look)
@@ -83,17 +94,20 @@ class Registrar:
                 start, end = look.layers
                 self._say(f"registered on chain {look.chain_id}: layers {start}:{end}, bond "
                           f"{format_coins(look.bond)}")
-                return
-            if not look.queued:
+                if not self._moving:
+                    return
+            elif not look.queued:
                 await (self._move(look) if look.registered else self._try(look))
             await self.service.wait_tip_change(look.tip)
 
     def _look(self) -> _Look:
         chain = self.service.chain
         account = chain.state.get(ACCOUNT + self.address)
-        queued = any(isinstance(tx, Register) and tx.node_key == self.node_key.public
-                     for tx in chain.mempool())
         record = chain.state.get(NODE + self.node_key.public)
+        settled = record is not None and (record.layer_start, record.layer_end) == self.layers
+        queued = not settled and any(  # the mempool is read only while something is due
+            isinstance(tx, Register) and tx.node_key == self.node_key.public
+            for tx in chain.mempool())
         bond = self.bond if self.bond is not None else chain.state.get(KEY_PARAMS).min_bond
         return _Look(record is not None, queued, account.balance if account else 0,
                      account.nonce if account else 0,

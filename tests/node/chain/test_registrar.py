@@ -108,3 +108,49 @@ def test_a_span_the_model_lacks_is_refused_at_start_or_replaced_by_the_served_on
              "A to see 0:30 in a block", limit=30)
     assert live_status(pnode, a)["layers"] == [0, 30]
     assert stop(proc) == 0, read(err)
+
+
+def test_a_server_that_moves_registers_the_span_it_moved_to(tmp_path):
+    """A node placing itself moves to other layers while it runs: its `Registrar`, given the
+    served span as a function, registers the new span (no further bond) at the next tip."""
+    import trio
+
+    from ledger.state import NODE
+    from ledger.store import LevelDBStore
+    from node.chain import ChainService, Producer, Registrar, TxGossip
+    from node.clock import now_ms
+    from node.net import PeerIdentity
+    from node.net.host import open_host
+    from node.wire.sync import BLOCKS_TOPIC, TXS_TOPIC
+    from tests.ledger.chainkit import make_net, new_db, peer_key
+    from tests.node.netkit import eventually, run
+
+    net = make_net(n_nodes=1, n_users=0, layers=[(0, 10)])
+    wallet, node = net.wallets[0], net.nodes[0]
+    served = [(0, 10)]
+
+    async def main():
+        db = new_db(net, LevelDBStore(tmp_path / "chain"))
+        try:
+            identity = PeerIdentity.from_seed(peer_key(node).seed())
+            async with open_host(identity, gossip_topics=[BLOCKS_TOPIC, TXS_TOPIC]) as host, \
+                    trio.open_nursery() as nursery:
+                service = await nursery.start(ChainService(db, host, now_ms).run)
+                txs = await nursery.start(TxGossip(service).run)
+                await nursery.start(Producer(service, node, now_ms, interval_ms=100).run)
+                lines: list[str] = []
+                registrar = Registrar(service, txs, wallet, wallet.public, node, peer_key(node),
+                                      lambda: served[0], report=lines.append)
+                nursery.start_soon(registrar.run)
+
+                def span():
+                    record = db.state.get(NODE + node.public)
+                    return (record.layer_start, record.layer_end)
+                await eventually(lambda: registrar.registered, "the registration seen", 20)
+                served[0] = (10, 20)  # the server moved
+                await eventually(lambda: span() == (10, 20), "the moved span registered", 20)
+                assert any("re-registering: layers 10:20 (registered 0:10" in x for x in lines)
+                nursery.cancel_scope.cancel()
+        finally:
+            db.close()
+    run(main, deadline=60)
