@@ -121,3 +121,25 @@ def test_a_tab_too_near_its_expiry_to_claim_is_refused(height, refused):
             vet(cashier, tab())
     else:
         vet(cashier, tab())
+
+
+def test_a_lane_that_expires_unclaimed_is_logged_with_what_it_served():
+    # The claim never lands (the fake chain admits it but has no block): at expiry the
+    # lane is dropped, and what it served and was vouched is said.
+    chain = FakeChain([])
+    lines: list[str] = []
+    cashier = Cashier(chain, SERVER, BID, report=lines.append, poll_s=0.1)
+
+    async def main():
+        bill = await cashier.open(tab(), 1, BID)
+        cashier.delivered(bill, bill.take(b"", 3, 10))
+        chain.height = 101  # past the tab's expiry (100)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(cashier.run)
+            await trio.sleep(0.3)
+            nursery.cancel_scope.cancel()
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert cashier.stats.expired_unclaimed == 1 and cashier.stats.lost == 150
+    assert not cashier.lanes
+    assert any("expired at height 100 before its lane closed on chain: 150 base units "
+               "served, 0 vouched, no claim made" in line for line in lines), lines
