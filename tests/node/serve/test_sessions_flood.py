@@ -116,6 +116,8 @@ def test_an_honest_decode_waits_behind_one_bounded_call_of_a_flood(smol, smol_id
             done.set()
         honest_meter = next(s.meter for s in server.sessions.values() if s.peer == honest.peer_id)
         mine = id(honest_meter)
+        # An honest call goes first when its client's finish tag is below the flood's:
+        # so long as it costs less than about two pieces (1 position against 32 here).
         calls = 0
         for k, (what, who) in enumerate(scheduler.events):
             if (what, who) != ("queued", mine):
