@@ -15,10 +15,15 @@ slowed for free (specs/network.md section 9.3, "Limits, caps and metering"):
 - `Meter`: the compute one session used (positions run, forward seconds,
   steps), what `pnode status` shows of it, and its fair-queueing tag;
 - `FairScheduler`: start-time fair queueing of the server's forward calls,
-  so that when several sessions wait for the torch thread the one that
-  used less compute since it arrived goes first, and one session's stream
-  of large chunks cannot starve another's decode steps. ``Meter.priority``
-  is the hook for paid sessions (a higher priority always goes first).
+  one flow per client (`flow_key`), so that when several clients wait for
+  the torch thread the one that used less compute since it arrived goes
+  first, and one client's stream of large chunks, over however many
+  sessions, cannot starve another's decode steps. ``Meter.priority`` is
+  the hook for paid sessions (a higher priority always goes first);
+- `Seat` and `reclaim_choice`: which open session a full server closes to
+  seat a new request (one idle for ``reclaim_idle_s``, or one of an
+  address holding more than its share), so that a session that steps now
+  and then cannot hold a slot against clients that arrive.
 
 Pure except `FairScheduler`, which waits with trio; no libp2p import (a
 stream is only asked for its connection's remote address), no torch.
@@ -26,7 +31,6 @@ stream is only asked for its connection's remote address), no torch.
 
 from __future__ import annotations
 
-import heapq
 import ipaddress
 import itertools
 from collections.abc import AsyncIterator, Iterable
@@ -165,6 +169,17 @@ class SessionConfig:
     max_chunk_positions: most positions of one forward call: a step without
         chunks, or each chunk of one (announced): the longest the compute
         thread is held for another session's decode step.
+    free_call_positions: while another client has a session open, a free
+        session's forward call is run as calls of at most this many
+        positions, each its own turn in the fair queue: the longest a
+        decode step waits behind free compute (paid calls are not split).
+    reclaim_idle_s: when the server is full, a session that ran no forward
+        for this long may be closed to seat a new request (the longest
+        idle first; a free request never closes a paid session).
+    share_idle_s: when the server is full and none is idle that long, a
+        request from an address bucket holding at least two sessions fewer
+        than the bucket holding the most may close that bucket's longest
+        idle free session, if it ran no forward for this long.
     """
 
     max_sessions: int = 8
@@ -173,7 +188,10 @@ class SessionConfig:
     limit_loopback: bool = False
     max_len: int = 2048
     max_chunk_positions: int = 128
+    free_call_positions: int = 32
     idle_timeout: float = 60.0  # seconds a session may go without a forward
+    reclaim_idle_s: float = 10.0  # idle that long, it may make way for a new request
+    share_idle_s: float = 2.0  # idle that long and over its address's share: the same
     max_waiting: int | None = None  # paid requests in the waiting room (None: max_sessions)
     queue_timeout: float = 5.0  # seconds one waits there (under a client's open timeout)
     busy_retry_ms: int = 1000  # the hint given with `Busy`
@@ -182,7 +200,7 @@ class SessionConfig:
     push_timeout: float = 2.0  # one push to the next hop
 
     def __post_init__(self) -> None:
-        for name in ("max_sessions", "max_len", "max_chunk_positions"):
+        for name in ("max_sessions", "max_len", "max_chunk_positions", "free_call_positions"):
             if getattr(self, name) < 1:
                 raise SessionConfigError(f"SessionConfig.{name} must be at least 1, not "
                                          f"{getattr(self, name)}")
@@ -195,6 +213,29 @@ class SessionConfig:
             max(1, self.max_sessions // 4) if per_peer is None else max(1, per_peer),
             max(1, self.max_sessions // 2) if per_address is None else max(1, per_address),
             self.limit_loopback)
+
+
+def counted(limits: SessionLimits, address: str | None) -> bool:
+    """Whether ``address`` (an `address_key` bucket) counts against ``per_address``.
+
+    An unknown address does not; a loopback one only with ``limit_loopback``.
+    """
+    return address is not None and (limits.limit_loopback or not is_loopback(address))
+
+
+def flow_key(limits: SessionLimits, paid: bool, account: str, address: str | None) -> str:
+    """The client a session's compute counts for in the fair queue (`FairScheduler`).
+
+    A free session counts for its address bucket when that bucket is
+    limited (`counted`), else for its account (peer id): identities are
+    free, addresses are not, so a flood over many identities of one
+    address gets one client's share. A paid session counts for its
+    account (the tab's client): its bid already orders it, and a free
+    flood from the same address must not spend its share.
+    """
+    if not paid and counted(limits, address):
+        return f"address {address}"
+    return f"account {account}"
 
 
 def refusal(limits: SessionLimits, open_sessions: Iterable[tuple[str, str | None]],
@@ -221,10 +262,83 @@ def refusal(limits: SessionLimits, open_sessions: Iterable[tuple[str, str | None
         return ServerFull(total)
     if by_peer >= limits.per_peer:
         return ClientAtLimit(by_peer, limits.per_peer)
-    if (address is not None and by_address >= limits.per_address
-            and (limits.limit_loopback or not is_loopback(address))):
+    if counted(limits, address) and by_address >= limits.per_address:
         return ClientAtLimit(by_address, limits.per_address, address)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Seat:
+    """An open session as `reclaim_choice` sees it.
+
+    key: the session's id.
+    address: its `address_key` bucket.
+    paid: whether a tab pays for it.
+    priority: its `Meter.priority` (a paid session's bid).
+    idle: seconds since its last forward began or ended (or since it opened).
+    stepping: a step (or another frame's work) is under way: never closed then.
+    """
+
+    key: int
+    address: str | None
+    paid: bool
+    priority: int
+    idle: float
+    stepping: bool = False
+
+
+def reclaim_choice(limits: SessionLimits, config: SessionConfig, seats: Iterable[Seat], *,
+                   paid: bool, priority: int, address: str | None) -> tuple[int, str] | None:
+    """Which open session a full server closes to seat a new request, and why.
+
+    1. Idle: a session that ran no forward for ``config.reclaim_idle_s``;
+       free ones before paid ones, the longest idle first. A free request
+       never closes a paid session (it pays for its slot); a paid request
+       closes a paid one only of a bid at most its own.
+    2. Share: else, when the request's address is limited (`counted`), a
+       free session idle for ``config.share_idle_s`` of the limited bucket
+       holding the most sessions, if it holds at least two more than the
+       request's bucket (after the swap it still holds at least as many):
+       the longest idle of it.
+
+    A session in a step is never chosen. Attack note: a client that steps
+    every few seconds holds a slot for almost nothing; closing the idle
+    ones when someone waits makes it step at least every
+    ``reclaim_idle_s`` (and every ``share_idle_s`` beyond its address's
+    share), each step then waiting its turn in the fair queue.
+
+    Args:
+        limits: the server's limits (which addresses are limited).
+        config: its reclaim thresholds.
+        seats: the open sessions (none already being closed).
+        paid, priority, address: the request's.
+
+    Returns:
+        (the session's key, the reason to tell its client), or None: none may go.
+    """
+    seats = [s for s in seats if not s.stepping]
+    idle = [s for s in seats if s.idle >= config.reclaim_idle_s
+            and (not s.paid or (paid and s.priority <= priority))]
+    if idle:
+        s = min(idle, key=lambda s: (s.paid, -s.idle))
+        return s.key, (f"session reclaimed: it ran no forward for {s.idle:.1f} s "
+                       f"(reclaim_idle_s {config.reclaim_idle_s:g}) while the server was "
+                       f"full and a new client asked: open a new session and replay")
+    if not counted(limits, address):
+        return None
+    held: dict[str, int] = {}
+    for s in seats:
+        if counted(limits, s.address):
+            held[s.address] = held.get(s.address, 0) + 1
+    mine = held.get(address, 0)
+    over = [s for s in seats if not s.paid and counted(limits, s.address)
+            and held[s.address] >= mine + 2 and s.idle >= config.share_idle_s]
+    if not over:
+        return None
+    s = min(over, key=lambda s: (-held[s.address], -s.idle))
+    return s.key, (f"session reclaimed: its address {s.address} held {held[s.address]} "
+                   f"sessions of a full server while a client of an address holding "
+                   f"{mine} asked: open a new session and replay")
 
 
 @dataclass(slots=True)
@@ -256,29 +370,38 @@ class Meter:
                 "steps": self.steps, "priority": self.priority}
 
 
-@dataclass(order=True, slots=True)
+@dataclass(eq=False, slots=True)
 class _Waiter:
-    key: tuple[int, float, float, int]  # (-priority, start tag, compute used, arrival order)
-    start: float = field(compare=False)
-    event: trio.Event = field(compare=False, default_factory=trio.Event)
-    granted: bool = field(compare=False, default=False)
+    meter: Meter  # the session's: its priority
+    flow: Meter  # its client's: the finish tag and compute used that order it
+    order: int  # arrival
+    event: trio.Event = field(default_factory=trio.Event)
+    granted: bool = False
+
+    def key(self, now: float) -> tuple[int, float, float, int]:
+        return (-self.meter.priority, max(self.flow.finish, now), self.flow.forward_s,
+                self.order)
 
 
 class FairScheduler:
     """Start-time fair queueing of one server's forward calls, one call at a time.
 
-    A call waits its turn in `turn`; among waiting calls the one with the
+    A call waits its turn in `turn`. Each call belongs to a flow: its
+    client's `Meter` (`flow_key`; a session's own meter when none is
+    given). When the turn passes, among waiting calls the one with the
     highest ``Meter.priority`` goes first, then the one with the smallest
-    start tag: ``max(its session's finish tag, the tag now in service)``,
-    then the one whose session used fewer forward seconds (a decode step
-    arriving level with a heavy session's next chunk goes before it), then
-    the earliest.
+    start tag: ``max(its flow's finish tag, the tag now in service)``
+    (read when the turn passes, so a flow that ran meanwhile is seen to
+    have), then the one whose flow used fewer forward seconds (a decode
+    step level with a heavy client's next call goes before it), then the
+    earliest.
     A call's finish tag is its start tag plus the forward seconds it used,
-    so a session that ran a 1 s chunk waits until the others have had 1 s
-    too, while a session that just arrived starts level with the ones being
+    so a client that ran a 1 s call waits until the others have had 1 s
+    too, while a client that just arrived starts level with the ones being
     served (it cannot jump the queue by being new, as it could if the key
-    were the compute used since opening). With every session decoding one
-    position a step, this is round robin.
+    were the compute used since opening). With every client decoding one
+    position a step, this is round robin over clients, however many
+    sessions each holds.
 
     Holding the turn over one call only (never over a whole step) is what
     lets a long replay or chunked prefill take turns with decode steps.
@@ -296,17 +419,22 @@ class FairScheduler:
         return len(self._waiting)
 
     @asynccontextmanager
-    async def turn(self, meter: Meter) -> AsyncIterator[None]:
+    async def turn(self, meter: Meter, flow: Meter | None = None) -> AsyncIterator[None]:
         """Hold the server's compute turn for one forward call of ``meter``'s session.
 
-        The caller adds the call's forward seconds to ``meter.forward_s``
-        inside the block; on leaving, the session's finish tag advances by
+        Args:
+            meter: the session's meter (its priority).
+            flow: its client's meter, whose finish tag and compute used
+                order the call (None: ``meter`` itself).
+
+        The caller adds the call's forward seconds to ``flow.forward_s``
+        inside the block; on leaving, the flow's finish tag advances by
         them and the next waiter gets the turn.
         """
-        start = max(meter.finish, self._now)
+        flow = meter if flow is None else flow
         if self._busy or self._waiting:
-            waiter = _Waiter((-meter.priority, start, meter.forward_s, next(self._order)), start)
-            heapq.heappush(self._waiting, waiter)
+            waiter = _Waiter(meter, flow, next(self._order))
+            self._waiting.append(waiter)
             try:
                 await waiter.event.wait()
             except BaseException:
@@ -314,23 +442,23 @@ class FairScheduler:
                     self._release()
                 else:
                     self._waiting.remove(waiter)
-                    heapq.heapify(self._waiting)
                 raise
         else:
             self._busy = True
-        self._now = start
-        used = meter.forward_s
+        start = self._now = max(flow.finish, self._now)
+        used = flow.forward_s
         try:
             yield
         finally:
-            meter.finish = start + max(meter.forward_s - used, 0.0)
+            flow.finish = start + max(flow.forward_s - used, 0.0)
             self._release()
 
     def _release(self) -> None:
         if not self._waiting:
             self._busy = False
             return
-        waiter = heapq.heappop(self._waiting)  # the turn passes straight on: still busy
+        waiter = min(self._waiting, key=lambda w: w.key(self._now))  # a few: a scan will do
+        self._waiting.remove(waiter)  # the turn passes straight on: still busy
         waiter.granted = True
         waiter.event.set()
 

@@ -10,7 +10,10 @@ the layers it serves are in memory):
   not count), or an error;
 - a server at ``max_sessions``, or a client at its share (per account, per
   address: `node.serve.admission`), answers `Busy` with a retry hint at
-  once rather than queueing the client behind an unknown wait;
+  once rather than queueing the client behind an unknown wait; a full
+  server first closes a session idle for ``reclaim_idle_s`` (or one of an
+  address over its share), telling its client why, to seat the request
+  (`node.serve.admission.reclaim_choice`);
 - a forward call runs at most ``max_chunk_positions`` positions and a
   session holds at most ``max_len`` (both announced); longer steps are
   refused with a `SessionError`;
@@ -20,9 +23,11 @@ the layers it serves are in memory):
 - every forward call runs as a job on the process's one torch thread
   (`node.torch_thread.run_sync`), one call of this server at a time, in
   fair order (`node.serve.admission.FairScheduler`: a higher bid first,
-  then the session that used less compute since it arrived), and the trio
-  loop stays free for the network; each session's compute is metered and
-  shown in `status`;
+  then the client that used less compute since it arrived), and the trio
+  loop stays free for the network; while another client has a session
+  open, a free session's calls run in pieces of at most
+  ``free_call_positions`` positions, each its own turn; each session's
+  compute is metered and shown in `status`;
 - push routing (`node.serve.push`): a client may `Link` a session to the
   next hop's session; the server then sends each step's outputs to that hop
   instead of to the client. Steps pushed into a session are checked and run
@@ -56,8 +61,8 @@ from ledger.codec import decode, encode
 from node import torch_thread
 from node.net import FrameEOF, FrameReader, FrameTimeout, Host, write_frame
 from node.serve.admission import (  # noqa: F401 (SessionConfig: re-exported)
-    ClientAtLimit, FairScheduler, Meter, ServerFull, SessionBusy, SessionConfig, SessionRefused,
-    address_key, refusal, remote_ip,
+    ClientAtLimit, FairScheduler, Meter, Seat, ServerFull, SessionBusy, SessionConfig,
+    SessionRefused, address_key, flow_key, reclaim_choice, refusal, remote_ip,
 )
 from node.serve.billing import Bill, PaymentError
 from node.serve.cashier import Cashier
@@ -103,6 +108,11 @@ class _Session:
     tokens: int = 0
     steps: int = 0
     last_forward: float = 0.0  # trio time of its last forward (or of its opening)
+    paid: bool = False  # opened with a tab
+    flow_key: str = ""  # its client in the fair queue (`node.serve.admission.flow_key`)
+    flow: Meter | None = None  # that client's meter (None: the session's own)
+    reclaimed: str = ""  # why the server closed it to seat another request
+    wake: trio.CancelScope | None = None  # the client loop's wait for a frame
 
 
 class InferenceServer(PushRouting):
@@ -128,10 +138,12 @@ class InferenceServer(PushRouting):
         self.refused_busy = 0  # `Busy` answers, the per-client limits' included
         self.refused_limit = 0  # of which: this client's (peer or address) limit
         self.refused_steps = 0  # steps refused for breaking a rule (a cap included)
+        self.reclaimed = 0  # sessions closed to seat another request (`reclaim_choice`)
         self.compute = Meter()  # every session's compute, added up
         # Compute per client peer id (closed sessions' too), so a heavy client shows in
         # `status`; at most ``_MAX_PEERS_METERED`` peers, the lightest dropped first.
         self.usage: dict[str, Meter] = {}
+        self._flows: dict[str, Meter] = {}  # the open sessions' clients' fair-queue meters
         #: The `Meter.priority` a new session gets (a higher one gets the compute thread
         #: first): a paid session's bid, a free one's 0.
         self.priority: Callable[[ID, OpenSession], int] = lambda peer, request: (
@@ -178,6 +190,7 @@ class InferenceServer(PushRouting):
                 "max_session_positions": self.max_session_positions,
                 "served_tokens": self.served_tokens, "refused_busy": self.refused_busy,
                 "refused_limit": self.refused_limit, "refused_steps": self.refused_steps,
+                "reclaimed": self.reclaimed,
                 "pushed_steps": self.pushed_steps, "compute": self.compute.as_json(),
                 "waiting": self.scheduler.waiting, "waiting_room": self.room.waiting,
                 "open": [{"id": s.id, "peer": str(s.peer), "address": s.address,
@@ -320,21 +333,61 @@ class InferenceServer(PushRouting):
         limit = self.max_session_positions
         if req.max_len > limit:
             raise SessionRefused(f"a session may hold at most {limit} tokens, asked {req.max_len}")
-        busy = refusal(self.config.limits(),
-                       [*((s.account, s.address) for s in self.sessions.values()),
-                        *[("", None)] * self.room.reserved],  # slots admitted waiters hold
+        limits, paid, priority = self.config.limits(), bool(req.tab), self.priority(peer, req)
+        held = [s for s in self.sessions.values() if not s.reclaimed]  # reclaimed: going
+        reserved = [("", None)] * self.room.reserved  # slots admitted waiters hold
+        busy = refusal(limits, [*((s.account, s.address) for s in held), *reserved],
                        account, address)
+        # Full: a session idle (or over its address's share) makes way; not for a free
+        # request while paid ones wait for a slot (the next slot is theirs).
+        if isinstance(busy, ServerFull) and (paid or not self.room.waiting):
+            if self._reclaim(held, reserved, paid, priority, account, address):
+                busy = None
         if busy is not None:
             raise busy
         # The cache is allocated lazily by torch.empty: an idle budget costs no pages.
         cache = KVCache(self.model.config, req.max_len,
                         layers=range(req.layer_start, req.layer_end), device=self.device)
+        key = flow_key(limits, paid, account, address)
+        live = {s.flow_key for s in self.sessions.values()} | {key}
+        for gone in [k for k in self._flows if k not in live]:  # clients with no session
+            del self._flows[gone]
         session = _Session(next(self._ids), peer, account, req.layer_start, req.layer_end,
                            req.codec,
                            cache, self.model, token=os.urandom(32), address=address,
-                           meter=Meter(priority=self.priority(peer, req)))
+                           meter=Meter(priority=priority), paid=paid, flow_key=key,
+                           flow=self._flows.setdefault(key, Meter()),
+                           last_forward=trio.current_time())
         self.sessions[session.id] = session
         return session
+
+    def _reclaim(self, held: list[_Session], reserved: list, paid: bool, priority: int,
+                 account: str, address: str | None) -> bool:
+        """Close a session to seat a request at a full server (`reclaim_choice`); True if done.
+
+        Only when the request then passes its own limits: a session is never
+        closed for a request refused anyway. The session's client loop tells
+        its client why and ends (`_run_session`); it no longer counts from now.
+        """
+        limits, now = self.config.limits(), trio.current_time()
+        choice = reclaim_choice(
+            limits, self.config,
+            [Seat(s.id, s.address, s.paid, s.meter.priority, now - s.last_forward,
+                  s.lock.locked()) for s in held],
+            paid=paid, priority=priority, address=address)
+        if choice is None:
+            return False
+        victim = self.sessions[choice[0]]
+        rest = [(s.account, s.address) for s in held if s is not victim]
+        if refusal(limits, [*rest, *reserved], account, address) is not None:
+            return False
+        victim.reclaimed = choice[1]
+        if victim.wake is not None:
+            victim.wake.cancel()
+        self.reclaimed += 1
+        log.info("session %d of %s (%s) reclaimed: %s", victim.id, victim.peer,
+                 victim.address, choice[1])
+        return True
 
     async def _run_session(self, stream: INetStream, reader: FrameReader, s: _Session) -> None:
         """The client's frames until it hangs up, or the session runs no forward for a while.
@@ -345,15 +398,26 @@ class InferenceServer(PushRouting):
         """
         s.last_forward = trio.current_time()
         while True:
+            if s.reclaimed:  # closed to seat another request: say why (briefly), and go
+                with trio.move_on_after(self.config.push_timeout):
+                    try:
+                        await self._reply(s.client, SessionError(s.reclaimed[:256]))
+                    except Exception:  # a client gone meanwhile: nothing to tell
+                        pass
+                return
             left = s.last_forward + self.config.idle_timeout - trio.current_time()
             if left <= 0:
                 return  # ran nothing for idle_timeout: free the slot and the cache
-            try:
-                data = await reader.read_frame(MAX_INFERENCE_FRAME, timeout=left)
-            except FrameTimeout:
-                continue  # a pushed step may have run meanwhile: look again
-            except FrameEOF:
-                return  # the client is done
+            data = None
+            with trio.CancelScope() as s.wake:  # `_reclaim` cancels it
+                try:
+                    data = await reader.read_frame(MAX_INFERENCE_FRAME, timeout=left)
+                except FrameTimeout:
+                    pass  # a pushed step may have run meanwhile: look again
+                except FrameEOF:
+                    return  # the client is done
+            if data is None or s.reclaimed:  # a frame read as it was reclaimed is dropped
+                continue
             msg = decode(data, (Step, Link, Settle))
             if isinstance(msg, Link):
                 async with s.lock:  # never between a pushed step's writes
@@ -487,31 +551,57 @@ class InferenceServer(PushRouting):
         return hidden.to(torch.float32)
 
     async def _forward(self, s: _Session, step: Step, hidden: torch.Tensor) -> bytes:
-        """Run the session's layers on the step, one forward call per chunk.
+        """Run the session's layers on the step, one forward call per chunk (or piece).
 
-        Each chunk is its own job on the torch thread (first in, first out),
-        so a long replay (many chunks) takes turns with the other sessions'
-        decode steps instead of holding the server for its whole length.
+        Each call is its own job on the torch thread, in its turn in the
+        fair queue, so a long replay (many chunks) takes turns with the
+        other sessions' decode steps instead of holding the server for its
+        whole length. A free session's chunk is run in pieces of at most
+        ``free_call_positions`` while another client has a session open
+        (`_piece`): the longest a decode step then waits behind it.
 
         Raises:
-            SessionRefused: the forward call failed (out of memory, a device error).
+            SessionRefused: the forward call failed (out of memory, a device
+                error), or the session was reclaimed (a pushed step into it).
         """
         outs, pos = [], step.pos
         for n in step.chunks or (hidden.shape[1],):
-            chunk = hidden[:, pos - step.pos: pos - step.pos + n]
-            try:
-                async with self.scheduler.turn(s.meter):  # the fair queue, one call at a time
-                    out, seconds = await torch_thread.run_sync(self._timed, s, chunk, pos,
-                                                               priority=s.meter.priority)
-                    self._charge(s, n, seconds)
-                outs.append(out)
-            except Exception as exc:  # the server's fault, not the client's: no score
-                log.warning("forward failed in a session of %s: %s: %s", s.peer,
-                            type(exc).__name__, exc)
-                raise SessionRefused(f"forward failed: {type(exc).__name__}: {exc}") from None
-            pos += n
+            end = pos + n
+            while pos < end:
+                if s.reclaimed:
+                    raise SessionRefused(s.reclaimed)
+                try:
+                    async with self.scheduler.turn(s.meter, s.flow):  # one call at a time
+                        k = self._piece(s, end - pos)  # decided with the turn: who is here now
+                        chunk = hidden[:, pos - step.pos: pos - step.pos + k]
+                        out, seconds = await torch_thread.run_sync(
+                            self._timed, s, chunk, pos, priority=s.meter.priority)
+                        self._charge(s, k, seconds)
+                    outs.append(out)
+                except Exception as exc:  # the server's fault, not the client's: no score
+                    log.warning("forward failed in a session of %s: %s: %s", s.peer,
+                                type(exc).__name__, exc)
+                    raise SessionRefused(f"forward failed: {type(exc).__name__}: "
+                                         f"{exc}") from None
+                pos += k
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         return await tensor_work(encode_tensor, out, s.codec, rows=out.shape[1])
+
+    def _piece(self, s: _Session, positions: int) -> int:
+        """How many of a call's ``positions`` to run in this turn.
+
+        All of them for a paid session, or when no other client has a
+        session open (a lone client's calls are the ones it sent, so its
+        outputs are bit for bit those of the chunks it chose); else at
+        most ``free_call_positions``: pieces of one chunk agree with the
+        whole call within the spot checks' tolerance, not bit for bit.
+        """
+        cap = self.config.free_call_positions
+        if s.paid or positions <= cap:
+            return positions
+        if all(o.flow_key == s.flow_key or o.reclaimed for o in self.sessions.values()):
+            return positions
+        return cap
 
     def _charge(self, s: _Session, positions: int = 0, seconds: float = 0.0,
                 steps: int = 0) -> None:
@@ -521,7 +611,7 @@ class InferenceServer(PushRouting):
             if len(self.usage) >= _MAX_PEERS_METERED:  # keep the heavy ones visible
                 del self.usage[min(self.usage, key=lambda p: self.usage[p].forward_s)]
             usage = self.usage[s.account] = Meter()
-        for meter in (s.meter, usage, self.compute):
+        for meter in (s.meter, usage, self.compute, *([s.flow] if s.flow else [])):
             meter.add(positions, seconds, steps)
 
     def _timed(self, s: _Session, chunk: torch.Tensor, pos: int) -> tuple[torch.Tensor, float]:

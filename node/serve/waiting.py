@@ -3,11 +3,13 @@
 Owns `WaitingRoom` (specs/network.md 9.6, "Priority"). When a server holds
 ``max_sessions``, a paid request waits here (at most ``queue_timeout``
 seconds) instead of being told `Busy` at once; a slot that frees goes to the
-highest bid waiting, the earliest of equal bids. A running session is never
-pre-empted. A room holds at most ``size`` requests: a bid above the lowest
-waiting takes that one's seat (it is told `Busy` with the least bid that
-would now be admitted), a bid at or below it is told so at once, so a client
-may raise its bid up to its ``--max-price`` and ask again.
+highest bid waiting, the earliest of equal bids. A session in a step is
+never pre-empted (before waiting, a request may reclaim an idle one:
+`node.serve.admission.reclaim_choice`). A room holds at most ``size``
+requests: a bid above the lowest waiting takes that one's seat (it is told
+`Busy` with the least bid that would now be admitted), a bid at or below it
+is told so at once, so a client may raise its bid up to its
+``--max-price`` and ask again.
 
 Pure but for trio's events; no libp2p, no torch.
 """

@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from node.serve.admission import (
-    ClientAtLimit, FairScheduler, InferenceError, Meter, ServerFull, SessionBusy, SessionConfig,
-    SessionConfigError, SessionLimits, SessionRefused, address_key, is_loopback, refusal,
+    ClientAtLimit, FairScheduler, InferenceError, Meter, Seat, ServerFull, SessionBusy,
+    SessionConfig, SessionConfigError, SessionLimits, SessionRefused, address_key, flow_key,
+    is_loopback, reclaim_choice, refusal,
 )
 
 
@@ -47,7 +48,8 @@ def test_explicit_limits_and_bad_caps():
     limits = SessionConfig(max_sessions_per_peer=5, max_sessions_per_address=6,
                            limit_loopback=True).limits()
     assert (limits.per_peer, limits.per_address, limits.limit_loopback) == (5, 6, True)
-    for bad in (dict(max_sessions=0), dict(max_chunk_positions=0), dict(max_len=0)):
+    for bad in (dict(max_sessions=0), dict(max_chunk_positions=0), dict(max_len=0),
+                dict(free_call_positions=0)):
         with pytest.raises(SessionConfigError, match="at least 1"):
             SessionConfig(**bad)
 
@@ -199,3 +201,93 @@ def test_a_decode_step_goes_before_two_alternating_heavy_sessions():
     a, b = Meter(forward_s=8.0, finish=4.0), Meter(forward_s=8.0, finish=4.0)
     serve_in_turns(scheduler, [("a", a, 4.0), ("b", b, 4.0), ("decode", Meter(), 0.01)], order)
     assert order == ["a", "decode", "b"]
+
+
+def test_two_sessions_of_one_client_share_its_turns():
+    """The fair queue counts a client (its flow), not a session: a client that ran
+    a call on one session waits behind another client's call on its other one."""
+    scheduler, order = FairScheduler(), []
+    flood, honest = Meter(), Meter()
+    first, second = Meter(), Meter()  # the flood client's two sessions
+
+    async def calls():
+        async def call(name, meter, flow, seconds, hold=None):
+            async with scheduler.turn(meter, flow):
+                order.append(name)
+                if hold is not None:
+                    await hold.wait()
+                flow.forward_s += seconds
+        hold = trio.Event()
+        async with trio.open_nursery() as n:
+            n.start_soon(call, "flood 1", first, flood, 1.0, hold)
+            await trio.testing.wait_all_tasks_blocked()
+            n.start_soon(call, "flood 2", second, flood, 1.0)
+            await trio.testing.wait_all_tasks_blocked()
+            n.start_soon(call, "honest", Meter(), honest, 0.01)
+            await trio.testing.wait_all_tasks_blocked()
+            hold.set()
+    trio.run(calls)
+    # flood 2 queued level with flood 1's start, but its client ran 1 s meanwhile:
+    # the tag is read when the turn passes, so the honest call goes first (counted
+    # per session, flood 2 would tie with it and go first, having arrived first).
+    assert order == ["flood 1", "honest", "flood 2"]
+    assert flood.finish == 2.0 and honest.finish == 0.01
+
+
+def test_flow_keys_count_a_limited_address_once_and_everything_else_by_account():
+    limits = SessionLimits(8, 2, 4)
+    assert flow_key(limits, False, "peer-a", "192.0.2.1") == flow_key(
+        limits, False, "peer-b", "192.0.2.1") == "address 192.0.2.1"
+    assert flow_key(limits, False, "peer-a", "127.0.0.1") == "account peer-a"  # exempt
+    assert flow_key(limits, False, "peer-a", None) == "account peer-a"
+    assert flow_key(limits, True, "client", "192.0.2.1") == "account client"  # paid
+    assert flow_key(SessionLimits(8, 2, 4, limit_loopback=True), False, "p",
+                    "127.0.0.1") == "address 127.0.0.1"
+
+
+RECLAIM = SessionConfig(reclaim_idle_s=10.0, share_idle_s=2.0)
+LIMITS = RECLAIM.limits()
+
+
+def test_a_full_server_reclaims_the_longest_idle_free_session():
+    seats = [Seat(1, "192.0.2.1", False, 0, 11.0), Seat(2, "192.0.2.2", False, 0, 30.0),
+             Seat(3, "192.0.2.3", True, 5, 60.0), Seat(4, "192.0.2.4", False, 0, 0.1),
+             Seat(5, "192.0.2.5", False, 0, 50.0, stepping=True)]
+    key, why = reclaim_choice(LIMITS, RECLAIM, seats, paid=False, priority=0,
+                              address="198.51.100.1")
+    assert key == 2 and "no forward for 30.0 s" in why and "replay" in why
+    # A paid request takes a free one first, then a paid one of a bid at most its own.
+    assert reclaim_choice(LIMITS, RECLAIM, seats, paid=True, priority=9,
+                          address="198.51.100.1")[0] == 2
+    paid_only = [seats[2], seats[3]]
+    assert reclaim_choice(LIMITS, RECLAIM, paid_only, paid=True, priority=9,
+                          address=None)[0] == 3
+    assert reclaim_choice(LIMITS, RECLAIM, paid_only, paid=True, priority=4,
+                          address=None) is None
+    # A free request never closes a paid session, nor one in a step, nor a busy one.
+    assert reclaim_choice(LIMITS, RECLAIM, paid_only, paid=False, priority=0,
+                          address=None) is None
+    assert reclaim_choice(LIMITS, RECLAIM, [seats[4], seats[3]], paid=False, priority=0,
+                          address=None) is None
+
+
+def test_an_address_over_its_share_makes_way_for_a_lighter_one():
+    """Issue 28 item 5: two addresses held all 8 slots; a third one's request takes
+    the idlest session of the heaviest address (idle for share_idle_s, not 10 s)."""
+    seats = [Seat(k, f"192.0.2.{1 + k // 4}", False, 0, 2.0 + k / 2) for k in range(8)]
+    key, why = reclaim_choice(LIMITS, RECLAIM, seats, paid=False, priority=0,
+                              address="198.51.100.1")
+    assert key == 7 and "192.0.2.2 held 4 sessions" in why
+    # An address already level (holding one less than the most) takes nothing,
+    after = seats[:7] + [Seat(7, "198.51.100.1", False, 0, 3.0)]  # 4, 3 and 1
+    assert reclaim_choice(LIMITS, RECLAIM, after, paid=False, priority=0,
+                          address="192.0.2.2") is None
+    assert reclaim_choice(LIMITS, RECLAIM, after, paid=False, priority=0,
+                          address="198.51.100.1")[0] == 3  # 1 against 4: the idlest of 4
+    # nor one unlimited (loopback, unknown), nor from sessions stepping every second.
+    for address in ("127.0.0.1", None):
+        assert reclaim_choice(LIMITS, RECLAIM, seats, paid=False, priority=0,
+                              address=address) is None
+    busy = [Seat(k, f"192.0.2.{1 + k // 4}", False, 0, 1.0) for k in range(8)]
+    assert reclaim_choice(LIMITS, RECLAIM, busy, paid=False, priority=0,
+                          address="198.51.100.1") is None

@@ -72,13 +72,13 @@ def reference(model, xs):
         return [model.run_layers(x, 0, 2, cache=cache) for x in xs]
 
 
-def with_hosts(body):
+def with_hosts(body, deadline: float = 20.0):
     from contextlib import AsyncExitStack
 
     async def main():
         async with AsyncExitStack() as stack:
             await body(stack)
-    run(main)
+    run(main, deadline)
 
 
 def test_session_equals_local_run_step_by_step(model):
@@ -447,4 +447,35 @@ def test_compute_is_metered_per_session_per_client_and_in_total(model):
         # A closed session's compute stays with its client.
         assert {p["peer"]: p["positions"] for p in server.status()["heaviest_peers"]}[
             str(ch.peer_id)] == 26
+    with_hosts(body)
+
+
+def test_a_full_server_reclaims_dripping_sessions_for_a_new_client(model):
+    """Issue 28 item 5: sessions stepping now and then held every slot (one step every
+    40 s kept one). A full server closes the longest idle one for a new client, tells
+    its client why, and still refuses when every session is at work."""
+    config = SessionConfig(max_sessions=4, max_sessions_per_peer=2, reclaim_idle_s=2.0)
+    x = hidden(1, 2)
+    (want,) = reference(model, [x])
+
+    async def body(stack):
+        server, sh, ch = await serving(stack, model, config)
+        drippers = [ch, await another_client(stack, sh, 3)]
+        newcomer, late = [await another_client(stack, sh, n) for n in (4, 5)]
+        drips = [(await open_session(c, sh))[0] for c in drippers for _ in range(2)]
+        for pos, stream in enumerate(drips):  # one step each, the first the longest ago
+            assert isinstance(await step(stream, hidden(10 + pos, 1), 0), torch.Tensor)
+        assert isinstance((await open_session(newcomer, sh))[1], Busy)  # they just stepped
+        await trio.sleep(2.1)  # now every drip session is idle for reclaim_idle_s
+        stream, reply = await open_session(newcomer, sh)
+        assert isinstance(reply, SessionAccepted)
+        assert torch.equal(await step(stream, x, 0), want)  # served
+        told = decode(await read_frame(drips[0]), SessionError)  # the longest idle
+        assert "reclaimed" in told.reason and "no forward for" in told.reason
+        await eventually(lambda: len(server.sessions) == 4, "the reclaimed session to close")
+        assert server.reclaimed == 1 and server.status()["reclaimed"] == 1
+        for k, stream in enumerate(drips[1:]):  # the others carry on, now stepping often
+            assert isinstance(await step(stream, hidden(20 + k, 1), 1), torch.Tensor)
+        _, refused = await open_session(late, sh)
+        assert isinstance(refused, Busy) and refused.reason == "4 sessions open"
     with_hosts(body)
