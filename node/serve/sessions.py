@@ -1,6 +1,6 @@
 """The server side of inference sessions: a span of layers, a KV cache per session.
 
-Owns `InferenceServer`, which serves ``/pnode/inference/3.0.0`` (specs/network.md
+Owns `InferenceServer`, which serves ``/pnode/inference/3.1.0`` (specs/network.md
 sections 9.3 and 9.6) from a partial model (`compute.model.ModelPart`: only
 the layers it serves are in memory):
 
@@ -67,8 +67,8 @@ from node.serve.waiting import WaitingRoom
 from node.torch_thread import tensor_work
 from node.wire import (
     INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, MAX_OPEN_FRAME, PUSH_PROTOCOL, Busy, Link,
-    OpenSession, S_STEP, SessionAccepted, SessionError, Settle, Settled, Step, StepResult,
-    step_claim,
+    InputHistory, OpenSession, S_STEP, SessionAccepted, SessionError, Settle, Settled, Step,
+    StepResult, step_claim,
 )
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,7 @@ class _Session:
     bill: Bill | None = None  # a paid session's lane (`node.serve.billing`)
     tokens: int = 0
     steps: int = 0
+    inputs: InputHistory = field(default_factory=InputHistory)  # what its claims sign (9.5)
     last_forward: float = 0.0  # trio time of its last forward (or of its opening)
 
 
@@ -379,10 +380,12 @@ class InferenceServer(PushRouting):
                                                           step.voucher)),
                                       timeout=self.config.push_timeout)
                     self._delivered(s, hidden.shape[1])
-                    return True
                 except Exception as exc:  # the next hop died or stalled: the client sees to it
                     log.info("push to the next hop failed: %s: %s", type(exc).__name__, exc)
                     await self._unlink(s)
+                else:  # pushed: the client gets the signed answer too, after (9.5)
+                    await self._copy(s, self._answer(s, step, out))
+                    return True
             await self._reply(s.client, self._answer(s, step, out))
             self._delivered(s, hidden.shape[1])
             return True
@@ -396,9 +399,11 @@ class InferenceServer(PushRouting):
         """The signed `StepResult` of ``step``: the server's key over its `StepClaim`.
 
         Signed so that a client's spot check (specs/network.md 9.5) holds
-        the server to what it answered (about 0.1 ms a step).
+        the server to what it answered (about 0.1 ms a step). Called once per
+        step run: it advances the session's running input hash.
         """
-        claim = step_claim(s.token, self.model_id, s.start, s.end, step, out)
+        history = s.inputs.advance(step, s.tokens - step.pos)
+        claim = step_claim(s.token, self.model_id, s.start, s.end, step, out, history)
         signature = self.host.identity.key_pair.private_key.sign(S_STEP + encode(claim))
         return StepResult(step.pos, out, signature)
 

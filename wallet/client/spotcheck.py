@@ -43,17 +43,22 @@ differs by at most 1.9e-5 (raw), 9.4e-4 (fp16), 6.7e-3 (bf16), 9.1e-3
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+import trio
 
-from compute.wiretensor import encode_tensor
+from compute.wiretensor import decode_tensor, encode_tensor
 from ledger.codec import decode, encode
 from node.clock import now_ms
-from node.wire import SignedAnswer, SpotEvidence, Step, step_claim
+from node.net import FramingError, write_frame
+from node.wire import (
+    SignedAnswer, SpotEvidence, Step, StepResult, history_of, step_claim, step_positions,
+)
 from wallet.errors import HopFailed, NoRoute, RemoteError, ServerBusy
 from wallet.client.generation import SpotReport
+from wallet.client.hop import step_timeout
 from wallet.client.route import Hop
 from wallet.client.session import HopSession, RouteRun
 
@@ -128,6 +133,10 @@ class SpotChecker:
         report: where counts and mismatches go (the generation's).
     """
 
+    #: The checks as they were before the logs (bench/spot_check.py's baseline): compare
+    #: only the checked step's rows, and localise by replaying the route.
+    legacy = False
+
     def __init__(self, run: RouteRun, rng: random.Random, report: SpotReport):
         self.run, self.rng, self.report = run, rng, report
         self.rate, self.codec = run.config.spot_check_rate, run.config.codec
@@ -145,8 +154,10 @@ class SpotChecker:
     async def check(self, pos: int, y: torch.Tensor) -> torch.Tensor:
         """Check the route's answer ``y`` (1, T, C) to the step at ``pos``; the answer to use.
 
-        Returns ``y`` when a checker chain agrees (or none can run), else the
-        outputs after settling (the route replayed, a lying hop replaced).
+        The checker chain's outputs are compared with every row the route
+        answered since position 0 (``legacy``: the step's rows only). Returns
+        ``y`` when they agree (or no chain can run), else the outputs after
+        settling (a lying hop replaced, the hops after it replayed).
 
         Raises:
             RemoteError: failures beyond ``max_failovers`` while settling.
@@ -170,9 +181,15 @@ class SpotChecker:
             self.report.skipped += 1
             return y
         self.report.run += 1
-        if agree(y, out[:, pos:], self.codec):
+        routed = run.routed()
+        if self.legacy or routed is None or routed.shape != out.shape:
+            if agree(y, out[:, pos:], self.codec):
+                return y
+        elif agree(routed, out, self.codec):
             return y
-        return await self._settle(pos)
+        if self.legacy:
+            return await self._settle(pos)
+        return await self._localise(pos, y)
 
     # -- the route check ----------------------------------------------------------------
 
@@ -214,10 +231,204 @@ class SpotChecker:
         self.run.result.route = [s for s in self.run.result.route
                                  if all(s is not c.served for c in sessions)]
 
-    # -- localisation and settling --------------------------------------------------------
+    # -- localisation from the logs ----------------------------------------------------------
+
+    async def _localise(self, pos: int, y: torch.Tensor) -> torch.Tensor:
+        """Judge every hop on the steps it ran (its `StepLog`), asking only other servers.
+
+        Returns ``y`` when no hop loses (a checker of the route check was
+        wrong), else the outputs after the losers are replaced and the hops
+        after them replayed. Falls back to `_settle` when some hop's log is
+        incomplete or inconsistent (a copy that never came, a pushed step
+        whose answer signs another input) and no hop lost on its log.
+        """
+        run = self.run
+        await self._await_logs()
+        lost: dict[HopSession, HopFailed] = {}
+        unsure = False
+        for session in list(run.sessions):
+            steps = session.log.history()
+            try:
+                verdict = None if steps is None else await self._judge_log(session, steps)
+            except _Unsure:
+                verdict = None
+                steps = None
+            if steps is None:
+                unsure = True
+            elif verdict is not None:
+                lost[session] = verdict
+        if not lost:
+            return await self._settle(pos) if unsure else y
+        return await self._recover(lost, pos)
+
+    async def _await_logs(self) -> None:
+        """Wait (a step timeout at most) for the copies the linked hops send after pushing."""
+        with trio.move_on_after(self.run.config.step_timeout):
+            while any(s.log.history() is None for s in self.run.sessions):
+                await trio.sleep(0.02)
+
+    async def _judge_log(self, session: HopSession, steps: list[Step]) -> HopFailed | None:
+        """Run ``session``'s steps on a checker (a third if they differ); a `HopFailed` if it lost.
+
+        Raises:
+            _Unsure: an answer to a pushed step does not sign the input the
+                client derived (the hop before may have pushed something else
+                than it copied): nobody can be blamed from the log.
+        """
+        hop = session.hop
+        mine = [self._answer_of(session, steps, k) for k in range(len(steps))]
+        for k, answer in enumerate(mine):
+            if not answer.verified():
+                if session.log.was_pushed(steps[k].pos):
+                    raise _Unsure()
+                return self._lost(session, steps[k].pos, f"signed no claim of step {k} it ran")
+        candidates = self._candidates(hop)
+        checker, k, theirs = "", None, None
+        for peer in candidates:
+            try:
+                k, theirs = await self._first_disagreement(Hop(peer, hop.start, hop.end),
+                                                           steps, mine)
+            except HopFailed:
+                self.run.directory.exclude(peer)
+                continue
+            except ServerBusy:
+                continue
+            checker = peer
+            break
+        if not checker or k is None:
+            return None  # it agrees with its checker, or nobody else holds its layers
+        answers, third = [mine[k], theirs], ""
+        for peer in candidates[candidates.index(checker) + 1:]:
+            try:
+                _, answer = await self._first_disagreement(Hop(peer, hop.start, hop.end),
+                                                           steps[: k + 1], None)
+            except HopFailed:
+                self.run.directory.exclude(peer)
+                continue
+            except ServerBusy:
+                continue
+            third = peer
+            answers.append(answer)
+            break
+        outs = [decode_tensor(a.hidden) for a in answers]
+        loser = ""
+        if third:
+            if agree(outs[2], outs[1], self.codec) and not agree(outs[2], outs[0], self.codec):
+                loser = hop.peer_id
+            elif agree(outs[2], outs[0], self.codec) and not agree(outs[2], outs[1], self.codec):
+                loser = checker
+        peers = [hop.peer_id, checker, third][: len(answers)]
+        at = steps[k].pos
+        path, verified = self._keep_evidence(tuple(steps[: k + 1]), answers,
+                                             peers.index(loser) if loser else len(answers),
+                                             hop, at)
+        self.report.mismatches.append(Mismatch(
+            at, hop.start, hop.end, hop.peer_id, checker, third, loser, path, verified).as_json())
+        if loser:
+            self.run.directory.ban(loser)
+        if loser == hop.peer_id:
+            return HopFailed(f"{hop.peer_id} lost a spot check at position {at} "
+                             f"(layers {hop.start}..{hop.end - 1})", session)
+        return None
+
+    def _lost(self, session: HopSession, pos: int, why: str) -> HopFailed:
+        """``session``'s hop lost without a vote (it broke the protocol): banned, reported."""
+        hop = session.hop
+        self.run.directory.ban(hop.peer_id)
+        self.report.mismatches.append(Mismatch(pos, hop.start, hop.end, hop.peer_id, "", "",
+                                               hop.peer_id, "", False).as_json())
+        return HopFailed(f"{hop.peer_id} {why} (layers {hop.start}..{hop.end - 1})", session)
+
+    async def _first_disagreement(self, hop: Hop, steps: list[Step],
+                                  mine: list[SignedAnswer] | None
+                                  ) -> tuple[int | None, SignedAnswer]:
+        """``steps`` one by one on a fresh session on ``hop``, as the hop ran them.
+
+        Returns (the index of the first step whose answer disagrees with
+        ``mine``, or None; the checker's signed answer there, else at the
+        last step). Each step goes as it went (same chunks, same bytes), so
+        the checker's running input hash is the hop's and its claims sign
+        the same history (what makes them evidence together).
+        """
+        session = await self.run._open(hop)
+        try:
+            for k, step in enumerate(steps):
+                reply = await self._feed(session, step)
+                answer = self._answer_of(session, steps, k, reply)
+                if mine is not None and not agree(decode_tensor(mine[k].hidden),
+                                                  decode_tensor(reply.hidden), self.codec):
+                    return k, answer
+            return None, answer
+        finally:
+            await self._close([session])
+
+    async def _feed(self, session: HopSession, step: Step) -> StepResult:
+        """Send ``step``'s very bytes to ``session`` (with its voucher); its answer."""
+        run, t = self.run, step_positions(step)
+        timeout = step_timeout(run.config, run.directory.throughput(session.hop.peer_id), t,
+                               max(len(step.chunks), 1))
+        session.sent[step.pos] = t
+        session.log.sent(step)
+        try:
+            with trio.fail_after(timeout):
+                await write_frame(session.stream, encode(replace(step,
+                                                                 voucher=session.voucher())))
+        except (trio.TooSlowError, FramingError) as exc:
+            raise HopFailed(f"{session.hop.peer_id} failed: {exc!r}", session) from None
+        x = decode_tensor(step.hidden)
+        await run._await([session], [session], x, step.pos, timeout, len(step.hidden))
+        return session.last_reply
+
+    def _answer_of(self, session: HopSession, steps: list[Step], k: int,
+                   reply: StepResult | None = None) -> SignedAnswer:
+        """``session``'s signed answer to ``steps[k]`` (from its log unless ``reply``)."""
+        hop = session.hop
+        given = reply if reply is not None else session.log.answers[steps[k].pos]
+        claim = step_claim(session.token, self.run.directory.model_id, hop.start, hop.end,
+                           steps[k], given.hidden, history_of(steps[: k + 1]))
+        return SignedAnswer(self._public_key(hop.peer_id), claim, given.hidden,
+                            given.signature)
+
+    async def _recover(self, lost: dict[HopSession, HopFailed], pos: int) -> torch.Tensor:
+        """Replace the hops in ``lost``, replay the hops after the first; the step's outputs.
+
+        The route goes on client-driven (as after a failover): each hop
+        after the first loser replays the corrected inputs from position 0
+        in their chunks, so every cache is rebuilt from correct states.
+        """
+        run = self.run
+        await run._stop_pushing()
+        i = min(run.sessions.index(s) for s in lost)
+        history: list[torch.Tensor] = []
+        while i < len(run.sessions):
+            session = run.sessions[i]
+            exc = lost.get(session)
+            if exc is None:
+                run._keep(session, history)
+                try:
+                    history, i = await run._replay(session, history), i + 1
+                    continue
+                except HopFailed as again:
+                    if again.session is not session:
+                        raise
+                    exc = again
+            after, full = await run._fail_over(i, exc, 0)
+            history = (list(run.inputs[run.sessions[after].hop.start])
+                       if after < len(run.sessions) else [full])
+            i = after
+        run.outputs = [torch.cat(history, dim=1)]
+        return run.outputs[0][:, pos:]
+
+    # -- the replay settle (a log is incomplete; ``legacy``) ---------------------------------
 
     async def _settle(self, pos: int) -> torch.Tensor:
-        """Replay the route hop by hop, each hop against a checker; the step's outputs after."""
+        """Replay the route hop by hop, each hop against a checker; the step's outputs after.
+
+        What 9.5 did before the logs: a liar that knows a replay (position 0,
+        many chunks) answers it honestly and is not caught, so this runs only
+        when some hop's log is incomplete (a copy that never came) and no hop
+        lost on its log, or when ``legacy`` is set (bench/spot_check.py's baseline).
+        """
         run = self.run
         await run._stop_pushing()  # the client drives the rest (as after a failover)
         history = list(run.inputs[run.sessions[0].hop.start])
@@ -239,7 +450,8 @@ class SpotChecker:
             if after == len(run.sessions):
                 return tail
             history, i = list(run.inputs[run.sessions[after].hop.start]), after
-        return torch.cat(history, dim=1)[:, pos:]
+        run.outputs = [torch.cat(history, dim=1)]
+        return run.outputs[0][:, pos:]
 
     async def _judge(self, session: HopSession, history: list[torch.Tensor],
                      out: list[torch.Tensor], pos: int) -> HopFailed | None:
@@ -277,7 +489,8 @@ class SpotChecker:
             elif agree(c3, mine, self.codec) and not agree(c3, verdicts[0][1], self.codec):
                 loser = checker
         peers = [hop.peer_id, checker, third][: len(answers)]
-        path, verified = self._keep_evidence(history, answers, peers.index(loser)
+        path, verified = self._keep_evidence((self._step(history),), answers,
+                                             peers.index(loser)
                                              if loser else len(answers), hop, pos)
         self.report.mismatches.append(Mismatch(
             pos, hop.start, hop.end, hop.peer_id, checker, third, loser, path,
@@ -312,8 +525,9 @@ class SpotChecker:
         """The server's last answer to ``session`` (a replay of ``history``), with its claim."""
         reply = session.last_reply
         hop = session.hop
+        step = self._step(history)
         claim = step_claim(session.token, self.run.directory.model_id, hop.start, hop.end,
-                           self._step(history), reply.hidden)
+                           step, reply.hidden, history_of([step]))
         return SignedAnswer(self._public_key(hop.peer_id), claim, reply.hidden, reply.signature)
 
     def _step(self, history: list[torch.Tensor]) -> Step:
@@ -327,10 +541,11 @@ class SpotChecker:
             raise RemoteError(f"no announcement of {peer_id}: its answer cannot be attributed")
         return announce.public_key
 
-    def _keep_evidence(self, history: list[torch.Tensor], answers: list[SignedAnswer],
+    def _keep_evidence(self, steps: tuple[Step, ...], answers: list[SignedAnswer],
                        loser: int, hop: Hop, pos: int) -> tuple[str, bool]:
         """Record the evidence (in memory, and as a file when a directory is set)."""
-        evidence = SpotEvidence(self._step(history), tuple(answers), loser, now_ms())
+        steps = tuple(replace(s, voucher=b"") for s in steps)
+        evidence = SpotEvidence(steps, tuple(answers), loser, now_ms())
         self.evidence.append(evidence)
         path = ""
         if self.evidence_dir is not None:
@@ -339,3 +554,7 @@ class SpotChecker:
             target.write_bytes(encode(evidence))
             path = str(target)
         return path, evidence.verified()
+
+
+class _Unsure(Exception):
+    """A hop's log cannot be judged: an answer to a pushed step signs another input."""
