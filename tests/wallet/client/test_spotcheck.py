@@ -1,8 +1,8 @@
 """Spot checks (specs/network.md 9.5) over real hosts serving the real SmolLM2, and their rules.
 
-A lying server serves its real layers but shifts every output it answers
-(after the forward, before it signs): a fault no honest server makes, so
-it is made by wrapping that server's `_forward`.
+A lying server serves its real layers but shifts outputs it answers (after
+the forward, before it signs): a fault no honest server makes, so it is made
+by wrapping that server's `_forward` (tests/wallet/client/spotkit.py).
 """
 
 from __future__ import annotations
@@ -13,52 +13,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from compute.wiretensor import decode_tensor, encode_tensor
+from compute.wiretensor import decode_tensor
 from node.wire import ServerInfo
 from tests.node.netkit import run
+from tests.wallet.client.spotkit import attract, lie, lie_on_decode
 from tests.wallet.client.test_remote import PROMPT, local_tokens, parts, swarm  # noqa: F401 (fixtures)
 from wallet.client import InferRequest
 from wallet.client.remote import ClientConfig, open_remote
 from wallet.client.route import cap_throughput, plan_route
 from node.wire import check_evidence, history_of
-from wallet.client.spotcheck import TOLERANCE, agree, load_evidence
-
-
-def lie(server, shift: float = 0.05) -> None:
-    """Make ``server`` answer its real outputs plus ``shift`` x each row's largest |value|."""
-    inference = server.inference
-    honest = inference._forward
-
-    async def forward(s, step, hidden):
-        out = decode_tensor(await honest(s, step, hidden))
-        out = out + shift * out.abs().amax(dim=-1, keepdim=True)
-        return encode_tensor(out, s.codec)
-    inference._forward = forward
-
-
-def lie_on_decode(server, only: set[int] | None = None, shift: float = 0.05) -> list[int]:
-    """Make ``server`` shift its answers to ordinary decode steps (one position, at the end
-    of its cache; ``only``: at those positions) and answer prompts and replays honestly: a
-    liar that knows a check by a replay when it sees one. Returns the positions it lied at."""
-    inference, lied = server.inference, []
-    honest = inference._forward
-
-    async def forward(s, step, hidden):
-        decode = hidden.shape[1] == 1 and 0 < step.pos == s.cache.length
-        out = await honest(s, step, hidden)
-        if not decode or (only is not None and step.pos not in only):
-            return out
-        lied.append(step.pos)
-        out = decode_tensor(out)
-        return encode_tensor(out + shift * out.abs().amax(dim=-1, keepdim=True), s.codec)
-    inference._forward = forward
-    return lied
-
-
-async def attract(server) -> None:
-    """Have ``server`` announce a huge throughput, so the cheapest route runs through it."""
-    server.throughput = 1e6
-    await server.announcer.announce_now()
+from wallet.client.spotrules import TOLERANCE, agree, load_evidence
 
 
 @pytest.mark.parametrize("push", (True, False))
