@@ -55,6 +55,9 @@ class StepLog:
         if pos in self._steps and pos not in self.answers:
             self.answers[pos] = Answer(pos, hidden, signature)
 
+    def _last(self) -> int:
+        return next(reversed(self._steps))  # dicts keep order, and steps come in order
+
     def was_pushed(self, pos: int) -> bool:
         """Whether the step at ``pos`` was pushed by the hop before (not sent by the client)."""
         return isinstance(self._steps.get(pos), tuple)
@@ -83,6 +86,8 @@ class StepLog:
         return steps
 
     def _cut(self, pos: int) -> None:
+        if not self._steps or pos > self._last():
+            return  # the usual case, a step after the last one: nothing to drop
         for held in [p for p in self._steps if p >= pos]:
             del self._steps[held]
             self.answers.pop(held, None)
