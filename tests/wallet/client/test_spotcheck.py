@@ -108,6 +108,35 @@ def test_a_liar_honest_on_replays_is_caught_from_its_own_signed_answers(
     run(main, deadline=180)
 
 
+def test_a_hop_that_withholds_its_copies_is_settled_by_the_replay_fallback(
+        gguf_reader, parts, local_tokens, tmp_path):  # noqa: F811
+    """Linked L lies on every step and sends no `StepCopy`: its log (and C's inputs) are
+    incomplete, so the client falls back to replaying the route hop by hop, where L's
+    lie shows against H1 and H2; the evidence is the replay, one step."""
+    async def main():
+        async with AsyncExitStack() as stack:
+            spans = [(0, 10), (10, 20), (20, 30), (10, 20), (10, 20)]
+            hosts, servers = await swarm(stack, gguf_reader, spans)
+            liar = str(hosts[1].peer_id)
+            lie(servers[1])
+
+            async def withhold(s, answer):
+                pass
+            servers[1].inference._copy = withhold
+            await attract(servers[1])
+            config = ClientConfig(push=True, spot_check_seed=1, evidence_dir=str(tmp_path))
+            async with open_remote([hosts[0].addrs[0]], parts, config=config) as client:
+                await client.refresh()
+                result = await client.generate(InferRequest(PROMPT, max_tokens=3))
+                assert set(client.directory.banned) == {liar}
+            assert result.token_ids == local_tokens(3)
+            [m] = result.spot_checks.mismatches
+            assert (m["pos"], m["loser"], m["verified"]) == (0, liar, True)
+            evidence = load_evidence(m["evidence"])
+            assert [s.pos for s in evidence.steps] == [0] and evidence.loser == 0
+    run(main, deadline=180)
+
+
 @pytest.mark.parametrize("push", (True, False))
 def test_a_check_covers_every_earlier_step(gguf_reader, parts, smol_tokenizer, push):  # noqa: F811
     """L lies at the first decode step only, which the draw does not check (seed 1 at
