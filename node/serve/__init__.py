@@ -5,11 +5,13 @@ Sub-modules: `placement` (which span a server takes: pure), `swarm`
 `announce_peer` are what a client reads), `admission` (`SessionConfig`:
 who may open a session, fair order of the forward calls, compute metering),
 `sessions` (`InferenceServer`: the KV-cached sessions of
-`/pnode/inference`), `push` (a session linked to the next hop's), `billing`
+`/pnode/inference`), `forward` (a session's steps as forward calls, in
+fair turns, metered), `paid` (a server's paid sessions: tabs checked,
+ended, settled), `push` (a session linked to the next hop's), `billing`
 (what a paid session owes: pure), `cashier` (`Cashier`: a serving node's
 tabs, vouchers and claims), `waiting` (a full server's waiting room, highest
-bid first), `throughput` (decode speed through a span), `layer_server` (`LayerServer`: loads the span, serves
-it, moves it). Never imports the chain or the miner.
+bid first), `throughput` (decode speed through a span), `layer_server`
+(`LayerServer`: loads the span, serves it, moves it). Never imports the chain or the miner.
 """
 
 from node.lazy import lazy_exports

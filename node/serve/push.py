@@ -3,8 +3,9 @@
 Owns `PushRouting`, the part of `node.serve.sessions.InferenceServer` that
 links a session to the next hop (``Link``: dial it, open
 ``/pnode/inference-push/2.0.0`` with the session's token) and serves the
-steps the previous hop pushes into a session (specs/network.md 9.3a). A
-mixin: the server's sessions, limits and `_step` are the server's own.
+steps the previous hop pushes into a session (specs/network.md 9.3a), and
+sends the client a signed copy of each answer it pushed on (`StepCopy`,
+9.5). A mixin: the server's sessions, limits and `_step` are the server's own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from libp2p.peer.id import ID
 from ledger.codec import decode, encode
 from node.net import FrameEOF, FrameReader, FrameTimeout, write_frame
 from node.serve.admission import SessionRefused
-from node.wire import MAX_INFERENCE_FRAME, PUSH_PROTOCOL, Link, Linked, PushOpen, Step
+from node.wire import (
+    MAX_INFERENCE_FRAME, PUSH_PROTOCOL, Link, Linked, PushOpen, Step, StepCopy, StepResult,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,19 @@ class PushRouting:
                     await link.close()
                 except Exception:  # a dead hop's stream: nothing to close
                     pass
+
+    async def _copy(self, s, answer: StepResult) -> None:
+        """Send the client the signed answer of a step already pushed on (`StepCopy`).
+
+        After the push, so the next hop is already running it: the copy is
+        off the route's critical path. It lets the client localise a wrong
+        answer from what it holds, without asking the route's hops (9.5). A
+        client that cannot take it ends its session anyway: nothing to undo.
+        """
+        try:
+            await self._reply(s.client, StepCopy(answer.pos, answer.hidden, answer.signature))
+        except Exception as exc:
+            log.info("copy to the client failed: %s: %s", type(exc).__name__, exc)
 
     async def _serve_push(self, stream: INetStream, peer: ID) -> None:
         """The previous hop's outputs: steps of the session its token names."""

@@ -1,6 +1,6 @@
 """The server side of inference sessions: a span of layers, a KV cache per session.
 
-Owns `InferenceServer`, which serves ``/pnode/inference/3.0.0`` (specs/network.md
+Owns `InferenceServer`, which serves ``/pnode/inference/3.1.0`` (specs/network.md
 sections 9.3 and 9.6) from a partial model (`compute.model.ModelPart`: only
 the layers it serves are in memory):
 
@@ -44,7 +44,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -56,9 +55,7 @@ from libp2p.peer.id import ID
 from compute.codecs import CODECS
 from compute.kvcache import KVCache
 from compute.model import Transformer
-from compute.wiretensor import TooManyElements, WireTensorError, decode_tensor, encode_tensor
 from ledger.codec import decode, encode
-from node import torch_thread
 from node.net import FrameEOF, FrameReader, FrameTimeout, Host, write_frame
 from node.serve.admission import (  # noqa: F401 (SessionConfig: re-exported)
     ClientAtLimit, FairScheduler, Meter, Seat, ServerFull, SessionBusy, SessionConfig,
@@ -66,20 +63,18 @@ from node.serve.admission import (  # noqa: F401 (SessionConfig: re-exported)
 )
 from node.serve.billing import Bill, PaymentError
 from node.serve.cashier import Cashier
+from node.serve.forward import ForwardCalls
+from node.serve.paid import PaidSessions
 from node.serve.push import PushRouting
 from node.serve.throughput import measure_throughput
 from node.serve.waiting import WaitingRoom
-from node.torch_thread import tensor_work
 from node.wire import (
     INFERENCE_PROTOCOL, MAX_INFERENCE_FRAME, MAX_OPEN_FRAME, PUSH_PROTOCOL, Busy, Link,
-    OpenSession, S_STEP, SessionAccepted, SessionError, Settle, Settled, Step, StepResult,
-    step_claim,
+    InputHistory, OpenSession, S_STEP, SessionAccepted, SessionError, Settle, Step,
+    StepResult, step_claim,
 )
 
 log = logging.getLogger(__name__)
-
-#: Most client peer ids whose compute `InferenceServer.usage` keeps (the lightest go first).
-_MAX_PEERS_METERED = 1024
 
 
 @dataclass(slots=True)
@@ -107,6 +102,7 @@ class _Session:
     pending_charge: int = 0  # the running step's charge, owed once its outputs leave
     tokens: int = 0
     steps: int = 0
+    inputs: InputHistory = field(default_factory=InputHistory)  # what its claims sign (9.5)
     last_forward: float = 0.0  # trio time of its last forward (or of its opening)
     paid: bool = False  # opened with a tab
     flow_key: str = ""  # its client in the fair queue (`node.serve.admission.flow_key`)
@@ -115,7 +111,7 @@ class _Session:
     wake: trio.CancelScope | None = None  # the client loop's wait for a frame
 
 
-class InferenceServer(PushRouting):
+class InferenceServer(PushRouting, PaidSessions, ForwardCalls):
     """Serves inference sessions for the layers a partial model holds.
 
     Args:
@@ -263,49 +259,6 @@ class InferenceServer(PushRouting):
                 scope.cancel()
             await self._unlink(session)
 
-    @property
-    def cashier(self) -> Cashier | None:
-        """Payments; None: free sessions only, no tabs."""
-        return self._cashier
-
-    @cashier.setter
-    def cashier(self, cashier: Cashier | None) -> None:
-        self._cashier = cashier
-        if cashier is not None:
-            cashier.on_end = self._end_tab
-
-    def _end_tab(self, tab_id: bytes, why: str) -> None:
-        """End the sessions paid by tab ``tab_id`` that are between steps (a session in a
-        step ends at its next one, which `Cashier.take` refuses)."""
-        for s in list(self.sessions.values()):
-            if s.bill is not None and s.bill.tab_id == tab_id and not s.lock.locked():
-                s.ending = why
-                s.scope.cancel()
-
-    async def _vet(self, tab) -> None:
-        """`Cashier.vet`, its refusal a `SessionRefused`."""
-        try:
-            await self.cashier.vet(tab)
-        except PaymentError as exc:
-            raise SessionRefused(str(exc)) from None
-
-    def _precheck(self, req: OpenSession):
-        """The tab and lane paying for ``req`` (None: free), checked without the chain.
-
-        Raises:
-            SessionRefused: a tab where this server takes none, a free session
-                where it asks a price, or a tab that is bad in itself.
-        """
-        if self.cashier is None:
-            if req.tab:
-                raise SessionRefused("this server takes no tabs (it follows no chain): "
-                                     "open a free session")
-            return None
-        try:
-            return self.cashier.precheck(req, req.layer_end - req.layer_start)
-        except PaymentError as exc:
-            raise SessionRefused(str(exc)) from None
-
     def _open(self, req: OpenSession, peer: ID, account: str, address: str | None
               ) -> _Session:
         """A new session, if the limits let it open.
@@ -429,20 +382,6 @@ class InferenceServer(PushRouting):
             elif not await self._step(s, msg):
                 return
 
-    async def _settle(self, s: _Session, msg: Settle) -> None:
-        """The client's final voucher: keep it, claim the lane, say what is owed."""
-        if s.bill is None:
-            await self._reply(s.client, SessionError("a free session has nothing to settle"))
-            return
-        try:
-            s.bill.settle(msg.voucher)
-        except PaymentError as exc:
-            await self._reply(s.client, SessionError(str(exc)[:256]))
-            return
-        bill, s.bill = s.bill, None
-        claim = await self.cashier.release(bill)
-        await self._reply(s.client, Settled(bill.owed, claim or bytes(32)))
-
     async def _step(self, s: _Session, step: Step) -> bool:
         """Run one step of the client's or the previous hop's; False once the session failed.
 
@@ -492,140 +431,27 @@ class InferenceServer(PushRouting):
                                                       step.voucher)),
                                   timeout=self.config.push_timeout)
                 self._delivered(s)
-                return True
             except Exception as exc:  # the next hop died or stalled: the client sees to it
                 log.info("push to the next hop failed: %s: %s", type(exc).__name__, exc)
                 await self._unlink(s)
+            else:  # pushed: the client gets the signed answer too, after (9.5)
+                await self._copy(s, self._answer(s, step, out))
+                return True
         await self._reply(s.client, self._answer(s, step, out))
         self._delivered(s)
         return True
-
-    def _delivered(self, s: _Session) -> None:
-        """The step's outputs left: a paid session's bill counts them (`Cashier.delivered`)."""
-        charge, s.pending_charge = s.pending_charge, 0
-        if s.bill is not None and charge:
-            self.cashier.delivered(s.bill, charge)
 
     def _answer(self, s: _Session, step: Step, out: bytes) -> StepResult:
         """The signed `StepResult` of ``step``: the server's key over its `StepClaim`.
 
         Signed so that a client's spot check (specs/network.md 9.5) holds
-        the server to what it answered (about 0.1 ms a step).
+        the server to what it answered (about 0.1 ms a step). Called once per
+        step run: it advances the session's running input hash.
         """
-        claim = step_claim(s.token, self.model_id, s.start, s.end, step, out)
+        history = s.inputs.advance(step, s.tokens - step.pos)
+        claim = step_claim(s.token, self.model_id, s.start, s.end, step, out, history)
         signature = self.host.identity.key_pair.private_key.sign(S_STEP + encode(claim))
         return StepResult(step.pos, out, signature)
-
-    async def _check_step(self, step: Step, s: _Session) -> torch.Tensor:
-        """The step's hidden states, checked against the session. Raises SessionRefused."""
-        if step.pos > s.cache.length:
-            # A step may restart earlier positions (pos < length: roll back) but never skip.
-            raise SessionRefused(f"step at position {step.pos}, the session holds "
-                                 f"{s.cache.length}")
-        dim = self.model.config.dim
-        room = s.cache.max_len - step.pos
-        try:  # never decode more than the budget can take (int8 expands 4x)
-            hidden = await tensor_work(decode_tensor, step.hidden, max(room, 1) * dim,
-                                       rows=len(step.hidden) // (dim * 4))
-        except TooManyElements as exc:
-            raise SessionRefused(f"step past the session budget of {s.cache.max_len} "
-                                 f"positions: {exc}") from None
-        except WireTensorError as exc:
-            raise SessionRefused(f"bad hidden states: {exc}") from None
-        if hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[2] != dim \
-                or hidden.shape[1] == 0:
-            raise SessionRefused(f"expected hidden states (1, T>0, {dim}), "
-                                 f"got {tuple(hidden.shape)}")
-        t = hidden.shape[1]
-        if step.chunks and sum(step.chunks) != t:
-            raise SessionRefused(f"chunks sum to {sum(step.chunks)}, the step has {t} positions")
-        cap = self.config.max_chunk_positions
-        if max(step.chunks or (t,)) > cap:
-            # One forward call holds the compute thread: its length is what the cap bounds.
-            raise SessionRefused(f"a forward call of {max(step.chunks or (t,))} positions "
-                                 f"exceeds this server's cap of {cap} positions per call "
-                                 f"(max_chunk_positions): split the step into chunks")
-        if t > room:
-            raise SessionRefused(f"step to position {step.pos + t} exceeds the session budget "
-                                 f"of {s.cache.max_len}")
-        return hidden.to(torch.float32)
-
-    async def _forward(self, s: _Session, step: Step, hidden: torch.Tensor) -> bytes:
-        """Run the session's layers on the step, one forward call per chunk (or piece).
-
-        Each call is its own job on the torch thread, in its turn in the
-        fair queue, so a long replay (many chunks) takes turns with the
-        other sessions' decode steps instead of holding the server for its
-        whole length. A free session's chunk is run in pieces of at most
-        ``free_call_positions`` while another client has a session open
-        (`_piece`): the longest a decode step then waits behind it.
-
-        Raises:
-            SessionRefused: the forward call failed (out of memory, a device
-                error), or the session was reclaimed (a pushed step into it).
-        """
-        outs, pos = [], step.pos
-        for n in step.chunks or (hidden.shape[1],):
-            end = pos + n
-            while pos < end:
-                if s.reclaimed:
-                    raise SessionRefused(s.reclaimed)
-                try:
-                    async with self.scheduler.turn(s.meter, s.flow):  # one call at a time
-                        k = self._piece(s, end - pos)  # decided with the turn: who is here now
-                        chunk = hidden[:, pos - step.pos: pos - step.pos + k]
-                        out, seconds = await torch_thread.run_sync(
-                            self._timed, s, chunk, pos, priority=s.meter.priority)
-                        self._charge(s, k, seconds)
-                    outs.append(out)
-                except Exception as exc:  # the server's fault, not the client's: no score
-                    log.warning("forward failed in a session of %s: %s: %s", s.peer,
-                                type(exc).__name__, exc)
-                    raise SessionRefused(f"forward failed: {type(exc).__name__}: "
-                                         f"{exc}") from None
-                pos += k
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-        return await tensor_work(encode_tensor, out, s.codec, rows=out.shape[1])
-
-    def _piece(self, s: _Session, positions: int) -> int:
-        """How many of a call's ``positions`` to run in this turn.
-
-        All of them for a paid session, or when no other client has a
-        session open (a lone client's calls are the ones it sent, so its
-        outputs are bit for bit those of the chunks it chose); else at
-        most ``free_call_positions``: pieces of one chunk agree with the
-        whole call within the spot checks' tolerance, not bit for bit.
-        """
-        cap = self.config.free_call_positions
-        if s.paid or positions <= cap:
-            return positions
-        if all(o.flow_key == s.flow_key or o.reclaimed for o in self.sessions.values()):
-            return positions
-        return cap
-
-    def _charge(self, s: _Session, positions: int = 0, seconds: float = 0.0,
-                steps: int = 0) -> None:
-        """Meter a forward call (or a step): the session's, its client's and the server's."""
-        usage = self.usage.get(s.account)
-        if usage is None:
-            if len(self.usage) >= _MAX_PEERS_METERED:  # keep the heavy ones visible
-                del self.usage[min(self.usage, key=lambda p: self.usage[p].forward_s)]
-            usage = self.usage[s.account] = Meter()
-        for meter in (s.meter, usage, self.compute, *([s.flow] if s.flow else [])):
-            meter.add(positions, seconds, steps)
-
-    def _timed(self, s: _Session, chunk: torch.Tensor, pos: int) -> tuple[torch.Tensor, float]:
-        """`_run` and its seconds (on the torch thread: the wait in its queue is not counted)."""
-        began = time.perf_counter()
-        out = self._run(s, chunk, pos)
-        return out, time.perf_counter() - began
-
-    def _run(self, s: _Session, chunk: torch.Tensor, pos: int) -> torch.Tensor:
-        """One forward call (on the torch thread); the output back on the CPU."""
-        with torch.inference_mode():
-            out = s.model.run_layers(chunk.to(self.device), s.start, s.end, pos=pos,
-                                     cache=s.cache)
-        return out.to("cpu")
 
     async def _reply(self, stream: INetStream, msg) -> None:
         await write_frame(stream, encode(msg), timeout=self.config.write_timeout)

@@ -26,6 +26,7 @@ reused):
     85-91  wallet desk: AccountQuery, AccountInfo, SubmitTx, TxResult, RegistryQuery,
            RegisteredEntry, RegistryInfo
     92-93  data: DataRequest, DataReply
+    94-94  serve (spot checks): StepCopy
 """
 
 from node.lazy import lazy_exports
@@ -44,7 +45,9 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "StepResult", "SwarmRequest", "SwarmResponse", "Text", "sign_announce", "Settle",
         "Settled",
         "S_STEP", "SignedAnswer", "SpotEvidence", "StepClaim", "TAB_ENDS", "TAB_REFUSED",
-        "session_id", "step_claim",
+        "session_id", "step_claim", "EMPTY_HISTORY", "MAX_EVIDENCE_BYTES", "MAX_EVIDENCE_STEPS",
+        "InputHistory", "StepCopy", "check_evidence", "history_of", "input_hash",
+        "next_history", "step_positions",
     ),
     "node.wire.pol": (
         "CERT", "EVIDENCE", "MAX_POL_FRAME", "MAX_POL_REQUEST", "MAX_WINDOW_ITEMS",

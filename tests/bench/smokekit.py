@@ -54,6 +54,7 @@ FIGURES = {
     "wiretensor_bench": rf"float32 copy\W+{NUMBER}\W+{NUMBER}",
     "smol_job_bench": rf"1 node \(k=3\)\s+{NUMBER} s\s+{NUMBER}x\s+True",
     "spot_check": rf"\| on \(rate 0\.02\) \| {NUMBER} \| {NUMBER} \|",
+    "spot_detect": r"\| 1 \| new \| 1 \| [01] \| \d+% \|",
     "swarm_bench": rf"\| 2 server\(s\) \| {NUMBER} \| {NUMBER} \| {NUMBER} \|",
     "train_bench": rf"\| 1 \| 1 \| {NUMBER} \| {NUMBER} \| {NUMBER} \|",
     "train_local_bench": rf"whole\s+3 steps in {NUMBER} s",

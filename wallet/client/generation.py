@@ -86,7 +86,7 @@ class SpotReport:
 
     run: steps checked; skipped: steps drawn but not checked (no other
     server holds the layers); mismatches: one dict per disagreement
-    (`wallet.client.spotcheck.Mismatch.as_json`).
+    (`wallet.client.spotrules.Mismatch.as_json`).
     """
 
     run: int = 0

@@ -27,6 +27,7 @@ from wallet.errors import HopFailed, ServerBusy
 from wallet.client.generation import ClientConfig, Served
 from wallet.payer import ClientTab, PaymentRefused
 from wallet.client.route import Hop
+from wallet.client.steplog import StepLog
 
 
 class HopSession:
@@ -49,6 +50,7 @@ class HopSession:
         self.height = 0  # the server's chain height when it accepted (0: none said)
         self.sent: dict[int, int] = {}  # positions of each step sent, by pos, until answered
         self.last_reply: StepResult | None = None  # signed: a spot check's evidence
+        self.log = StepLog()  # every step it ran and its signed answer (spot checks, 9.5)
 
     @property
     def paid(self) -> bool:

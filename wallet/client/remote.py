@@ -1,6 +1,6 @@
 """Inference over the swarm: embeddings and head here, the layers on servers.
 
-Owns `RemoteModel`, the client of ``/pnode/inference/3.0.0`` (specs/network.md
+Owns `RemoteModel`, the client of ``/pnode/inference/3.1.0`` (specs/network.md
 section 9.4), after Petals:
 
 1. discovery: dial the given peers and ask each for its view of the swarm

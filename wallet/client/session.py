@@ -27,7 +27,7 @@ from node.net import FramingError, Host, write_frame
 from node.torch_thread import tensor_work
 from node.wire import (
     MAX_INFERENCE_FRAME, MAX_POSITIONS, TAB_ENDS, Link, Linked, SessionError, Settle, Settled,
-    Step, StepResult,
+    Step, StepCopy, StepResult,
 )
 from wallet.client.directory import SwarmDirectory
 from wallet.client.failover import Failover
@@ -88,6 +88,9 @@ class RouteRun(Failover):
         self.chunk = MAX_POSITIONS
         self.widest = 1
         self._dated = trio.current_time()  # when the payer last asked the chain's height
+        # The route's final outputs since position 0, as the steps returned them (a
+        # spot check compares them all: one check covers every earlier step, 9.5).
+        self.outputs: list[torch.Tensor] = []
         self._inbox_in, self._inbox = trio.open_memory_channel(INBOX_SIZE)
 
     async def open(self, start: int, end: int) -> None:
@@ -141,7 +144,22 @@ class RouteRun(Failover):
                     count_delivered(self.sessions[: self.sessions.index(exc.session)], pos)
                 await self._stop_pushing()
                 i, x = await self._fail_over(self.sessions.index(exc.session), exc, pos)
+        self.note_outputs(pos, x)
         return x
+
+    def note_outputs(self, pos: int, y: torch.Tensor) -> None:
+        """Keep the route's final outputs ``y`` at ``pos..`` (those after ``pos`` are dropped)."""
+        held = sum(o.shape[1] for o in self.outputs)
+        if held > pos:
+            self.outputs = [torch.cat(self.outputs, dim=1)[:, :pos]] if pos else []
+        elif held < pos:  # cannot happen: every step's outputs pass through ``forward``
+            self.outputs = []
+            return
+        self.outputs.append(y)
+
+    def routed(self) -> torch.Tensor | None:
+        """The route's final outputs since position 0 (None: none kept)."""
+        return torch.cat(self.outputs, dim=1) if self.outputs else None
 
     def _pieces(self, x: torch.Tensor) -> list[torch.Tensor]:
         """``x`` (1, T, C) as the forward calls it goes in: chunks of at most ``chunk``."""
@@ -162,6 +180,8 @@ class RouteRun(Failover):
         for pushed in self.sessions[i + 1: last + 1]:  # they run it too, if the chain holds
             pushed.sent[pos] = x.shape[1]
         chunks = tuple(p.shape[1] for p in pieces) if len(pieces) > 1 else ()
+        for before, pushed in zip(self.sessions[i: last], self.sessions[i + 1: last + 1]):
+            pushed.log.pushed(pos, chunks, before)  # its input: the hop before's output
         began = trio.current_time()
         timeout, sent = await self._send(session, x, pos, chunks, self.sessions[i + 1: last + 1])
         timeout += sum(chained_timeout(self.config, self.directory.throughput(s.hop.peer_id),
@@ -331,6 +351,7 @@ class RouteRun(Failover):
         if session.error is not None:  # its server ended it already (e.g. `TAB_ENDS`)
             raise session.error
         session.sent[pos] = x.shape[1]
+        session.log.sent(Step(pos, chunks, payload))
         try:
             through = [(h.hop, x.shape[1]) for h in (session, *pushed) if h.tab is session.tab]
             message = encode(Step(pos, chunks, payload, session.voucher(through)))
@@ -384,6 +405,7 @@ class RouteRun(Failover):
             raise HopFailed(f"{session.hop.peer_id} answered shape {tuple(out.shape)} "
                             f"for {tuple(x.shape)}", session)
         session.last_reply = reply
+        session.log.answered(reply.pos, reply.hidden, reply.signature)
         self.result.wire_bytes += sent + len(reply.hidden)
         for done in answering[: answering.index(session) + 1]:
             if not done.steps:  # the route lists servers that actually served
@@ -411,7 +433,10 @@ class RouteRun(Failover):
             try:
                 while True:
                     message = decode(await session.reader.read_frame(MAX_INFERENCE_FRAME),
-                                     (StepResult, SessionError, Linked, Settled))
+                                     (StepResult, StepCopy, SessionError, Linked, Settled))
+                    if isinstance(message, StepCopy):  # a linked hop's answer, for the log
+                        session.log.answered(message.pos, message.hidden, message.signature)
+                        continue
                     if isinstance(message, StepResult) and session.tab is not None:
                         self._delivered(session, message.pos)
                     if isinstance(message, SessionError):  # the server ends the session

@@ -11,115 +11,52 @@ client draws (the first step always, then each with probability
    whole history on a *checker chain*: for each hop, other servers that
    cover its span (the hop's own server where there is none), fed the
    history in one forward call (a prefill: one pass, not one per token),
-   each one's outputs the next one's inputs. The step's rows of the
-   chain's output are compared with the route's answer (`agree`). This
-   needs no intermediate outputs, so it works when the hops push to each
-   other (9.3a) and the client sees only the last one's.
-2. **Localisation.** On a mismatch the route stops pushing and the client
-   replays the history hop by hop (`Step(0, chunks, history)`, as a
-   failover does): each hop's outputs are the next one's inputs, and each
-   hop's replay is also sent, identically, to a checker server holding the
-   same span. Same input, same chunks: honest servers agree bit for bit on
-   the same build, within `TOLERANCE` otherwise.
-3. **Settling.** A hop and its checker that disagree go to a third server
-   with the same input; the answer the other two reject loses (majority of
-   three). A losing hop is banned for the client's lifetime
-   (`SwarmDirectory.ban`) and failed over (its kept inputs replayed on a
-   replacement); a losing checker is banned. The hops after it replay the
+   each one's outputs the next one's inputs. Every row of the chain's
+   output is compared with the route's outputs since position 0
+   (`RouteRun.outputs`, `agree`): one check covers every earlier step.
+   This needs no intermediate outputs, so it works when the hops push to
+   each other (9.3a).
+2. **Localisation** (`wallet.client.localise`). On a mismatch each hop is
+   judged on the steps it ran, as the client logged them with the hop's
+   signed answers (`wallet.client.steplog.StepLog`; linked hops send a
+   signed `StepCopy` after each push): a checker server runs them one by
+   one, a third settles a disagreement (majority of three). The route's
+   hops are asked nothing, so a liar cannot answer a check differently
+   from its ordinary steps.
+3. **Settling.** A losing hop is banned for the client's lifetime
+   (`SwarmDirectory.ban`) and failed over, the hops after it replay the
    corrected outputs, so the generation goes on from correct states. The
-   three signed answers (`node.wire.SignedAnswer`: every `StepResult` is
-   signed by its server) and the input they claim are kept as
-   `node.wire.SpotEvidence`, written to ``ClientConfig.evidence_dir``.
+   accused's input steps and the signed answers at the lying step are
+   kept as `node.wire.SpotEvidence` (self-contained: every claim signs the
+   session's running input hash), written to ``ClientConfig.evidence_dir``.
+   When a log is incomplete, the older replay settle runs (`_settle`).
 
-Tolerance. Rows are compared one position at a time: max |a - b| over the
-row at most ``TOLERANCE[codec]`` times the row's largest |value|. Measured
-on SmolLM2 (CPU, 1 and 2 threads: bit-identical across thread counts), a
-one-call prefill of up to 137 positions against token-by-token decoding
-differs by at most 1.9e-5 (raw), 9.4e-4 (fp16), 6.7e-3 (bf16), 9.1e-3
-(int8) in that measure at layers 10, 20, 30; the bounds are 1e-3, 1e-2,
-5e-2, 1e-1 (7-50x margin).
+The comparison (`agree`, `TOLERANCE`) and the record (`Mismatch`,
+`load_evidence`) are `wallet.client.spotrules`'; localisation from the
+logs is `wallet.client.localise.LogLocaliser`'s.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from compute.wiretensor import encode_tensor
-from ledger.codec import decode, encode
+from ledger.codec import encode
 from node.clock import now_ms
-from node.wire import SignedAnswer, SpotEvidence, Step, step_claim
+from node.wire import SignedAnswer, SpotEvidence, Step, history_of, step_claim
 from wallet.errors import HopFailed, NoRoute, RemoteError, ServerBusy
 from wallet.client.generation import SpotReport
+from wallet.client.localise import LogLocaliser
 from wallet.client.route import Hop
 from wallet.client.session import HopSession, RouteRun
-
-#: Per wire codec: the most a row may differ, relative to the row's largest |value|.
-TOLERANCE = {"raw": 1e-3, "fp16": 1e-2, "bf16": 5e-2, "int8": 1e-1}
-#: Below this, a difference is nothing (rows of zeros).
-_ATOL = 1e-6
+from wallet.client.spotrules import Mismatch, agree
 
 
-def agree(a: torch.Tensor, b: torch.Tensor, codec: str = "raw") -> bool:
-    """Whether two answers for the same positions agree (module docstring: Tolerance).
-
-    Args:
-        a, b: hidden states (1, T, C) for the same positions.
-        codec: the wire codec both came through.
-
-    Returns:
-        True when shapes match and every row is within the codec's tolerance
-        (a NaN anywhere disagrees).
-    """
-    if a.shape != b.shape:
-        return False
-    a, b = a.float(), b.float()
-    diff = (a - b).abs().amax(dim=-1)
-    scale = torch.maximum(a.abs().amax(dim=-1), b.abs().amax(dim=-1))
-    return bool((diff <= TOLERANCE[codec] * scale + _ATOL).all())
-
-
-@dataclass(frozen=True, slots=True)
-class Mismatch:
-    """One settled (or unsettled) disagreement, as the generation reports it.
-
-    pos: the step's position; start, end: the hop's layers; peer_id: the
-    hop's server; checker, third: the other servers asked ("" if none);
-    loser: the peer the majority rejected ("" if unsettled); evidence: the
-    file the evidence went to ("" if none); verified: whether every answer
-    of the evidence verifies (signature and claimed input).
-    """
-
-    pos: int
-    start: int
-    end: int
-    peer_id: str
-    checker: str
-    third: str
-    loser: str
-    evidence: str
-    verified: bool
-
-    def as_json(self) -> dict:
-        return {"pos": self.pos, "layers": [self.start, self.end], "peer_id": self.peer_id,
-                "checker": self.checker, "third": self.third, "loser": self.loser or None,
-                "evidence": self.evidence or None, "verified": self.verified}
-
-
-def load_evidence(path: str | Path) -> SpotEvidence:
-    """The evidence record in ``path`` (written by a `SpotChecker`).
-
-    Raises:
-        DecodeError: the file is not an encoded `SpotEvidence`.
-        OSError: it cannot be read.
-    """
-    return decode(Path(path).read_bytes(), SpotEvidence)
-
-
-class SpotChecker:
+class SpotChecker(LogLocaliser):
     """Draws, runs and settles the spot checks of one generation's `RouteRun`.
 
     Args:
@@ -127,6 +64,10 @@ class SpotChecker:
         rng: the draw (pass a seeded `random.Random` for repeatable checks).
         report: where counts and mismatches go (the generation's).
     """
+
+    #: The checks as they were before the logs (bench/spot_check.py's baseline): compare
+    #: only the checked step's rows, and localise by replaying the route.
+    legacy = False
 
     def __init__(self, run: RouteRun, rng: random.Random, report: SpotReport):
         self.run, self.rng, self.report = run, rng, report
@@ -145,8 +86,10 @@ class SpotChecker:
     async def check(self, pos: int, y: torch.Tensor) -> torch.Tensor:
         """Check the route's answer ``y`` (1, T, C) to the step at ``pos``; the answer to use.
 
-        Returns ``y`` when a checker chain agrees (or none can run), else the
-        outputs after settling (the route replayed, a lying hop replaced).
+        The checker chain's outputs are compared with every row the route
+        answered since position 0 (``legacy``: the step's rows only). Returns
+        ``y`` when they agree (or no chain can run), else the outputs after
+        settling (a lying hop replaced, the hops after it replayed).
 
         Raises:
             RemoteError: failures beyond ``max_failovers`` while settling.
@@ -170,9 +113,15 @@ class SpotChecker:
             self.report.skipped += 1
             return y
         self.report.run += 1
-        if agree(y, out[:, pos:], self.codec):
+        routed = run.routed()
+        if self.legacy or routed is None or routed.shape != out.shape:
+            if agree(y, out[:, pos:], self.codec):
+                return y
+        elif agree(routed, out, self.codec):
             return y
-        return await self._settle(pos)
+        if self.legacy:
+            return await self._settle(pos)
+        return await self._localise(pos, y)
 
     # -- the route check ----------------------------------------------------------------
 
@@ -214,10 +163,16 @@ class SpotChecker:
         self.run.result.route = [s for s in self.run.result.route
                                  if all(s is not c.served for c in sessions)]
 
-    # -- localisation and settling --------------------------------------------------------
+    # -- the replay settle (a log is incomplete; ``legacy``) ---------------------------------
 
     async def _settle(self, pos: int) -> torch.Tensor:
-        """Replay the route hop by hop, each hop against a checker; the step's outputs after."""
+        """Replay the route hop by hop, each hop against a checker; the step's outputs after.
+
+        What 9.5 did before the logs: a liar that knows a replay (position 0,
+        many chunks) answers it honestly and is not caught, so this runs only
+        when some hop's log is incomplete (a copy that never came) and no hop
+        lost on its log, or when ``legacy`` is set (bench/spot_check.py's baseline).
+        """
         run = self.run
         await run._stop_pushing()  # the client drives the rest (as after a failover)
         history = list(run.inputs[run.sessions[0].hop.start])
@@ -239,7 +194,8 @@ class SpotChecker:
             if after == len(run.sessions):
                 return tail
             history, i = list(run.inputs[run.sessions[after].hop.start]), after
-        return torch.cat(history, dim=1)[:, pos:]
+        run.outputs = [torch.cat(history, dim=1)]
+        return run.outputs[0][:, pos:]
 
     async def _judge(self, session: HopSession, history: list[torch.Tensor],
                      out: list[torch.Tensor], pos: int) -> HopFailed | None:
@@ -277,7 +233,8 @@ class SpotChecker:
             elif agree(c3, mine, self.codec) and not agree(c3, verdicts[0][1], self.codec):
                 loser = checker
         peers = [hop.peer_id, checker, third][: len(answers)]
-        path, verified = self._keep_evidence(history, answers, peers.index(loser)
+        path, verified = self._keep_evidence((self._step(history),), answers,
+                                             peers.index(loser)
                                              if loser else len(answers), hop, pos)
         self.report.mismatches.append(Mismatch(
             pos, hop.start, hop.end, hop.peer_id, checker, third, loser, path,
@@ -312,8 +269,9 @@ class SpotChecker:
         """The server's last answer to ``session`` (a replay of ``history``), with its claim."""
         reply = session.last_reply
         hop = session.hop
+        step = self._step(history)
         claim = step_claim(session.token, self.run.directory.model_id, hop.start, hop.end,
-                           self._step(history), reply.hidden)
+                           step, reply.hidden, history_of([step]))
         return SignedAnswer(self._public_key(hop.peer_id), claim, reply.hidden, reply.signature)
 
     def _step(self, history: list[torch.Tensor]) -> Step:
@@ -327,10 +285,11 @@ class SpotChecker:
             raise RemoteError(f"no announcement of {peer_id}: its answer cannot be attributed")
         return announce.public_key
 
-    def _keep_evidence(self, history: list[torch.Tensor], answers: list[SignedAnswer],
+    def _keep_evidence(self, steps: tuple[Step, ...], answers: list[SignedAnswer],
                        loser: int, hop: Hop, pos: int) -> tuple[str, bool]:
         """Record the evidence (in memory, and as a file when a directory is set)."""
-        evidence = SpotEvidence(self._step(history), tuple(answers), loser, now_ms())
+        steps = tuple(replace(s, voucher=b"") for s in steps)
+        evidence = SpotEvidence(steps, tuple(answers), loser, now_ms())
         self.evidence.append(evidence)
         path = ""
         if self.evidence_dir is not None:

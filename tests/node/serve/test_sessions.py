@@ -479,3 +479,30 @@ def test_a_full_server_reclaims_dripping_sessions_for_a_new_client(model):
         _, refused = await open_session(late, sh)
         assert isinstance(refused, Busy) and refused.reason == "4 sessions open"
     with_hosts(body)
+
+
+def test_every_answer_signs_the_running_hash_of_the_sessions_inputs(model):
+    """Each `StepResult` is the server key's signature over a claim naming the step and the
+    running hash of every step the cache holds (9.5): rolled back with the cache."""
+    from node.wire import S_STEP, SignedAnswer, history_of, step_claim
+
+    xs = [hidden(1, 5), hidden(2, 1), hidden(3, 1), hidden(4, 1)]
+
+    async def body(stack):
+        server, sh, ch = await serving(stack, model)
+        stream, accepted = await open_session(ch, sh)
+        key = server.host.identity.key_pair.public_key.to_bytes()
+
+        async def signed(history: list[Step]) -> bool:
+            await write_frame(stream, encode(history[-1]))
+            reply = decode(await read_frame(stream), StepResult)
+            claim = step_claim(accepted.token, MODEL_ID, 0, 2, history[-1], reply.hidden,
+                               history_of(history))
+            return SignedAnswer(key, claim, reply.hidden, reply.signature).verified()
+        steps = [Step(0, (), encode_tensor(xs[0])), Step(5, (), encode_tensor(xs[1])),
+                 Step(6, (), encode_tensor(xs[2]))]
+        assert [await signed(steps[: k + 1]) for k in range(3)] == [True] * 3
+        again = Step(5, (), encode_tensor(xs[3]))  # rolls back to position 5
+        assert await signed([steps[0], again])
+        assert not await signed([steps[0], steps[1], again])  # not the history it holds
+    with_hosts(body)

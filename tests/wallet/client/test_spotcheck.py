@@ -1,8 +1,8 @@
 """Spot checks (specs/network.md 9.5) over real hosts serving the real SmolLM2, and their rules.
 
-A lying server serves its real layers but shifts every output it answers
-(after the forward, before it signs): a fault no honest server makes, so
-it is made by wrapping that server's `_forward`.
+A lying server serves its real layers but shifts outputs it answers (after
+the forward, before it signs): a fault no honest server makes, so it is made
+by wrapping that server's `_forward` (tests/wallet/client/spotkit.py).
 """
 
 from __future__ import annotations
@@ -13,32 +13,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from compute.wiretensor import decode_tensor, encode_tensor
+from compute.wiretensor import decode_tensor
 from node.wire import ServerInfo
 from tests.node.netkit import run
+from tests.wallet.client.spotkit import attract, lie, lie_on_decode
 from tests.wallet.client.test_remote import PROMPT, local_tokens, parts, swarm  # noqa: F401 (fixtures)
 from wallet.client import InferRequest
 from wallet.client.remote import ClientConfig, open_remote
 from wallet.client.route import cap_throughput, plan_route
-from wallet.client.spotcheck import TOLERANCE, agree, load_evidence
-
-
-def lie(server, shift: float = 0.05) -> None:
-    """Make ``server`` answer its real outputs plus ``shift`` x each row's largest |value|."""
-    inference = server.inference
-    honest = inference._forward
-
-    async def forward(s, step, hidden):
-        out = decode_tensor(await honest(s, step, hidden))
-        out = out + shift * out.abs().amax(dim=-1, keepdim=True)
-        return encode_tensor(out, s.codec)
-    inference._forward = forward
-
-
-async def attract(server) -> None:
-    """Have ``server`` announce a huge throughput, so the cheapest route runs through it."""
-    server.throughput = 1e6
-    await server.announcer.announce_now()
+from node.wire import check_evidence, history_of
+from wallet.client.spotrules import TOLERANCE, agree, load_evidence
 
 
 @pytest.mark.parametrize("push", (True, False))
@@ -79,6 +63,102 @@ def test_a_lying_server_is_caught_at_the_first_step_settled_excluded_and_replace
             assert agree(outs[1], outs[2]) and not agree(outs[0], outs[1])
             forged = replace(evidence.answers[0], hidden=evidence.answers[1].hidden)
             assert not forged.verified()  # the liar cannot disown its answer
+    run(main, deadline=180)
+
+
+@pytest.mark.parametrize("push", (True, False))
+def test_a_liar_honest_on_replays_is_caught_from_its_own_signed_answers(
+        gguf_reader, parts, local_tokens, smol_tokenizer, tmp_path, push):  # noqa: F811
+    """A, L, C route; L lies on every decode step but answers prompts and replays
+    honestly. Every step is checked: the first decode step's check disagrees, and L is
+    judged on the very steps it ran (from the client's log, L never asked again): H1
+    and H2 run them and outvote it. L is banned, the evidence holds L's signed answer
+    after the history its claim names, and the tokens are the local ones."""
+    async def main():
+        async with AsyncExitStack() as stack:
+            spans = [(0, 10), (10, 20), (20, 30), (10, 20), (10, 20)]
+            hosts, servers = await swarm(stack, gguf_reader, spans)
+            liar = str(hosts[1].peer_id)
+            lied = lie_on_decode(servers[1])
+            await attract(servers[1])
+            config = ClientConfig(push=push, spot_check_rate=1.0, spot_check_seed=1,
+                                  evidence_dir=str(tmp_path))
+            async with open_remote([hosts[0].addrs[0]], parts, config=config) as client:
+                await client.refresh()
+                assert [h.peer_id for h in client.directory.plan(0, 30)][1] == liar
+                result = await client.generate(InferRequest(PROMPT, max_tokens=4))
+                banned = set(client.directory.banned)
+            prompt = len(smol_tokenizer.encode_chat([{"role": "user", "content": PROMPT}]))
+            assert lied == [prompt]  # it lied once; replays and checkers got honest answers
+            assert result.token_ids == local_tokens(4)
+            [m] = result.spot_checks.mismatches
+            assert (m["pos"], m["layers"], m["peer_id"], m["loser"]) == (prompt, [10, 20],
+                                                                          liar, liar)
+            assert m["verified"] and banned == {liar}
+            assert [s.failed for s in result.route if s.peer_id == liar] == [True]
+            evidence = load_evidence(m["evidence"])
+            assert check_evidence(evidence) is None and evidence.loser == 0
+            assert [s.pos for s in evidence.steps] == [0, prompt]
+            assert evidence.answers[0].public_key == servers[1].identity.public_key
+            assert {a.claim.history for a in evidence.answers} == {history_of(evidence.steps)}
+            outs = [decode_tensor(a.hidden) for a in evidence.answers]
+            assert agree(outs[1], outs[2]) and not agree(outs[0], outs[1])
+            # Another history under the same signed answer does not hold.
+            assert check_evidence(replace(evidence, steps=evidence.steps[1:])) is not None
+    run(main, deadline=180)
+
+
+def test_a_hop_that_withholds_its_copies_is_settled_by_the_replay_fallback(
+        gguf_reader, parts, local_tokens, tmp_path):  # noqa: F811
+    """Linked L lies on every step and sends no `StepCopy`: its log (and C's inputs) are
+    incomplete, so the client falls back to replaying the route hop by hop, where L's
+    lie shows against H1 and H2; the evidence is the replay, one step."""
+    async def main():
+        async with AsyncExitStack() as stack:
+            spans = [(0, 10), (10, 20), (20, 30), (10, 20), (10, 20)]
+            hosts, servers = await swarm(stack, gguf_reader, spans)
+            liar = str(hosts[1].peer_id)
+            lie(servers[1])
+
+            async def withhold(s, answer):
+                pass
+            servers[1].inference._copy = withhold
+            await attract(servers[1])
+            config = ClientConfig(push=True, spot_check_seed=1, evidence_dir=str(tmp_path))
+            async with open_remote([hosts[0].addrs[0]], parts, config=config) as client:
+                await client.refresh()
+                result = await client.generate(InferRequest(PROMPT, max_tokens=3))
+                assert set(client.directory.banned) == {liar}
+            assert result.token_ids == local_tokens(3)
+            [m] = result.spot_checks.mismatches
+            assert (m["pos"], m["loser"], m["verified"]) == (0, liar, True)
+            evidence = load_evidence(m["evidence"])
+            assert [s.pos for s in evidence.steps] == [0] and evidence.loser == 0
+    run(main, deadline=180)
+
+
+@pytest.mark.parametrize("push", (True, False))
+def test_a_check_covers_every_earlier_step(gguf_reader, parts, smol_tokenizer, push):  # noqa: F811
+    """L lies at the first decode step only, which the draw does not check (seed 1 at
+    rate 0.5 checks steps 0 and 3): step 3's check compares every row the route
+    answered, so the old lie is found, and L is judged on its logged answer there."""
+    async def main():
+        async with AsyncExitStack() as stack:
+            spans = [(0, 10), (10, 20), (20, 30), (10, 20), (10, 20)]
+            hosts, servers = await swarm(stack, gguf_reader, spans)
+            liar = str(hosts[1].peer_id)
+            prompt = len(smol_tokenizer.encode_chat([{"role": "user", "content": PROMPT}]))
+            lied = lie_on_decode(servers[1], only={prompt})
+            await attract(servers[1])
+            config = ClientConfig(push=push, spot_check_rate=0.5, spot_check_seed=1)
+            async with open_remote([hosts[0].addrs[0]], parts, config=config) as client:
+                await client.refresh()
+                result = await client.generate(InferRequest(PROMPT, max_tokens=4))
+                banned = set(client.directory.banned)
+            assert lied == [prompt] and result.spot_checks.run == 2
+            [m] = result.spot_checks.mismatches
+            assert (m["pos"], m["loser"], m["verified"]) == (prompt, liar, True)
+            assert banned == {liar}
     run(main, deadline=180)
 
 
