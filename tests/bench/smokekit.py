@@ -43,6 +43,7 @@ FIGURES = {
     "daemon_read_bench": rf"ledger show \(tip\)\s+{NUMBER} ms\s+{NUMBER} ms",
     "data_bench": rf"pnode /pnode/data/1\.0\.0\s+{NUMBER} MB/s",
     "export_bench": rf"read: load_gguf \(\.gguf\)\s+{NUMBER}\s+{NUMBER}x",
+    "free_flood": rf"shipped\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}x",
     "gpu_check": rf"\| 1 GPU server\(s\) \| {NUMBER} / - \| {NUMBER} \| \d of 2 tokens \|",
     "ledger_bench": rf"{NUMBER} tx/s\W+Ed25519 verify {NUMBER}/s",
     "merkle_bench": rf"verify_inclusion, 1,000-leaf tree\W+{NUMBER} proofs/s",
