@@ -53,6 +53,7 @@ FIGURES = {
     "pol_noise": rf"cheat\s+9e-05\s+9e-05\s+9e-05\s+1\s+1",
     "pol_devnet": r"scaled-gradients\s+\d+\s+\d+\s+\d+\s+[\d.]+ / (True|False)",
     "wiretensor_bench": rf"float32 copy\W+{NUMBER}\W+{NUMBER}",
+    "push_copy": rf"tokens/s, copies / none \(paired median\): {NUMBER}x",
     "smol_job_bench": rf"1 node \(k=3\)\s+{NUMBER} s\s+{NUMBER}x\s+True",
     "spot_check": rf"\| on \(rate 0\.02\) \| {NUMBER} \| {NUMBER} \|",
     "spot_detect": r"\| 1 \| new \| 1 \| [01] \| \d+% \|",
