@@ -125,16 +125,10 @@ class Registrar:
                       f"bond of {format_coins(look.bond)}; send coins to "
                       f"{self.address.hex()} and it registers by itself")
             return
-        register = node_registration(look.chain_id, self.wallet, self.node_key, self.peer_key,
-                                     self.layers, look.bond, look.nonce)
-        try:
-            txid = await self.txs.submit(register)
-        except ValidationError as exc:
-            self._say(f"not registered: the registration was refused: {type(exc).__name__}: "
-                      f"{exc}")
-            return
-        self._say(f"registering: layers {self.layers[0]}:{self.layers[1]}, bond "
-                  f"{format_coins(look.bond)} (tx {txid.hex()[:16]}..)")
+        txid = await self._submit(look, look.bond, "not registered")
+        if txid is not None:
+            self._say(f"registering: layers {self.layers[0]}:{self.layers[1]}, bond "
+                      f"{format_coins(look.bond)} (tx {txid.hex()[:16]}..)")
 
     async def _move(self, look: _Look) -> None:
         """Register again, bonding nothing more: the chain's span is not the one served."""
@@ -144,15 +138,20 @@ class Registrar:
                       "(start with PNODE_PASSPHRASE set or --passphrase-file to register "
                       "the served span)")
             return
+        txid = await self._submit(look, 0, "not re-registered")
+        if txid is not None:
+            self._say(f"re-registering: layers {span} (registered {old}; tx "
+                      f"{txid.hex()[:16]}..)")
+
+    async def _submit(self, look: _Look, bond: int, failed: str) -> bytes | None:
+        """Submit a `Register` of the served span locking ``bond``; its id, or None (said)."""
         register = node_registration(look.chain_id, self.wallet, self.node_key, self.peer_key,
-                                     self.layers, 0, look.nonce)
+                                     self.layers, bond, look.nonce)
         try:
-            txid = await self.txs.submit(register)
+            return await self.txs.submit(register)
         except ValidationError as exc:
-            self._say(f"not re-registered: the registration was refused: "
-                      f"{type(exc).__name__}: {exc}")
-            return
-        self._say(f"re-registering: layers {span} (registered {old}; tx {txid.hex()[:16]}..)")
+            self._say(f"{failed}: the registration was refused: {type(exc).__name__}: {exc}")
+            return None
 
     def _say(self, line: str) -> None:
         """Report a line once (the same situation is not repeated at every block)."""

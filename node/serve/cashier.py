@@ -194,20 +194,7 @@ class Cashier:
         """
         if _tab_id(tab) in self.lanes:
             return
-        give_up = trio.current_time() + self.gap_wait_s
-        while True:
-            try:
-                height = await self.ledger.vet(tab)
-                break
-            except BadNonce as exc:
-                if exc.ahead and trio.current_time() < give_up:
-                    await trio.sleep(0.1)  # its predecessors may still be on their way
-                    continue
-                self.stats.refused += 1
-                raise TabRefused(str(exc)) from None
-            except ValidationError as exc:
-                self.stats.refused += 1
-                raise TabRefused(f"{type(exc).__name__}: {exc}") from None
+        height = await self._chain_takes(self.ledger.vet, tab)
         if height + 1 >= serve_until(tab.expiry_height):
             self.stats.refused += 1
             raise TabRefused(f"it expires at height {tab.expiry_height}, and this server serves "
@@ -393,21 +380,34 @@ class Cashier:
     async def _admit(self, tab: OpenTab) -> int:
         """Admit the tab to the node's mempool; the height then.
 
-        A tab whose nonce is ahead (`BadNonce.ahead`) is tried again for
-        ``gap_wait_s``: a client's failover tab may arrive before its first.
+        Raises:
+            TabRefused: the chain refuses it (a `PaymentError`), unless it is
+                in a block already (another lane's server admitted it).
+        """
+        try:
+            await self._chain_takes(self.ledger.admit, tab)
+        except TabRefused:
+            height, record, _ = await self.ledger.lookup(_tab_id(tab), [])
+            if record is None:
+                raise
+            self.stats.refused -= 1  # in a block already: taken after all
+            return height
+        height, _, _ = await self.ledger.lookup(_tab_id(tab), [])
+        return height
+
+    async def _chain_takes(self, ask, tab: OpenTab):
+        """``await ask(tab)`` (`TabLedger.vet` or ``admit``), asked again for ``gap_wait_s``
+        while the tab's nonce is ahead (`BadNonce.ahead`): a client's failover tab may
+        arrive before its first.
 
         Raises:
-            TabRefused: the chain refuses it (a `PaymentError`).
+            TabRefused: the chain refuses it, or its nonce is still ahead at the end.
         """
         give_up = trio.current_time() + self.gap_wait_s
         while True:
             try:
-                await self.ledger.admit(tab)
-                break
+                return await ask(tab)
             except BadNonce as exc:
-                height, record, _ = await self.ledger.lookup(_tab_id(tab), [])
-                if record is not None:  # in a block already (another lane's server admitted it)
-                    return height
                 if exc.ahead and trio.current_time() < give_up:
                     await trio.sleep(0.1)  # its predecessors may still be on their way
                     continue
@@ -416,8 +416,6 @@ class Cashier:
             except ValidationError as exc:
                 self.stats.refused += 1
                 raise TabRefused(f"{type(exc).__name__}: {exc}") from None
-        height, _, _ = await self.ledger.lookup(_tab_id(tab), [])
-        return height
 
     # -- the kept files ------------------------------------------------------------------
 

@@ -107,3 +107,16 @@ async def paid_swarm(stack: AsyncExitStack, tmp_path, reader, prices=(5, 6, 7), 
     await eventually(lambda: len(swarm.servers[0].announcer.fresh()) == len(spans),
                      "the announcements to spread", limit=20)
     return swarm
+
+
+def payer_with(tab_class: type) -> type[Payer]:
+    """A `Payer` whose tabs are ``tab_class`` (a `wallet.payer.ClientTab` that cheats)."""
+    class CheatingPayer(Payer):
+        def open_tab(self, hops, servers, positions):
+            tab = Payer.open_tab(self, hops, servers, positions)
+            if tab is not None:
+                self.tabs[-1] = tab = tab_class(tab.tab, tab.key, tab.lane_of, tab.bids,
+                                                tab.amounts)
+            return tab
+    return CheatingPayer
+

@@ -21,12 +21,12 @@ from ledger.types import ZERO_SIG, sign
 from tests.ledger.chainkit import balance
 from tests.node.netkit import eventually, run
 from node.serve import SessionConfig
-from tests.wallet.paidkit import paid_swarm
+from tests.wallet.paidkit import paid_swarm, payer_with
 from tests.wallet.client.test_remote import PROMPT, local_tokens, parts  # noqa: F401 (fixtures)
 from wallet.client import InferRequest
 from wallet.errors import RemoteError, TooExpensive
 from wallet.client.generation import Generation
-from wallet.payer import ClientTab, InsufficientFunds, Payer, PaymentRefused
+from wallet.payer import ClientTab, InsufficientFunds, PaymentRefused
 from wallet.client.remote import ClientConfig, open_remote
 from wallet.client.session import RouteRun
 
@@ -111,12 +111,7 @@ class StingyTab(ClientTab):
             ClientTab.deliver(self, hop, positions)
 
 
-class StingyPayer(Payer):
-    def open_tab(self, hops, servers, positions):
-        tab = Payer.open_tab(self, hops, servers, positions)
-        stingy = StingyTab(tab.tab, tab.key, tab.lane_of, tab.bids, tab.amounts)
-        self.tabs[-1] = stingy
-        return stingy
+StingyPayer = payer_with(StingyTab)
 
 
 def test_a_client_that_stops_paying_gets_one_step_of_credit(

@@ -35,7 +35,7 @@ from node.wire import CREDIT_POSITIONS, credit, serve_until
 from tests.ledger.chainkit import balance
 from tests.node.netkit import eventually, run
 from tests.wallet.client.test_remote import PROMPT, parts  # noqa: F401 (fixtures)
-from tests.wallet.paidkit import paid_swarm
+from tests.wallet.paidkit import paid_swarm, payer_with
 from tests.wallet.test_paid import NO_CHECKS, held_route
 from wallet.client import InferRequest
 from wallet.client.generation import Generation
@@ -110,11 +110,7 @@ class OldTab(ClientTab):
         return ClientTab.voucher(self, ())
 
 
-class OldPayer(Payer):
-    def open_tab(self, hops, servers, positions):
-        tab = Payer.open_tab(self, hops, servers, positions)
-        self.tabs[-1] = old = OldTab(tab.tab, tab.key, tab.lane_of, tab.bids, tab.amounts)
-        return old
+OldPayer = payer_with(OldTab)
 
 
 def test_a_step_beyond_the_credit_is_paid_ahead_or_refused_before_it_runs(

@@ -114,6 +114,25 @@ class LogLocaliser:
             answers.append(answer)
             break
         outs = [decode_tensor(a.hidden) for a in answers]
+        return self._majority(session, (checker, third), outs, answers,
+                              tuple(steps[: k + 1]), steps[k].pos)
+
+    def _majority(self, session: HopSession, others: tuple[str, str],
+                  outs: list[torch.Tensor], answers: list, steps: tuple[Step, ...],
+                  at: int) -> HopFailed | None:
+        """Settle a hop against its checker (and a third, when one answered): keep the
+        evidence, report the mismatch, ban the loser of the majority of three.
+
+        Args:
+            session: the hop's; others: the checker's and the third's peer ids
+                ("" when no third answered); outs, answers: the hop's, the
+                checker's (and the third's) outputs and signed answers;
+            steps, at: the input every answer claims, and the position judged.
+
+        Returns:
+            A `HopFailed` for the hop when it lost (it is banned), else None.
+        """
+        hop, (checker, third) = session.hop, others
         loser = ""
         if third:
             if agree(outs[2], outs[1], self.codec) and not agree(outs[2], outs[0], self.codec):
@@ -121,10 +140,8 @@ class LogLocaliser:
             elif agree(outs[2], outs[0], self.codec) and not agree(outs[2], outs[1], self.codec):
                 loser = checker
         peers = [hop.peer_id, checker, third][: len(answers)]
-        at = steps[k].pos
-        path, verified = self._keep_evidence(tuple(steps[: k + 1]), answers,
-                                             peers.index(loser) if loser else len(answers),
-                                             hop, at)
+        path, verified = self._keep_evidence(steps, answers, peers.index(loser)
+                                             if loser else len(answers), hop, at)
         self.report.mismatches.append(Mismatch(
             at, hop.start, hop.end, hop.peer_id, checker, third, loser, path, verified).as_json())
         if loser:

@@ -53,7 +53,7 @@ from wallet.client.generation import SpotReport
 from wallet.client.localise import LogLocaliser
 from wallet.client.route import Hop
 from wallet.client.session import HopSession, RouteRun
-from wallet.client.spotrules import Mismatch, agree
+from wallet.client.spotrules import agree
 
 
 class SpotChecker(LogLocaliser):
@@ -223,28 +223,9 @@ class SpotChecker(LogLocaliser):
                 break
         if not verdicts:
             return None  # no other server holds these layers: nothing to compare with
-        checker = verdicts[0][0]
-        third = verdicts[1][0] if len(verdicts) > 1 else ""
-        loser = ""
-        if third:
-            c3 = verdicts[1][1]
-            if agree(c3, verdicts[0][1], self.codec) and not agree(c3, mine, self.codec):
-                loser = hop.peer_id
-            elif agree(c3, mine, self.codec) and not agree(c3, verdicts[0][1], self.codec):
-                loser = checker
-        peers = [hop.peer_id, checker, third][: len(answers)]
-        path, verified = self._keep_evidence((self._step(history),), answers,
-                                             peers.index(loser)
-                                             if loser else len(answers), hop, pos)
-        self.report.mismatches.append(Mismatch(
-            pos, hop.start, hop.end, hop.peer_id, checker, third, loser, path,
-            verified).as_json())
-        if loser:
-            self.run.directory.ban(loser)
-        if loser == hop.peer_id:
-            return HopFailed(f"{hop.peer_id} lost a spot check at position {pos} "
-                             f"(layers {hop.start}..{hop.end - 1})", session)
-        return None
+        others = (verdicts[0][0], verdicts[1][0] if len(verdicts) > 1 else "")
+        return self._majority(session, others, [mine, *(v[1] for v in verdicts)], answers,
+                              (self._step(history),), pos)
 
     def _candidates(self, hop: Hop) -> list[str]:
         """Servers holding all of ``hop``'s layers, not the hop's, usable, fastest first."""

@@ -27,7 +27,7 @@ from node.serve.sessions import InferenceServer, SessionConfig
 from node.wire.serve import SessionAccepted, Step
 from tests.node.netkit import ident
 from tests.node.serve.test_sessions import another_client, open_session, step, with_hosts
-from wallet.client.spotcheck import agree
+from wallet.client.spotrules import agree
 
 LAYERS = range(0, 30)
 
