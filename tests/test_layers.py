@@ -29,6 +29,7 @@ PURE_CORE = {
     "ledger/tabrules.py", "ledger/accounts.py", "ledger/jobrules.py", "proof_of_learning/kinds.py",
     "ledger/audit.py", "ledger/records.py", "ledger/vrf.py", "ledger/beacon.py",
     "ledger/auditrules.py", "ledger/standing.py", "ledger/spot.py",
+    "ledger/spotrules.py",
 }
 PURE_FORBIDDEN = {
     "time", "datetime", "random", "secrets", "socket", "os", "pathlib", "io", "shutil",
