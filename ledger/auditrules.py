@@ -121,7 +121,7 @@ def _draw_later(pending: Pending, status: int, ctx: Any) -> Pending:
                    final_height=max(pending.final_height, draw_at))
 
 
-def _mature(st: Overlay, height: int) -> list[tuple[schedule.Candidate, bytes]]:
+def mature_candidates(st: Overlay, height: int) -> list[tuple[schedule.Candidate, bytes]]:
     """(candidate, account) of the bonded nodes registered at ``height`` or before.
 
     Attack note: only nodes registered before the seed's block existed may
@@ -159,7 +159,7 @@ def draw_audits(st: Overlay, ctx: Any) -> None:
         drawn = pending.status in (audit.APPEAL_DUE, audit.FORCED) or \
             audit.is_sampled(seed, rate)
         if drawn:
-            mature = _mature(st, ctx.height - 2) if mature is None else mature
+            mature = mature_candidates(st, ctx.height - 2) if mature is None else mature
         if pending.status == audit.APPEAL_DUE:
             _draw_appeal(st, ctx, receipt_hash, pending, seed, mature)
             continue
@@ -260,11 +260,17 @@ def _fail_stands(st: Overlay, ctx: Any, receipt_hash: bytes, pending: Pending) -
         slash(st, ctx, lazy, pending.first_verifier)
 
 
-def slash(st: Overlay, ctx: Any, account_id: bytes, node_key: bytes) -> None:
-    """Burn ``slash_bps`` of the account's bond and give it a jail strike (specs/pol.md 6.2)."""
+def slash(st: Overlay, ctx: Any, account_id: bytes, node_key: bytes) -> int:
+    """Burn ``slash_bps`` of the account's bond and give it a jail strike (specs/pol.md 6.2).
+
+    Returns:
+        The base units burned (a spot case pays its accuser and verifiers out of them,
+        `ledger.spotrules`).
+    """
     account = st.account(account_id)
     slashed = account.bond * st.params().slash_bps // audit.BPS
     st.put_account(account_id, replace(account, bond=account.bond - slashed))
     supply = st.get(KEY_SUPPLY)
     st.put(KEY_SUPPLY, replace(supply, burned=supply.burned + slashed))
     jail(st, ctx, node_key)
+    return slashed

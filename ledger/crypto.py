@@ -28,6 +28,7 @@ H_UNIT = b"pnode:unit:"
 H_CERT = b"pnode:cert:"  # a compute block's PoL certificate (specs/pol.md)
 H_EVIDENCE = b"pnode:evidence:"  # a verifier's PoL evidence (specs/pol.md)
 H_AUDIT = b"pnode:audit:"  # the audit draw's seed per receipt (specs/pol.md)
+H_SPOT = b"pnode:spot:"  # a spot case's id: the accused key and claim (specs/ledger.md 5.2)
 H_STATE = b"pnode:state:"
 H_POL_STATE = b"pnode:pol-state:"  # a held part's full state at a step (specs/pol.md 8)
 H_TIEBREAK = b"pnode:tiebreak:"

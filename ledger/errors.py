@@ -172,6 +172,15 @@ class BadAppeal(ValidationError):
     """An appeal against no failing verdict, out of its window, or by another node."""
 
 
+class BadSpotFraud(ValidationError):
+    """A spot-check accusation whose evidence does not hold, accuses no bonded node, was
+    judged already, is oversize, or whose deposit is short (specs/ledger.md 5.2)."""
+
+
+class BadSpotVote(ValidationError):
+    """A vote on no open spot case, by a node not drawn for it, repeated, or unknown."""
+
+
 class BadJob(ValidationError):
     """A job from a creator who may not post jobs, or with a malformed plan."""
 

@@ -16,7 +16,7 @@ from ledger.codec import U8, U32, U64, Hash32, Key32, MaxLen, wire
 from ledger.types import Job, PeerId
 
 __all__ = ["Account", "AppealRecord", "Assignment", "Beacon", "Jail", "JobRecord", "LogState",
-           "NodeRecord", "Pending", "Supply"]
+           "NodeRecord", "Pending", "SpotCase", "Supply"]
 
 
 
@@ -156,3 +156,31 @@ class AppealRecord:
     verifiers: Annotated[tuple[Key32, ...], MaxLen(3)]
     votes: Annotated[tuple[U8, ...], MaxLen(3)]
 
+
+
+@wire(44)
+@dataclass(frozen=True, slots=True)
+class SpotCase:
+    """A spot-check accusation (`SpotFraud`), keyed by its case id, kept once judged.
+
+    accused: the node key bound to the accused answer's peer key; accused_account:
+    its account when accused (whose bond a slash takes); accuser, deposit (0 once
+    judged); layer_start, layer_end: the claim's layers (whom the draw may pick);
+    draw_at: the height whose prelude draws its verifiers (two blocks on);
+    final_height: the last height of its vote window (set by the draw);
+    verifiers, votes: as an `AppealRecord`'s; status: `ledger.spotrules` CASE_DUE,
+    CASE_OPEN, or how it was judged (UPHELD, REJECTED, UNDECIDED). A judged case
+    stays, so the same answer is never judged twice.
+    """
+
+    accused: Key32
+    accused_account: Key32
+    accuser: Key32
+    deposit: U64
+    layer_start: U32
+    layer_end: U32
+    draw_at: U64
+    final_height: U64
+    verifiers: Annotated[tuple[Key32, ...], MaxLen(3)]
+    votes: Annotated[tuple[U8, ...], MaxLen(3)]
+    status: U8

@@ -17,6 +17,7 @@ from ledger import audit, crypto, merkle, schedule
 from ledger.accounts import U64_MAX, check_nonce, credit
 from ledger.auditrules import apply_appeal, apply_verdict, draw_audits, settle_pending
 from ledger.jobrules import apply_job, give_up_stalled, job_queue
+from ledger.spotrules import apply_spot_fraud, apply_spot_vote
 from ledger.errors import (
     BadAmount, BadRegistration, BadSignature, InsufficientFunds,
     NotRegistered, PeerIdError, UnassignedReceipt, UnchainedReceipt, WrongChainId,
@@ -28,8 +29,8 @@ from ledger.state import JAIL, JOB, NODE, PENDING, UNIT, KEY_LOG, Overlay
 from ledger.crypto import ZERO32
 from ledger.codec import encode
 from ledger.types import (
-    BACKWARD, FORWARD, Appeal, Job, Receipt, Register, Transfer, UnitTemplate, Verdict,
-    binding_ok, peer_binding_ok, signature_ok, tx_hash, unit_id,
+    BACKWARD, FORWARD, Appeal, Job, Receipt, Register, SpotFraud, SpotVote, Transfer,
+    UnitTemplate, Verdict, binding_ok, peer_binding_ok, signature_ok, tx_hash, unit_id,
 )
 from ledger.records import Assignment, JobRecord, NodeRecord, Pending
 
@@ -210,7 +211,7 @@ def _check_links(st: Overlay, assignment: Assignment, tx: Receipt) -> None:
 _HANDLERS = {
     Transfer: _apply_transfer, Register: _apply_register, Receipt: _apply_receipt,
     Verdict: apply_verdict, Appeal: apply_appeal, Job: apply_job, OpenTab: apply_open_tab,
-    Claim: apply_claim,
+    Claim: apply_claim, SpotFraud: apply_spot_fraud, SpotVote: apply_spot_vote,
 }
 
 

@@ -8,8 +8,8 @@ is invalid) and how a reorg rewinds without touching the committed copy.
 The state root is the RFC 6962 Merkle root over every record, sorted by key,
 each leaf being ``len(key) || key || encode(record)``. It commits balances,
 nonces, bonds, waits, registrations, jobs, assignments, pending rewards, the
-coin supply, jailed nodes, open tabs, the receipt log's frontier and the chain
-parameters.
+coin supply, jailed nodes, open tabs, spot cases, the receipt log's frontier and
+the chain parameters.
 
 Determinism: every iteration that can affect the state goes through
 ``ids(kind)``, which is sorted; dict order never leaks into consensus.
@@ -24,18 +24,20 @@ from ledger.codec import decode, encode
 from ledger.errors import DecodeError, SupplyMismatch
 from ledger.tab import TabRecord, locked
 from ledger.records import (
-    Account, AppealRecord, Assignment, Beacon, Jail, JobRecord, LogState, NodeRecord, Pending, Supply,
+    Account, AppealRecord, Assignment, Beacon, Jail, JobRecord, LogState, NodeRecord, Pending,
+    SpotCase, Supply,
 )
 from ledger.types import Params
 
 ACCOUNT, NODE, JOB, UNIT, PENDING, META = b"A", b"N", b"J", b"U", b"P", b"M"
-JAIL, TAB, APPEAL = b"X", b"T", b"V"
+JAIL, TAB, APPEAL, SPOT = b"X", b"T", b"V", b"S"
 KEY_PARAMS, KEY_SUPPLY, KEY_LOG = META + b"params", META + b"supply", META + b"log"
 KEY_BEACON = META + b"beacon"
 
 _KIND_TYPES: dict[bytes, tuple[type, ...]] = {
     ACCOUNT: (Account,), NODE: (NodeRecord,), JOB: (JobRecord,), UNIT: (Assignment,),
     PENDING: (Pending,), JAIL: (Jail,), TAB: (TabRecord,), APPEAL: (AppealRecord,),
+    SPOT: (SpotCase,),
     META: (Params, Supply, LogState, Beacon),
 }
 
@@ -170,7 +172,8 @@ def state_root(reader: StateReader) -> bytes:
 
 
 def check_supply(reader: StateReader) -> None:
-    """Check that balances + bonds + the coins tabs and jobs lock == premine + minted - burned.
+    """Check that balances + bonds + the coins tabs, jobs and spot cases lock == premine + minted
+    - burned.
 
     Raises:
         SupplyMismatch: with both sides, if they differ.
@@ -184,6 +187,8 @@ def check_supply(reader: StateReader) -> None:
         held += locked(reader.get(TAB + tab_id))
     for job_id in reader.ids(JOB):
         held += reader.get(JOB + job_id).escrow
+    for case_id in reader.ids(SPOT):
+        held += reader.get(SPOT + case_id).deposit
     expected = supply.premine + supply.minted - supply.burned
     if held != expected:
         raise SupplyMismatch(f"accounts hold {held}, rules minted {expected}")

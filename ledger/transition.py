@@ -9,8 +9,9 @@ this order, so producer and validators always agree:
    and the producer's VRF proof, whose output becomes the block's beacon
    (the audit draws of step 2b read the parent's beacon first);
 2. the producer and every higher-ranked producer it skipped count as served;
-3. pending rewards whose challenge window has closed are paid (minted, or
-   out of a paid job's deposit); tabs that expired give their locked rest
+3. the draws due (audits, appeals, spot cases' verifiers); pending rewards
+   whose challenge window has closed are paid (minted, or out of a paid
+   job's deposit), spot cases whose vote window closed are judged; tabs that expired give their locked rest
    back to their clients; finished jobs with no receipt pending give the
    rest of their deposit back to their creators;
 4. assignments past their deadline pass to the next-longest waiter;
@@ -40,6 +41,7 @@ from ledger.rules import (
     U64_MAX, apply_tx, candidates, draw_audits, open_steps, reassign_timeouts, settle_pending,
 )
 from ledger.jobrules import refund_finished
+from ledger.spotrules import draw_spot_cases, settle_spot_cases
 from ledger.tabrules import refund_expired
 from ledger.state import (
     KEY_BEACON, KEY_LOG, KEY_PARAMS, KEY_SUPPLY, NODE, MemoryState, Overlay, StateReader, check_supply,
@@ -268,7 +270,9 @@ def _begin(parent: StateReader, parent_header: Header, producer: bytes,
         account_id = st.get(NODE + node_key).account
         st.put_account(account_id, replace(st.account(account_id), last_served_height=ctx.height))
     draw_audits(st, ctx)  # before finalizing: a receipt drawn now gets its verdict window
+    draw_spot_cases(st, ctx)
     settle_pending(st, ctx)
+    settle_spot_cases(st, ctx)
     refund_expired(st, ctx)
     refund_finished(st, ctx)
     reassign_timeouts(st, ctx)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Annotated, Sequence, Union
 
-from ledger import crypto
+from ledger import crypto, spot
 from ledger.codec import (
     U8, U32, U64, ChainId, Hash32, Key32, MaxLen, Proof80, Sig64, concat_array, encode, encode_from_parts,
     encode_unsigned, wire,
@@ -203,9 +203,59 @@ class Job:
     signature: Sig64
 
 
+#: Most bytes of one encoded `SpotFraud`: half a block, so an accusation never fills one
+#: (a SmolLM2 history of about 1,700 positions in raw float32 with three answers fits).
+MAX_SPOT_FRAUD_BYTES = MAX_BLOCK_BYTES // 2
+
+
+@wire(42)
+@dataclass(frozen=True, slots=True)
+class SpotFraud:
+    """A client's accusation that a server answered a step wrong (specs/ledger.md 5.2).
+
+    evidence: the `ledger.spot.SpotEvidence` a spot check settled; its
+        ``loser`` answer is the accused (its peer key must be a registered,
+        bonded node's). The whole transaction is at most `MAX_SPOT_FRAUD_BYTES`.
+    deposit: base units locked until the case is judged: returned when the
+        verifiers uphold it or cannot decide, given to the accused when they
+        find its answer right (at least `ledger.spotrules.min_deposit`).
+    """
+
+    chain_id: ChainId
+    accuser: Key32
+    evidence: spot.SpotEvidence
+    deposit: U64
+    nonce: U64
+    signature: Sig64
+
+
+#: `SpotVote.vote`: the accused answer agrees with the verifier's re-execution (it was
+#: right), disagrees (it lied), or the verifier cannot judge (another model, no weights).
+SPOT_AGREES, SPOT_DISAGREES, SPOT_UNABLE = range(3)
+SPOT_VOTES = ("agrees", "disagrees", "unable")
+
+
+@wire(43)
+@dataclass(frozen=True, slots=True)
+class SpotVote:
+    """A drawn verifier's finding on a spot case, signed by its node key.
+
+    case_id: the case (`ledger.spotrules.case_id` of the accused answer);
+    vote: one of `SPOT_VOTES` by index.
+    """
+
+    chain_id: ChainId
+    verifier: Key32
+    case_id: Hash32
+    vote: U8
+    signature: Sig64
+
+
 # Tags 5 (Charge), 6 (InferencePayment) and 10 (Usage) are retired: tabs replace them.
-Tx = Union[Transfer, Register, Receipt, Verdict, Job, OpenTab, Claim, Appeal]
-TX_TYPES = (Transfer, Register, Receipt, Verdict, Job, OpenTab, Claim, Appeal)
+Tx = Union[Transfer, Register, Receipt, Verdict, Job, OpenTab, Claim, Appeal, SpotFraud,
+           SpotVote]
+TX_TYPES = (Transfer, Register, Receipt, Verdict, Job, OpenTab, Claim, Appeal, SpotFraud,
+            SpotVote)
 
 
 # -- signing helpers ------------------------------------------------------------
@@ -346,8 +396,10 @@ def signer_of(obj: Tx | Header) -> bytes:
         return obj.account
     if isinstance(obj, (Receipt, Appeal)):
         return obj.node_key
-    if isinstance(obj, Verdict):
+    if isinstance(obj, (Verdict, SpotVote)):
         return obj.verifier
+    if isinstance(obj, SpotFraud):
+        return obj.accuser
     if isinstance(obj, OpenTab):
         return obj.client
     if isinstance(obj, Claim):
@@ -359,7 +411,7 @@ def signer_of(obj: Tx | Header) -> bytes:
 
 def nonce_owner(tx: Tx) -> bytes | None:
     """The account whose nonce ``tx`` uses (None: a transaction with no nonce: a receipt,
-    a verdict, a claim)."""
+    a verdict, a claim, a spot vote)."""
     return signer_of(tx) if hasattr(tx, "nonce") else None
 
 

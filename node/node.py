@@ -170,6 +170,7 @@ class Node:
             ID.from_base58(p) for p in network.trusted}
         self.announcer: Announcer | None = None
         self.server: LayerServer | None = None
+        self.spot_voter = None  # a serving node's `node.pol.SpotVoter`
         self.wallet_key, self.bond = wallet_key, bond
         self.registrar: Registrar | None = None
         self.jobs = None  # the mining node's `node.mine.JobRunner`
@@ -283,6 +284,13 @@ class Node:
                                   report=self.report, cashier=cashier, node_key=self.node_key)
         self.announcer.make_announce = self.server.announce
         await nursery.start(self.server.run)
+        from node.pol import SpotVoter  # torch is loaded by now: the server holds a model
+
+        # Drawn for a spot case (specs/ledger.md 5.2): re-run it on the served model, vote.
+        self.spot_voter = SpotVoter(self.service, self.txs, self.datadir.node_key(),
+                                    lambda: self.server.inference if self.server else None,
+                                    report=self.report)
+        nursery.start_soon(self.spot_voter.run)
 
     # -- hooks --------------------------------------------------------------------------
 

@@ -28,7 +28,8 @@ PURE_CORE = {
     "wallet/client/route.py", "node/serve/placement.py", "ledger/genesis.py", "ledger/tab.py",
     "ledger/tabrules.py", "ledger/accounts.py", "ledger/jobrules.py", "proof_of_learning/kinds.py",
     "ledger/audit.py", "ledger/records.py", "ledger/vrf.py", "ledger/beacon.py",
-    "ledger/auditrules.py", "ledger/standing.py",
+    "ledger/auditrules.py", "ledger/standing.py", "ledger/spot.py",
+    "ledger/spotrules.py",
 }
 PURE_FORBIDDEN = {
     "time", "datetime", "random", "secrets", "socket", "os", "pathlib", "io", "shutil",

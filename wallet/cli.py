@@ -51,6 +51,7 @@ def main_group() -> None:
       pwallet balance --json
       pwallet send 5e3c...a1 2.5                # send 2.5 coins
       pwallet history
+      pwallet accuse EVIDENCE.spot             # a server a spot check caught lying
     """
 
 
@@ -199,6 +200,50 @@ def history(address, data_dir, wallet_name, as_json) -> None:
         f"{_signed_coins(r['amount_units']):>14}  "
         f"{(r['counterparty'] or '')[:16]:16}  {r['txid'][:16]}" for r in rows)
         or "no transactions")
+
+
+@main_group.command()
+@click.argument("evidence_file", type=click.Path(exists=True, dir_okay=False))
+@data_dir_option
+@wallet_option
+@passphrase_option
+@click.option("--deposit", metavar="COINS", default=None,
+              help="Locked until the case is judged; the accused's if its answer was right "
+                   "[default: the chain's least, max(1, 3 x verify_fee)].")
+@json_option
+def accuse(evidence_file, data_dir, wallet_name, passphrase_file, deposit, as_json) -> None:
+    """Accuse the server a spot check caught: a SpotFraud from EVIDENCE_FILE (a .spot file).
+
+    Checked here, then queued through the node on --data-dir. Verifiers that
+    hold the layers re-run the steps; if most find the answer wrong, its
+    server's bond is slashed, the deposit comes back and half the slash is
+    paid to this wallet (specs/ledger.md 5.2).
+
+    \b
+    Examples:
+      pwallet accuse ~/.pnode/evidence/1732790000000-x9QdTq-12.spot
+      pwallet accuse E.spot --deposit 5 --json
+    """
+    from libp2p.peer.id import ID
+
+    from ledger.crypto import libp2p_peer_id
+    from ledger.spotrules import case_id, min_deposit
+    from wallet.accuse import read_evidence, spot_fraud
+
+    dd = DataDir(data_dir)
+    evidence = read_evidence(evidence_file)
+    units = parse_coins(deposit) if deposit else min_deposit(dd.read_genesis().params)
+    key = SigningKey(read_key_file(dd.wallet_path(wallet_name),
+                                   common.passphrase(passphrase_file)))
+    view = _account_view(dd, key.public, None)
+    tx, size = spot_fraud(evidence, key, view["chain_id"], view["next_nonce"], units)
+    txid = common.submit_tx(dd, tx, view["running"])
+    answer = evidence.answers[evidence.loser]
+    info = {"txid": txid.hex(), "case_id": case_id(answer).hex(), "bytes": size,
+            "accused": ID(libp2p_peer_id(answer.public_key)).to_base58(),
+            "deposit": format_coins(units), "deposit_units": units, "running": view["running"]}
+    emit(as_json, info, f"queued the accusation of {info['accused']} (case "
+                        f"{info['case_id'][:16]}.., deposit {coins(units)})  txid {txid.hex()}")
 
 
 @main_group.command()

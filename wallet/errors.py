@@ -131,3 +131,8 @@ class ServerBusy(RemoteError):
     def __init__(self, peer: str, retry_after_ms: int, reason: str, min_bid: int = 0):
         super().__init__(f"{peer} is busy ({reason}); retry after {retry_after_ms} ms")
         self.peer, self.retry_after_ms, self.min_bid = peer, retry_after_ms, min_bid
+
+
+class BadEvidence(WalletError):
+    """A spot-check evidence file the chain would refuse (unreadable, not holding, unsettled,
+    too large to accuse with)."""

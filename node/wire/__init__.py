@@ -11,8 +11,10 @@ tag, a field out of range, or trailing bytes. Limits live next to the
 shapes they bound, so both ends agree on them.
 
 Tag 84 is `node.serve.cashier.KeptTab`, a record a server keeps on disk, not
-a message. Codec tags (the ledger's own objects use 1-41; a tag is never
-reused):
+a message. Step (63) and the spot-check evidence (75-77) are defined in
+`ledger.spot` (a `SpotFraud` transaction carries them) and re-exported by
+`serve`; their tags stay here. Codec tags (the ledger's own objects use
+1-49; a tag is never reused):
 
     50-53  sync: TipRequest, TipResponse, BlocksRequest, BlocksResponse
     57-65  serve: Announce, SwarmRequest, SwarmResponse, OpenSession,

@@ -1,16 +1,11 @@
 """The rules of a spot check's comparison, and its record (specs/network.md 9.5).
 
-Owns `agree` (two answers for the same positions agree, row by row, within
-the codec's `TOLERANCE`), `Mismatch` (a disagreement as a generation
+Owns `Mismatch` (a disagreement as a generation
 reports it) and `load_evidence` (a `node.wire.SpotEvidence` file read back).
 
-Tolerance. Rows are compared one position at a time: max |a - b| over the
-row at most ``TOLERANCE[codec]`` times the row's largest |value|. Measured
-on SmolLM2 (CPU, 1 and 2 threads: bit-identical across thread counts), a
-one-call prefill of up to 137 positions against token-by-token decoding
-differs by at most 1.9e-5 (raw), 9.4e-4 (fp16), 6.7e-3 (bf16), 9.1e-3
-(int8) in that measure at layers 10, 20, 30; the bounds are 1e-3, 1e-2,
-5e-2, 1e-1 (7-50x margin).
+The comparison (`agree`: two answers for the same positions agree, row by
+row, within the codec's `TOLERANCE`) is `compute.tolerance`'s, re-exported
+here: a node voting on a spot case on chain applies the same rule.
 """
 
 from __future__ import annotations
@@ -18,34 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from compute.tolerance import TOLERANCE, agree
 from ledger.codec import decode
 from node.wire import SpotEvidence
 
-#: Per wire codec: the most a row may differ, relative to the row's largest |value|.
-TOLERANCE = {"raw": 1e-3, "fp16": 1e-2, "bf16": 5e-2, "int8": 1e-1}
-#: Below this, a difference is nothing (rows of zeros).
-_ATOL = 1e-6
-
-
-def agree(a: torch.Tensor, b: torch.Tensor, codec: str = "raw") -> bool:
-    """Whether two answers for the same positions agree (module docstring: Tolerance).
-
-    Args:
-        a, b: hidden states (1, T, C) for the same positions.
-        codec: the wire codec both came through.
-
-    Returns:
-        True when shapes match and every row is within the codec's tolerance
-        (a NaN anywhere disagrees).
-    """
-    if a.shape != b.shape:
-        return False
-    a, b = a.float(), b.float()
-    diff = (a - b).abs().amax(dim=-1)
-    scale = torch.maximum(a.abs().amax(dim=-1), b.abs().amax(dim=-1))
-    return bool((diff <= TOLERANCE[codec] * scale + _ATOL).all())
+__all__ = ["TOLERANCE", "Mismatch", "agree", "load_evidence"]
 
 
 @dataclass(frozen=True, slots=True)
