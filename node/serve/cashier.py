@@ -3,15 +3,13 @@
 Owns `Cashier` (specs/network.md section 9.6), which the inference server
 asks at these moments:
 
-- a paid request arrives (`vet`), before it gets a slot or a seat in the
-  waiting room: the pure checks (`node.serve.billing.check_tab`, in
-  `precheck`), then the chain's (funds, registered lanes, expiry, a nonce not
-  used yet: `TabLedger.vet`, the mempool applied) and this server's serving
-  window. A tab whose nonce is ahead waits ``gap_wait_s`` for its
-  predecessors here, holding nothing (a client's failover tab follows its
-  first by one nonce); an unfunded one is refused at once;
+- a paid request arrives (`vet`), before it gets a slot or a seat: the pure
+  checks (`check_tab`, in `precheck`), the chain's (funds, lanes, expiry, an
+  unused nonce: `TabLedger.vet`, the mempool applied) and this server's
+  serving window. A tab whose nonce is ahead waits ``gap_wait_s`` for its
+  predecessors, holding nothing; an unfunded one is refused at once;
 - the session opens (`open`): the node's mempool admits the tab and gossips
-  it, before the server accepts;
+  it, before the server accepts; a lane this server ended is never reopened;
 - each step (`take`, then `delivered` or `drop`): the tab must still be in a
   block or on its way into one, the height below its last served height
   (`node.wire.serve_until`: `CLAIM_MARGIN` blocks before expiry, room for the
@@ -28,8 +26,8 @@ where the claim follows at once. A lane that expires unclaimed, or with
 positions served beyond its last voucher, is logged with what was lost.
 
 The latest voucher of each lane is kept in ``folder`` (one file per tab,
-written atomically at most every ``poll_s`` and when the lane ends), so a
-restarted server still claims what it was owed.
+written at most every ``poll_s`` and when the lane ends): a restarted server
+still claims what it was owed.
 
 The chain is reached through ``ledger``, a `TabLedger`: ``chain_id``,
 ``await vet(tab) -> height``, ``await admit(tx) -> txid`` (the node's
@@ -73,11 +71,8 @@ class TabLedger(Protocol):
         ...
 
     async def vet(self, tab: OpenTab) -> int:
-        """Whether the chain would take ``tab`` now or once its predecessors land: the height.
-
-        Checks funds, lanes and expiry against the state with the mempool
-        applied, and that its nonce is not used; admits nothing. A tab in
-        the mempool or in a block already passes.
+        """Whether the chain would take ``tab`` now or once its predecessors land: the height
+        (funds, lanes, expiry, an unused nonce, the mempool applied; admits nothing).
 
         Raises:
             ValidationError: it cannot land (a `BadNonce` that is ``ahead``
@@ -157,6 +152,11 @@ class Cashier:
         self.include_within, self.gap_wait_s, self.poll_s = include_within, gap_wait_s, poll_s
         self.report = report
         self.lanes: dict[bytes, _Lane] = {}
+        # Lanes this server served and ended, by tab id: their expiry. A tab is never
+        # served again here (attack note: reopening an ended lane would start a new
+        # bill, and a new credit, each time).
+        self.ended: dict[bytes, int] = {}
+        self._opening: dict[bytes, trio.Lock] = {}  # one open at a time per tab
         self.stats = CashierStats()
         self.height = 0
         #: Ends the open sessions of a tab, with the reason (the inference server sets it).
@@ -194,6 +194,7 @@ class Cashier:
         """
         if _tab_id(tab) in self.lanes:
             return
+        self._not_ended(tab)
         height = await self._chain_takes(self.ledger.vet, tab)
         if height + 1 >= serve_until(tab.expiry_height):
             self.stats.refused += 1
@@ -209,17 +210,28 @@ class Cashier:
                 was settled or its tab dropped, or the bid differs from the
                 lane's earlier one.
         """
-        known = self.lanes.get(_tab_id(tab))
-        if known is None:
-            height = await self._admit(tab)
-            known = self.lanes[_tab_id(tab)] = _Lane(Bill.of(tab, lane, bid), height)
-            self.stats.admitted += 1
+        tab_id = _tab_id(tab)
+        try:
+            async with self._opening.setdefault(tab_id, trio.Lock()):  # two opens: one bill
+                known = self.lanes.get(tab_id) or await self._new_lane(tab, lane, bid)
+        finally:
+            self._opening.pop(tab_id, None)
         if known.closing or known.dead:
             raise PaymentError(known.dead or "this tab's lane was settled already")
         if known.bill.bid != bid:
             raise PaymentError(f"this lane was opened at a bid of {known.bill.bid}, not {bid}")
         known.bill.sessions += 1
         return known.bill
+
+    async def _new_lane(self, tab: OpenTab, lane: int, bid: int) -> _Lane:
+        self._not_ended(tab)
+        height, record = await self._admit(tab)
+        if record is not None and record.closed[lane]:
+            self.ended[_tab_id(tab)] = tab.expiry_height
+            raise PaymentError("this tab's lane was closed on chain already")
+        self.stats.admitted += 1
+        new = self.lanes[_tab_id(tab)] = _Lane(Bill.of(tab, lane, bid), height)
+        return new
 
     def take(self, bill: Bill, voucher: bytes, positions: int, layers: int) -> int:
         """Check a step's voucher (`Bill.take`), that its tab is still in a block or on its
@@ -299,8 +311,18 @@ class Cashier:
                     self._keep(lane)
                 if lane.done:
                     self.lanes.pop(tab_id, None)
+                    self.ended[tab_id] = lane.bill.tab.expiry_height
                     self._forget(tab_id)
+            for tab_id, expiry in list(self.ended.items()):
+                if expiry < self.height:  # expired: the chain refuses it anyway
+                    del self.ended[tab_id]
             await trio.sleep(self.poll_s)
+
+    def _not_ended(self, tab: OpenTab) -> None:
+        """Raises `PaymentError` if this server served ``tab``'s lane and ended it already."""
+        if _tab_id(tab) in self.ended:
+            raise PaymentError("this tab's lane was served and ended here already: "
+                               "open a new tab")
 
     def status(self) -> dict:
         """What `pnode status` shows of the payments."""
@@ -377,8 +399,9 @@ class Cashier:
         self.stats.claim_ids.append(lane.claim_id.hex())
         return lane.claim_id
 
-    async def _admit(self, tab: OpenTab) -> int:
-        """Admit the tab to the node's mempool; the height then.
+    async def _admit(self, tab: OpenTab) -> tuple[int, TabRecord | None]:
+        """Admit the tab to the node's mempool; the height then, and its record if it is
+        in a block.
 
         Raises:
             TabRefused: the chain refuses it (a `PaymentError`), unless it is
@@ -391,9 +414,9 @@ class Cashier:
             if record is None:
                 raise
             self.stats.refused -= 1  # in a block already: taken after all
-            return height
-        height, _, _ = await self.ledger.lookup(_tab_id(tab), [])
-        return height
+            return height, record
+        height, record, _ = await self.ledger.lookup(_tab_id(tab), [])
+        return height, record
 
     async def _chain_takes(self, ask, tab: OpenTab):
         """``await ask(tab)`` (`TabLedger.vet` or ``admit``), asked again for ``gap_wait_s``
@@ -409,7 +432,7 @@ class Cashier:
                 return await ask(tab)
             except BadNonce as exc:
                 if exc.ahead and trio.current_time() < give_up:
-                    await trio.sleep(0.1)  # its predecessors may still be on their way
+                    await trio.sleep(0.25)  # its predecessors may still be on their way
                     continue
                 self.stats.refused += 1
                 raise TabRefused(str(exc)) from None
@@ -429,14 +452,19 @@ class Cashier:
             return
         bill = lane.bill
         data = encode(KeptTab(bill.tab, bill.lane, encode(bill.voucher), lane.closing))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if lane.closing:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if lane.closing:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:  # a full or read-only disk: try again at the next poll
+            lane.dirty = True
+            log.warning("tab %s: its voucher could not be kept: %s", bill.tab_id.hex()[:16],
+                        exc)
 
     def _forget(self, tab_id: bytes) -> None:
         path = self._path(tab_id)

@@ -11,7 +11,7 @@ and the cashier's bills are the server's own.
 
 from __future__ import annotations
 
-from node.serve.admission import SessionRefused
+from node.serve.admission import ClientAtLimit, ServerFull, SessionRefused
 from node.serve.billing import PaymentError
 from node.serve.cashier import Cashier
 from node.wire import OpenSession, SessionError, Settle, Settled
@@ -40,11 +40,29 @@ class PaidSessions:
                 s.scope.cancel()
 
     async def _vet(self, tab) -> None:
-        """`Cashier.vet`, its refusal a `SessionRefused`."""
+        """`Cashier.vet`, its refusal a `SessionRefused`.
+
+        Each vet reads the chain (the mempool applied) and may wait 5 s for a
+        tab's predecessors, before any slot is held: so a client (its tab's
+        account) has at most ``max_sessions_per_peer`` tabs checked at once,
+        and the server at most ``max_sessions`` (`ClientAtLimit`, `ServerFull`
+        otherwise), or one funded account could keep the chain service busy
+        with tabs whose nonce is ahead.
+        """
+        vetting, account, limits = self._vetting, tab.client, self.config.limits()
+        if vetting.get(account, 0) >= limits.per_peer:
+            raise ClientAtLimit(vetting[account], limits.per_peer)
+        if sum(vetting.values()) >= limits.max_sessions:
+            raise ServerFull(sum(vetting.values()))
+        vetting[account] = vetting.get(account, 0) + 1
         try:
             await self.cashier.vet(tab)
         except PaymentError as exc:
             raise SessionRefused(str(exc)) from None
+        finally:
+            vetting[account] -= 1
+            if not vetting[account]:
+                del vetting[account]
 
     def _precheck(self, req: OpenSession):
         """The tab and lane paying for ``req`` (None: free), checked without the chain.

@@ -145,6 +145,7 @@ class InferenceServer(PushRouting, PaidSessions, ForwardCalls):
         self.priority: Callable[[ID, OpenSession], int] = lambda peer, request: (
             request.bid if request.tab else 0)
         self._cashier: Cashier | None = None
+        self._vetting: dict[bytes, int] = {}  # tabs being vetted, by their client account
         self.scheduler = FairScheduler()
         self.room = WaitingRoom(config.max_waiting or config.max_sessions)
         self._ids = itertools.count(1)
@@ -209,6 +210,7 @@ class InferenceServer(PushRouting, PaidSessions, ForwardCalls):
             return  # a client that gave up before asking: nothing to score
         request = decode(first, OpenSession)  # garbage: the host resets and scores
         try:
+            self._servable(request)  # the cheap refusals first
             paid = self._precheck(request)
             if paid:  # the chain's checks before a slot or a seat: an unfunded tab holds none
                 await self._vet(paid[0])
@@ -259,6 +261,21 @@ class InferenceServer(PushRouting, PaidSessions, ForwardCalls):
                 scope.cancel()
             await self._unlink(session)
 
+    def _servable(self, req: OpenSession) -> None:
+        """Raises `SessionRefused` when this server cannot serve ``req`` at all (model,
+        layers, codec, length): asked before anything costlier."""
+        if req.model_id != self.model_id:
+            raise SessionRefused(f"this server serves model {self.model_id}, not {req.model_id}")
+        if not (self.layers.start <= req.layer_start < req.layer_end <= self.layers.stop):
+            raise SessionRefused(f"this server holds layers {self.layers.start}.."
+                                 f"{self.layers.stop - 1}, asked for {req.layer_start}.."
+                                 f"{req.layer_end - 1}")
+        if req.codec not in CODECS:
+            raise SessionRefused(f"unknown codec {req.codec!r}: expected one of {CODECS}")
+        limit = self.max_session_positions
+        if req.max_len > limit:
+            raise SessionRefused(f"a session may hold at most {limit} tokens, asked {req.max_len}")
+
     def _open(self, req: OpenSession, peer: ID, account: str, address: str | None
               ) -> _Session:
         """A new session, if the limits let it open.
@@ -275,17 +292,7 @@ class InferenceServer(PushRouting, PaidSessions, ForwardCalls):
             SessionRefused: a request this server cannot serve at all.
             SessionBusy: not now: `ServerFull`, or `ClientAtLimit`.
         """
-        if req.model_id != self.model_id:
-            raise SessionRefused(f"this server serves model {self.model_id}, not {req.model_id}")
-        if not (self.layers.start <= req.layer_start < req.layer_end <= self.layers.stop):
-            raise SessionRefused(f"this server holds layers {self.layers.start}.."
-                                 f"{self.layers.stop - 1}, asked for {req.layer_start}.."
-                                 f"{req.layer_end - 1}")
-        if req.codec not in CODECS:
-            raise SessionRefused(f"unknown codec {req.codec!r}: expected one of {CODECS}")
-        limit = self.max_session_positions
-        if req.max_len > limit:
-            raise SessionRefused(f"a session may hold at most {limit} tokens, asked {req.max_len}")
+        self._servable(req)
         limits, paid, priority = self.config.limits(), bool(req.tab), self.priority(peer, req)
         held = [s for s in self.sessions.values() if not s.reclaimed]  # reclaimed: going
         reserved = [("", None)] * self.room.reserved  # slots admitted waiters hold

@@ -3,9 +3,10 @@
 Six registered servers on loopback, each a node in all but the CLI
 (tests/wallet/paidkit.py): layers 0:10, four holders of 10:20, and 20:30.
 The route's 10:20 server lies on decode steps and answers replays honestly.
-A client checking every step catches it from the hops' own signed steps
-(specs/network.md 9.5) and writes the evidence; its `SpotFraud` goes on
-chain; the three verifiers the chain draws among the other 10:20 holders
+A paying client checking every step, its prompt longer than a lane's credit
+(so the checkers' replays pay ahead), catches it from the hops' own signed
+steps (specs/network.md 9.5) and writes the evidence; another account's
+`SpotFraud` of it goes on chain; the three verifiers the chain draws among the other 10:20 holders
 re-run the steps on their own layers (`node.pol.SpotVoter`) and vote; the
 case is upheld: the liar's bond is slashed and the accuser paid from it
 (specs/ledger.md 5.2).
@@ -22,8 +23,9 @@ from node.pol import SpotVoter
 from tests.ledger.chainkit import balance
 from tests.node.netkit import eventually, run
 from tests.wallet.client.spotkit import attract, lie_on_decode
-from tests.wallet.client.test_remote import PROMPT, parts  # noqa: F401 (fixture)
+from tests.wallet.client.test_remote import parts  # noqa: F401 (fixture)
 from tests.wallet.paidkit import paid_swarm
+from tests.wallet.test_paid_limits import LONG
 from wallet.accuse import read_evidence, spot_fraud
 from wallet.client import InferRequest
 from wallet.client.remote import ClientConfig, open_remote
@@ -36,8 +38,8 @@ def test_a_server_caught_lying_is_slashed_on_chain_and_its_accuser_paid(
         tmp_path, gguf_reader, parts):  # noqa: F811
     async def main():
         async with AsyncExitStack() as stack:
-            swarm = await paid_swarm(stack, tmp_path, gguf_reader, prices=(0,) * len(SPANS),
-                                     spans=SPANS, users=1)
+            swarm = await paid_swarm(stack, tmp_path, gguf_reader, prices=(5,) * len(SPANS),
+                                     spans=SPANS, users=2)
             liar = swarm.servers[LIAR]
             lied = lie_on_decode(liar.server)
             await attract(liar.server)
@@ -48,15 +50,17 @@ def test_a_server_caught_lying_is_slashed_on_chain_and_its_accuser_paid(
             for s, voter in zip(holders, voters):  # each honest holder re-runs what it is drawn for
                 s.nursery.start_soon(voter.run)
             config = ClientConfig(spot_check_rate=1.0, evidence_dir=str(tmp_path / "evidence"))
+            payer = swarm.payer(swarm.net.users[0], max_price=10)
             async with open_remote(swarm.entry(), parts, registered=swarm.registry(),
-                                   config=config) as client:
-                result = await client.generate(InferRequest(PROMPT, max_tokens=4))
+                                   config=config, payer=payer) as client:
+                result = await client.generate(InferRequest(LONG, max_tokens=4))
             assert lied, "the liar was never routed through"
             caught = [m for m in result.spot_checks.mismatches
                       if m["loser"] == str(liar.host.peer_id)]
             assert caught and caught[0]["verified"] and caught[0]["evidence"]
-            # The client accuses it on chain with the evidence file it wrote.
-            user = swarm.net.users[0]
+            # The evidence file it wrote accuses it on chain (from another account here, so
+            # that the accuser's balance moves by the case alone).
+            user = swarm.net.users[1]
             evidence = read_evidence(caught[0]["evidence"])
             account = swarm.db.state.get(ACCOUNT + user.public)
             deposit = spotrules.MIN_SPOT_DEPOSIT * 3

@@ -31,7 +31,7 @@ from ledger.types import ZERO_SIG, Transfer, sign, tx_hash
 from node.chain import Producer
 from node.clock import now_ms
 from node.serve import SessionConfig
-from node.wire import CREDIT_POSITIONS, credit, serve_until
+from node.wire import CREDIT_POSITIONS, TAB_ENDS, SessionError, credit, serve_until
 from tests.ledger.chainkit import balance
 from tests.node.netkit import eventually, run
 from tests.wallet.client.test_remote import PROMPT, parts  # noqa: F401 (fixtures)
@@ -41,7 +41,8 @@ from wallet.client import InferRequest
 from wallet.client.generation import Generation
 from wallet.client.remote import open_remote
 from wallet.client.session import RouteRun
-from wallet.errors import RemoteError
+from wallet.client.route import Hop
+from wallet.errors import HopFailed, RemoteError
 from wallet.payer import RENEW_AHEAD, ClientTab, Payer, PaymentRefused
 
 #: A prompt longer than a lane's credit: its one step must pay ahead.
@@ -224,3 +225,52 @@ def test_an_unfunded_tab_holds_no_slot_and_takes_no_seat(tmp_path, gguf_reader, 
             assert served == ["b"]
             assert swarm.servers[0].cashier.stats.refused == 3
     run(main, deadline=150)
+
+
+def test_a_session_no_server_took_gives_its_tabs_nonce_back(tmp_path, gguf_reader, parts):  # noqa: F811
+    """A checker's or replacement's session the server refuses (here: layers it does not
+    hold) retracts the tab opened for it, so the next tab has the next nonce, not a gap
+    every server's chain would make it wait on, then refuse."""
+    async def main():
+        async with AsyncExitStack() as stack:
+            swarm = await paid_swarm(stack, tmp_path, gguf_reader)
+            payer = swarm.payer(swarm.net.users[0], max_price=10)
+            async with open_remote(swarm.entry(), parts, registered=swarm.registry(),
+                                   config=NO_CHECKS, payer=payer) as client, \
+                    trio.open_nursery() as readers:
+                route = RouteRun(client.directory, client.host, NO_CHECKS, Generation(), 16,
+                                 readers, payer=payer)
+                nonce = payer.nonce
+                with pytest.raises(HopFailed, match="refused the session"):
+                    await route._open(Hop(str(swarm.servers[0].host.peer_id), 0, 30))
+                assert payer.nonce == nonce and not payer.tabs
+                session = await route._open(Hop(str(swarm.servers[0].host.peer_id), 0, 10))
+                assert session.tab.tab.nonce == nonce  # no gap: the server took it
+                await session.close()
+                readers.cancel_scope.cancel()
+    run(main, deadline=120)
+
+
+def test_a_server_that_says_a_fresh_or_free_session_s_tab_ends_is_failed_over(
+        gguf_reader, parts):  # noqa: F811
+    """`TAB_ENDS` is no one's fault only of a paid session whose tab the client finds due:
+    a server saying it of a free session is counted and excluded like any failure (before,
+    the client asked it again for good)."""
+    from tests.wallet.client.test_remote import swarm as free_swarm
+
+    async def main():
+        async with AsyncExitStack() as stack:
+            hosts, servers = await free_swarm(stack, gguf_reader, [(0, 10), (10, 20), (20, 30)])
+            inference = servers[1].inference
+
+            async def ends(s, step):
+                await inference._reply(s.client, SessionError(f"{TAB_ENDS}: so it says"))
+                s.scope.cancel()
+                return False
+            inference._step = ends
+            config = replace(NO_CHECKS, max_failovers=0)  # its first failure is the last
+            async with open_remote([hosts[0].addrs[0]], parts, config=config) as client:
+                with pytest.raises(RemoteError, match="gave up after 0 failures: .* the tab "
+                                                      "ends: so it says"):
+                    await client.generate(InferRequest(PROMPT, max_tokens=2))
+    run(main, deadline=120)

@@ -61,7 +61,7 @@ class Failover:
         kept = self.inputs[span[0]]
         while True:
             await failed.close()
-            if not getattr(exc, "tab_ended", False):  # a tab at its end is no one's fault:
+            if not await self._tab_due(failed, exc):  # a tab at its end is no one's fault:
                 failed.served.failed = True  # the hop goes on, on a new tab
                 self._count_failure(exc)
                 self.directory.exclude(failed.hop.peer_id)
@@ -87,6 +87,19 @@ class Failover:
             if after < len(self.sessions):
                 self._keep(self.sessions[after], history)
             return after, torch.cat(history, dim=1)[:, pos:]
+
+    async def _tab_due(self, session, exc: Exception) -> bool:
+        """Whether ``exc`` is ``session``'s tab at its end (`node.wire.TAB_ENDS`), no fault.
+
+        Only of a paid session whose tab is due by the client's own look at
+        the chain (`Payer.due`): a server that says it of a fresh tab, or of
+        a free session, fails as for any other reason (attack note: else it
+        could send the client round the same server for good).
+        """
+        if not getattr(exc, "tab_ended", False) or self.payer is None or session.tab is None:
+            return False
+        await self.payer.date()
+        return self.payer.due(session.tab)
 
     async def _rebuild_inputs(self, i: int) -> int:
         """Make hop ``i``'s kept inputs complete: replay the hops before it whose outputs are not.

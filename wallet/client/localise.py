@@ -183,8 +183,8 @@ class LogLocaliser:
         session.log.sent(step)
         try:
             with trio.fail_after(timeout):
-                await write_frame(session.stream, encode(replace(step,
-                                                                 voucher=session.voucher())))
+                voucher = session.voucher([(session.hop, t)])  # a long step pays ahead
+                await write_frame(session.stream, encode(replace(step, voucher=voucher)))
         except (trio.TooSlowError, FramingError) as exc:
             raise HopFailed(f"{session.hop.peer_id} failed: {exc!r}", session) from None
         x = decode_tensor(step.hidden)

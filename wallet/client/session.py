@@ -330,10 +330,17 @@ class RouteRun(Failover):
     async def _open(self, hop: Hop, tab: ClientTab | None = None) -> HopSession:
         """A session on ``hop`` (paid from ``tab``, else from a tab of its own when the
         run pays), its reader started. Raises as `wallet.client.hop.open_hop`."""
-        if self.payer is not None and tab is None:
+        own = self.payer is not None and tab is None
+        if own:
             await self.payer.date()
             tab = self.payer.open_tab([hop], self.directory.server_map(), self.max_len)
-        session = await open_hop(self.host, self.directory, hop, self.config, self.max_len, tab)
+        try:
+            session = await open_hop(self.host, self.directory, hop, self.config, self.max_len,
+                                     tab)
+        except BaseException:
+            if own:  # no server took it: its nonce is the next tab's (no gap)
+                self.payer.retract(tab)
+            raise
         if self.payer is not None:
             self.payer.saw_height(session.height)
         self.nursery.start_soon(self._read, session)

@@ -21,7 +21,7 @@ from node.serve.billing import PaymentError, TabRefused
 from node.chain.tabs import ChainTabs
 from node.serve.cashier import Cashier, TabLedger
 from node.wire import CLAIM_MARGIN, TAB_REFUSED
-from tests.node.serve.test_billing import BID, CHAIN, SERVER, tab
+from tests.node.serve.test_billing import BID, CHAIN, SERVER, tab, voucher
 
 
 class FakeChain:
@@ -88,7 +88,7 @@ def test_a_tab_still_ahead_when_the_wait_ends_is_refused():
     cashier = Cashier(chain, SERVER, BID, gap_wait_s=1.0)
     with pytest.raises(TabRefused, match="out of order"):
         open_lane(cashier, tab())
-    assert 5 < 1000 - len(chain.errors) < 20  # tried every 0.1 s for the second it waits
+    assert 2 < 1000 - len(chain.errors) < 8  # tried every 0.25 s for the second it waits
 
 
 def vet(cashier: Cashier, t: OpenTab) -> None:
@@ -143,3 +143,79 @@ def test_a_lane_that_expires_unclaimed_is_logged_with_what_it_served():
     assert not cashier.lanes
     assert any("expired at height 100 before its lane closed on chain: 150 base units "
                "served, 0 vouched, no claim made" in line for line in lines), lines
+
+
+def test_a_lane_ended_here_is_never_opened_again():
+    # Attack note: a client that ends its session and reopens the tab got a new bill, and
+    # a new credit, each time. The lane ended here stays ended until the tab expires.
+    chain = FakeChain([])
+    cashier = Cashier(chain, SERVER, BID, poll_s=0.1)
+
+    async def main():
+        bill = await cashier.open(tab(), 1, BID)
+        cashier.delivered(bill, bill.take(b"", 3, 10))  # on credit, then gone unpaid
+        await cashier.release(bill)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(cashier.run)
+            await trio.sleep(0.3)  # the done lane is dropped from the lanes
+            assert not cashier.lanes
+            with pytest.raises(PaymentError, match="ended here already"):
+                await cashier.vet(tab())
+            with pytest.raises(PaymentError, match="ended here already"):
+                await cashier.open(tab(), 1, BID)
+            nursery.cancel_scope.cancel()
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_lane_closed_on_chain_is_not_opened():
+    from dataclasses import replace
+
+    from ledger.tab import new_tab_record
+    t = tab()
+    closed = replace(new_tab_record(t, (b"\x00" * 32, b"\x00" * 32)), closed=(False, True))
+    chain = FakeChain([])
+    chain.lookup = lambda tab_id, txids: _ready((7, closed, frozenset()))
+    with pytest.raises(PaymentError, match="closed on chain already"):
+        open_lane(Cashier(chain, SERVER, BID), t)
+
+
+async def _ready(value):
+    return value
+
+
+def test_two_opens_of_one_tab_at_once_share_one_bill():
+    class SlowChain(FakeChain):
+        async def admit(self, tx):
+            await trio.sleep(0.5)  # the second open arrives while the first admits
+            return await FakeChain.admit(self, tx)
+    cashier = Cashier(SlowChain([]), SERVER, BID)
+
+    async def main():
+        bills = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(lambda: _append(bills, cashier.open(tab(), 1, BID)))
+        return bills
+    bills = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert bills[0] is bills[1] and bills[0].sessions == 2 and len(cashier.lanes) == 1
+
+
+async def _append(out: list, awaitable) -> None:
+    out.append(await awaitable)
+
+
+def test_a_disk_that_cannot_keep_a_voucher_does_not_stop_the_cashier(tmp_path):
+    # A full or read-only disk: the write fails, is logged, and is tried again later.
+    blocked = tmp_path / "tabs"
+    blocked.write_text("a file where the folder should be")
+    cashier = Cashier(FakeChain([]), SERVER, BID, folder=blocked, poll_s=0.1)
+    t = tab()
+
+    async def main():
+        bill = await cashier.open(t, 1, BID)
+        cashier.delivered(bill, bill.take(b"", 3, 10))
+        bill.take(voucher(t, (0, 150)), 1, 10)
+        bill.verify_pending()
+        await cashier.release(bill)  # keeps the voucher (and fails to), then claims
+        assert cashier.lanes[bill.tab_id].dirty  # to be written again
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
