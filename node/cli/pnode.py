@@ -271,7 +271,7 @@ def status(data_dir, as_json) -> None:
 
 
 #: Status fields in base units that are printed as coins.
-_COIN_FIELDS = {"balance", "bond", "owed", "vouched", "settled"}
+_COIN_FIELDS = {"balance", "bond", "owed", "vouched", "lost"}  # base units; "settled" counts lanes
 
 
 def _status_text(info: dict) -> str:

@@ -230,13 +230,14 @@ def test_status_text_lists_peers_and_the_swarm_a_line_each():
                        "load": 1, "price": 1000}],
             "running": True, "jailed_until": None, "misbehaving": {},
             "mining": {"job": "5e3c", "loss": 1.5},
-            "payments": {"owed": 1_500_000, "claim_ids": [], "settled": 1_000_000}}
+            "payments": {"owed": 1_500_000, "claim_ids": [], "settled": 2, "lost": 1_000_000}}
     text = _status_text(info)
     lines = text.splitlines()
     assert lines[0].split() == ["height", "7"] and lines[1].split() == ["balance", "2.5", "coins"]
     assert not any(s in text for s in ("None", "{", "[", "True", "range("))  # no Python reprs
     assert "mining           job 5e3c, loss 1.5" in lines and "serving          0:10" in lines
-    assert "payments         owed 1.5 coins, claim_ids none, settled 1 coin" in lines
+    assert ("payments         owed 1.5 coins, claim_ids none, settled 2, lost 1 coin"
+            in lines)  # settled counts lanes; lost is base units
     assert "peers            2 connected" in lines and "  12D3KooWA" in lines
     assert "swarm            1 server announced" in lines  # not "1 servers"
     assert lines[-1].split() == ["layers", "10:20", "98.5", "tok/s", "load", "1", "price",
