@@ -16,7 +16,8 @@ A `Net` (a context manager; the `netns` fixture yields one) builds, for one test
 `Host.link(False)` takes the host's bridge port down (a cut cable), `link(True)`
 brings it back. On exit (also on a failure or Ctrl-C) every process still alive in
 the namespaces is killed and every namespace deleted, which deletes its veths and
-the bridge with it.
+the bridge with it. A run killed outright (SIGKILL: no `finally`) leaves its
+namespaces; the next `Net` deletes those whose process (the pid in the name) is gone.
 
 Where namespaces cannot be made (not root, no ``ip``, no netns support) `require()`
 skips the test with the reason; it never passes silently.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -61,6 +63,17 @@ def why_not() -> str | None:
         return f"`ip netns add` fails here: {r.stderr.strip()}"
     _ip("netns", "del", probe, check=False)
     return None
+
+
+def sweep_orphans() -> list[str]:
+    """Delete namespaces of this scheme whose making process is dead; their names."""
+    gone = []
+    for line in _ip("netns", "list", check=False).stdout.splitlines():
+        m = re.match(r"(pn(\d+)x\d+-\w+)", line)
+        if m and not Path(f"/proc/{m.group(2)}").exists():
+            _ip("netns", "del", m.group(1), check=False)
+            gone.append(m.group(1))
+    return gone
 
 
 def require() -> None:
@@ -134,6 +147,7 @@ class Net:
                 if line.strip() and line.split()[0].startswith(self.prefix + "-")]
 
     def __enter__(self) -> "Net":
+        sweep_orphans()
         try:
             _ip("netns", "add", self.hub)
             _ip("-n", self.hub, "link", "add", BRIDGE, "type", "bridge")

@@ -3,11 +3,14 @@ cable cuts, the shaper runs between two hosts, and nothing is left behind."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
-from tests.node.netns.nskit import Net, require
-from tests.node.prockit import read, wait_for
+import pytest
+
+from tests.node.netns.nskit import Net, require, sweep_orphans
+from tests.node.prockit import ROOT, read, wait_for
 
 # Inside a namespace: connect to HOST:PORT, send a line, print what comes back.
 CLIENT = """
@@ -74,3 +77,34 @@ def test_the_shaper_between_two_hosts_delays_the_round_trip(netns, tmp_path):
     r = wait_for(lambda: (r := _ask(a, relay.ip, 7001)).returncode == 0 and r, "the relay")
     reply, rtt = r.stdout.split()
     assert reply == "hello" and float(rtt) >= 0.1, r.stdout  # 50 ms each way
+
+
+def test_namespaces_of_a_killed_run_are_swept(tmp_path):
+    require()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid no process has now: a run that was SIGKILLed
+    left = f"pn{dead.pid}x0-a"
+    assert subprocess.run(["ip", "netns", "add", left]).returncode == 0
+    try:
+        assert left in sweep_orphans()
+        with Net() as net:
+            assert net.namespaces() == [net.hub]
+    finally:
+        subprocess.run(["ip", "netns", "del", left], capture_output=True)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert left not in listed
+
+
+def test_without_the_right_to_make_namespaces_the_tests_skip_saying_why(tmp_path):
+    """Root without CAP_SYS_ADMIN (a container's root): skipped with the reason, not passed."""
+    require()
+    if shutil.which("setpriv") is None:
+        pytest.skip("no setpriv to drop CAP_SYS_ADMIN with")
+    r = subprocess.run(
+        ["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin", "--",
+         sys.executable, "-m", "pytest", "tests/node/netns/test_hosts.py", "-q", "-rs",
+         "-p", "no:randomly", "-p", "no:cacheprovider", "-n", "0",
+         "--basetemp", str(tmp_path / "inner")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "2 skipped" in r.stdout and "passed" not in r.stdout, r.stdout
+    assert "no network namespaces: `ip netns add` fails here" in r.stdout, r.stdout
