@@ -3,7 +3,8 @@
 Three real node processes (A producing, B and C told only of A's address on the
 bridge) reach one tip; a transfer sent on C lands in a block all three hold; C's
 cable is cut and plugged back and it catches up. `pnode status` / `pwallet` talk to
-each node over its control socket, a file path, which works across namespaces.
+each node over its control socket, a file path, which works across namespaces. A node
+that reaches A only through the link shaper (100 ms RTT, 100 Mbit/s) syncs A's chain.
 """
 
 from __future__ import annotations
@@ -113,3 +114,27 @@ def test_c_cut_off_stalls_and_catches_up_when_its_cable_is_back(three, pnode):
                          "C to catch up once its cable is back", limit=45)
     assert height >= base
     _stop_all(dirs, procs)
+
+
+def test_a_node_behind_a_shaped_link_syncs_the_chain(netns, tmp_path, pnode):
+    """C reaches A only through the shaper (50 ms each way, 100 Mbit/s): it still syncs."""
+    a, c = tmp_path / "A", tmp_path / "C"
+    assert pnode("init", "--no-job", "--data-dir", str(a), "--chain-id", "t-shaped",
+                 "--slot-ms", "50").code == 0
+    assert pnode("produce", "--data-dir", str(a), "--blocks", "20").code == 0
+    assert pnode("init", "--data-dir", str(c), "--genesis", str(a / "genesis.json")).code == 0
+    host_a, relay, host_c = netns.add("a"), netns.add("r"), netns.add("c")
+    # A holds still: a producing A runs ahead of a follower 100 ms away (it keeps up by
+    # syncing a few blocks at a time), and one tip would be a matter of sampling luck.
+    proc_a, addr_a = _start(host_a, a, "--no-produce")
+    relay.python("-m", "tests.node.netns.shaper", "--listen", f"{relay.ip}:7001",
+                 "--target", f"{host_a.ip}:{PORT}", "--delay-ms", "50", "--rate", "12500000",
+                 out=tmp_path / "relay.out", err=tmp_path / "relay.err", env=ENV)
+    peer_id = addr_a.rsplit("/p2p/", 1)[1]
+    proc_c, _ = _start(host_c, c, "--peers", f"/ip4/{relay.ip}/tcp/7001/p2p/{peer_id}")
+    wait_for(lambda: peer_id in live_status(pnode, c)["peers"], "C to hold A as a peer", limit=30)
+    height, _ = wait_for(lambda: _same_tip(pnode, (a, c)), "C on A's tip through the shaper",
+                         limit=40)
+    assert height == 20 and "synced 20 blocks" in read(tmp_path / "C.out")
+    assert stop(proc_c) == 0, read(tmp_path / "C.err")
+    assert stop(proc_a) == 0, read(tmp_path / "A.err")

@@ -106,5 +106,5 @@ def test_without_the_right_to_make_namespaces_the_tests_skip_saying_why(tmp_path
          "-p", "no:randomly", "-p", "no:cacheprovider", "-n", "0",
          "--basetemp", str(tmp_path / "inner")],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and "2 skipped" in r.stdout and "passed" not in r.stdout, r.stdout
+    assert r.returncode == 0 and " skipped" in r.stdout and "passed" not in r.stdout, r.stdout
     assert "no network namespaces: `ip netns add` fails here" in r.stdout, r.stdout
