@@ -99,8 +99,11 @@ class PeerKeeper:
         """Join ``addr``, then redial it whenever it is lost, forever; ``joined`` after the first."""
         first, lost_line = True, False
         peer_id = _peer_of(addr)
+        # A malformed address or a peer outside the allow-list never becomes dialable:
+        # one try (its error logged and reported), then nothing to keep.
+        hopeless = peer_id is None or not self.host.is_trusted(peer_id)
         while True:
-            peer = await self._dial(addr, self.dial_attempts if first else None)
+            peer = await self._dial(addr, 1 if hopeless else self.dial_attempts if first else None)
             if peer is not None:
                 if lost_line:
                     self.report(f"reconnected to peer {addr}")
@@ -108,17 +111,18 @@ class PeerKeeper:
             if first:
                 first = False
                 joined()
-            if peer_id is None:
-                return  # malformed: `_dial` said so; nothing to keep
+            if hopeless:
+                return
             while peer_id in self.host.connected_peers():
                 await trio.sleep(WATCH_S)
             lost_line = True
-            log.info("peer %s lost; redialling", addr)
+            log.info("peer %s not connected; redialling", addr)
 
     async def _dial(self, addr: str, attempts: int | None) -> ID | None:
         """Connect to ``addr``, retrying with capped doubling waits; ``attempts`` None: forever.
 
-        After ``attempts`` failed tries it says so once and returns None.
+        Returns:
+            The peer's id; None after ``attempts`` failed tries (said once in a report line).
         """
         delay, attempt = self.first_backoff_s, 0
         while True:
@@ -127,12 +131,13 @@ class PeerKeeper:
                 peer = await self.host.connect(addr)
             except DialError as exc:
                 log.warning("peer %s unreachable (try %d): %s", addr, attempt, exc)
+                if attempts == 1:
+                    self.report(f"giving up on peer {addr}: {exc}")
+                    return None
                 if attempts is not None and attempt >= attempts:
                     self.report(f"giving up on peer {addr} for now (redialled every "
                                 f"{REDIAL_CAP_S:g} s at most while the node runs)")
                     return None
-                if "bad peer address" in str(exc):
-                    return None  # a malformed address never becomes good
                 await trio.sleep(delay)
                 delay = min(delay * 2, REDIAL_CAP_S)
                 continue
@@ -178,8 +183,9 @@ class AloneWatch:
                             f"after producing alone since {_utc(self.alone_since)}")
             self.alone_since, self.warned, self.had_peers = None, False, True
             return
-        if not self.had_peers:
+        if not self.had_peers and not self.host.connections_made:
             return
+        self.had_peers = True
         if self.alone_since is None:
             self.alone_since, self.mark = self.now_ms(), self.produced()
         elif not self.warned and self.produced() > self.mark:

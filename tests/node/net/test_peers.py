@@ -58,3 +58,24 @@ async def _host_until(identity, listen, *, task_status=trio.TASK_STATUS_IGNORED)
     async with open_host(identity, listen) as host:
         task_status.started(host)
         await host.wait_stopped()
+
+
+def test_a_malformed_or_untrusted_address_is_tried_once_and_not_kept():
+    async def main():
+        lines: list[str] = []
+
+        async def sync(peer):
+            raise AssertionError("nothing to sync from")
+        outsider = ident(3)
+        async with open_host(ident(1), trusted=[ident(2).peer_id]) as a, \
+                open_host(outsider) as c:
+            keeper = PeerKeeper(a, sync, peers=["/ip4/127.0.0.1/tcp/1", c.addrs[0]],
+                                dial_attempts=5, first_backoff_s=0.05, resync_s=60,
+                                report=lines.append)
+            joined = trio.Event()
+            await keeper.join_all(joined)  # returns: nothing left to keep
+            assert joined.is_set() and not a.connected_peers()
+            assert sorted(ln.split(":", 1)[0] for ln in lines) == sorted(
+                f"giving up on peer {addr}" for addr in keeper.peers)
+            assert any("not a trusted peer" in ln for ln in lines)
+    run(main)
