@@ -10,10 +10,13 @@ and the control socket, under one nursery.
    `DataShelf` (job data), the `ControlServer` on ``D/node.sock`` (the CLIs'
    way in while the node holds the store; its ops are `node.control.NodeOps`)
    and the `Announcer`;
-3. dials each of ``network.peers`` and syncs from it; a peer that cannot be
-   reached is logged and retried with backoff, never fatal; every
-   ``network.resync_s`` it syncs again from every connected (trusted) peer
-   (`node.net.PeerKeeper`);
+3. dials each of ``network.peers`` and of its peer book ``D/peers``
+   (`node.datadir.PeerBook`: the peers it reached before) and syncs from
+   it; a peer that cannot be reached is logged and retried with backoff,
+   never fatal, and a lost one is redialled for as long as the node runs;
+   every ``network.resync_s`` it syncs again from every connected (trusted)
+   peer (`node.net.PeerKeeper`); producing blocks with no peer left, having
+   had some, is said once, loudly (`node.net.AloneWatch`);
 4. with ``serve``, starts the `LayerServer` (after the first joins when it
    places itself) and its `Cashier` (paid sessions' tabs and claims, kept
    in ``D/tabs``): loads its layers, serves sessions, announces them;
@@ -54,7 +57,7 @@ from node.datadir import DataDir
 from node.errors import ChainLockedError, NodeError
 from node.datadir import read_public_key, write_private
 from node.mine import DataShelf
-from node.net import PeerIdentity, PeerKeeper, open_host
+from node.net import AloneWatch, PeerIdentity, PeerKeeper, open_host
 from node.serve import Announcer, Cashier, LayerServer, ServeConfig, announce_peer
 
 log = logging.getLogger(__name__)
@@ -228,6 +231,15 @@ class Node:
         key = self.datadir.node_key()
         self.node_key = key.public
         self.address = read_public_key(self.datadir.wallet_file)
+        book = self.datadir.open_peer_book()
+        try:
+            await self._run_with(chain, book, identity, key, task_status)
+        finally:
+            book.close()
+
+    async def _run_with(self, chain, book, identity, key,
+                        task_status: trio.TaskStatus[str]) -> None:
+        """`_run` with the peer book open."""
         async with open_host(identity, self.network.listen, trusted=self.trusted) as host, \
                 trio.open_nursery() as nursery:
             service = ChainService(chain, host, self.clock, on_sync=self._synced,
@@ -242,12 +254,15 @@ class Node:
             await nursery.start(ControlServer(self.sock_file, self.control_ops()).run)
             self.announcer = await nursery.start(
                 Announcer(host, self.clock, allowed=self.trusted).run)
-            peers = PeerKeeper(host, self._sync, peers=self.network.peers,
+            peers = PeerKeeper(host, self._sync, peers=(*self.network.peers, *book.addrs()),
                                dial_attempts=self.network.dial_attempts,
                                first_backoff_s=self.network.first_backoff_s,
-                               resync_s=self.network.resync_s, report=self.report)
+                               resync_s=self.network.resync_s, report=self.report,
+                               seen=lambda addr: self._remember(book, addr))
             joined = trio.Event()
             nursery.start_soon(peers.join_all, joined)
+            nursery.start_soon(AloneWatch(host, self._produced, report=self.report,
+                                          now_ms=self.clock).run)
             if self.serve is not None:
                 await self._start_serving(nursery, host, identity, joined)
             self.addr = host.addrs[0]
@@ -388,6 +403,16 @@ class Node:
                 await trio.to_thread.run_sync(archive.flush)
         finally:
             archive.flush()  # stopping: blocking, once
+
+    def _produced(self) -> int:
+        return 0 if self.producer is None else len(self.producer.made)
+
+    def _remember(self, book, addr: str) -> None:
+        """Keep a reached peer's address for the next start (a failed write is only logged)."""
+        try:
+            book.record(addr, self.clock())
+        except (StoreError, ValueError) as exc:
+            log.warning("peer book: cannot keep %s: %s", addr, exc)
 
     async def _sync(self, peer) -> SyncResult | None:
         try:

@@ -7,6 +7,7 @@
     D/peer.key         the libp2p identity key (hex seed, mode 0600)
     D/wallet.json      the default wallet key, encrypted (node.datadir.keys)
     D/wallets/N.json   further wallet keys made by ``pwallet create --name N``
+    D/peers/           LevelDB peer book: peers this node reached (node.datadir.peerbook)
     D/pol/             what a mining node keeps for the audits of its units
                        (node.pol.store.DirStore, specs/pol.md 8)
 
@@ -29,6 +30,7 @@ from ledger.errors import DecodeError, LedgerError, StoreCorruptError, StoreLock
 from ledger.store import LevelDBStore
 from ledger.types import Genesis
 from node.errors import ChainCorruptError, ChainLockedError, DataDirError
+from node.datadir.peerbook import PeerBook
 from node.datadir.keys import read_seed_file, write_key_file, write_private, write_seed_file
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,18 @@ class DataDir:
     wallet_file = property(lambda self: self.path / "wallet.json")
     tip_file = property(lambda self: self.path / "chain.tip")
     pol_dir = property(lambda self: self.path / "pol")
+    peers_dir = property(lambda self: self.path / "peers")
+
+    def open_peer_book(self) -> PeerBook:
+        """The peer book ``D/peers`` (`node.datadir.peerbook.PeerBook`), created when missing.
+
+        Raises:
+            DataDirError: it is locked or cannot be opened.
+        """
+        try:
+            return PeerBook(self.peers_dir)
+        except LedgerError as exc:
+            raise DataDirError(f"cannot open the peer book {self.peers_dir}: {exc}") from None
 
     def wallet_path(self, name: str | None) -> Path:
         """The key file of wallet ``name`` (None: the default wallet)."""

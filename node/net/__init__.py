@@ -3,7 +3,7 @@
 Sub-modules: `host` (`Host`, `open_host`: dial, listen, request/response),
 `gossip` (the host's topics: join, subscribe, publish, validators), `bans`
 (misbehaviour points and bans), `peers` (`PeerKeeper`: joining a node's
-peers, syncing again now and then), `identity` (`PeerIdentity`), `listen`
+peers, redialling lost ones, syncing again now and then; `AloneWatch`), `identity` (`PeerIdentity`), `listen`
 (a taken port is an error), `framing` (length-prefixed frames on a
 stream), `yamux` (the muxer).
 Nothing here knows the chain, the model or the node's other parts.
@@ -23,6 +23,6 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ),
     "node.net.gossip": ("GossipError",),
     "node.net.identity": ("HostError", "PeerIdentity"),
-    "node.net.peers": ("PeerKeeper",),
+    "node.net.peers": ("REDIAL_CAP_S", "AloneWatch", "PeerKeeper"),
     "node.net.listen": ("AddressInUse", "check_port_free"),
 })

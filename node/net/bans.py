@@ -25,7 +25,8 @@ class BanMixin:
 
     Uses the host's ``config``, ``trusted``, ``_host``, ``_pubsub`` and
     ``_nursery``, and keeps ``misbehaving`` (points per peer) and
-    ``_banned`` (peer -> trio time its ban ends), which the host initialises.
+    ``_banned`` (peer -> trio time its ban ends), which the host initialises;
+    `BanGate` also counts the host's ``connections_made`` (unbanned ones).
     """
 
     def penalize(self, peer: ID, points: int = 1, reason: str = "") -> None:
@@ -84,6 +85,8 @@ class BanGate(INotifee):
         if self._owner.is_banned(peer):
             log.info("refused a connection of banned peer %s", peer)
             self._owner._drop_soon(peer)
+        else:  # counted here, not sampled: a short-lived connection counts too
+            self._owner.connections_made += 1
 
     # The other events are of no interest here.
     async def disconnected(self, network: INetwork, conn: INetConn) -> None: ...

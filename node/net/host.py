@@ -137,6 +137,7 @@ class Host(BanMixin, GossipMixin):
         self._pubsub = Pubsub(self._host, self._gossipsub,
                               validation_timeout=config.validation_timeout)
         self._host.get_network().register_notifee(BanGate(self))
+        self.connections_made = 0  # connections of unbanned peers so far, both ways
         self.misbehaving: dict[ID, int] = {}  # points per peer, see `penalize`
         self._banned: dict[ID, float] = {}  # peer -> trio time its ban ends
         self._listeners: dict[str, set[trio.MemorySendChannel[tuple[ID, bytes]]]] = defaultdict(set)
