@@ -1,6 +1,7 @@
 """Account bookkeeping every transaction rule shares: nonces, credits and minting.
 
-Pure, over an `Overlay`. `rules` and `tabrules` both debit and credit
+Pure, over an `Overlay`. The transaction rules (`rules`, `tabrules`, `jobrules`,
+`spotrules`) debit and credit
 through here, so an account's record changes in one way.
 """
 
@@ -8,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ledger.errors import BadAmount, BadNonce
+from ledger.errors import BadAmount, BadNonce, InsufficientFunds
 from ledger.state import KEY_SUPPLY, Overlay
 
-__all__ = ["U64_MAX", "check_credits", "check_nonce", "credit", "mint"]
+__all__ = ["U64_MAX", "check_credits", "check_nonce", "credit", "debit_deposit", "mint"]
 
 U64_MAX = 2**64 - 1
 
@@ -38,6 +39,21 @@ def check_credits(st: Overlay, credits: dict[bytes, int]) -> None:
     for account_id, amount in credits.items():
         if st.account(account_id).balance + amount > U64_MAX:
             raise BadAmount(f"the balance of {account_id.hex()[:16]}.. would overflow")
+
+
+def debit_deposit(st: Overlay, account_id: bytes, amount: int) -> None:
+    """Take a transaction's ``amount`` deposit from its sender and use its nonce (the
+    caller checked the nonce).
+
+    Raises:
+        InsufficientFunds: the balance is below ``amount``; nothing written.
+    """
+    account = st.account(account_id)
+    if account.balance < amount:
+        raise InsufficientFunds(f"balance {account.balance} < deposit of {amount} "
+                                "(base units)")
+    st.put_account(account_id, replace(account, balance=account.balance - amount,
+                                        nonce=account.nonce + 1))
 
 
 def credit(st: Overlay, account_id: bytes, amount: int) -> None:

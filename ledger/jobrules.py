@@ -29,8 +29,8 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from ledger.accounts import U64_MAX, check_nonce, credit, mint
-from ledger.errors import BadJob, InsufficientFunds
+from ledger.accounts import U64_MAX, check_nonce, credit, debit_deposit, mint
+from ledger.errors import BadJob
 from ledger.state import JOB, PENDING, UNIT, Overlay
 from ledger.types import UNIT_KINDS, Job, Params, tx_hash, unit_id
 from ledger.records import JobRecord
@@ -91,12 +91,7 @@ def apply_job(st: Overlay, ctx: Any, tx: Job, raw: bytes) -> None:
                      f"{FEES_PER_UNIT} verifier fees)), got none")
     if 0 < tx.deposit < cost or cost > U64_MAX:
         raise BadJob(f"deposit short: the job needs at least {cost} base units, got {tx.deposit}")
-    creator = st.account(tx.creator)
-    if creator.balance < tx.deposit:
-        raise InsufficientFunds(f"balance {creator.balance} < deposit of {tx.deposit} "
-                                "(base units)")
-    st.put_account(tx.creator, replace(creator, balance=creator.balance - tx.deposit,
-                                       nonce=creator.nonce + 1))
+    debit_deposit(st, tx.creator, tx.deposit)
     st.put(JOB + tx_hash(tx, raw), JobRecord(tx, 0, ctx.height, False, tx.deposit, 0))
 
 

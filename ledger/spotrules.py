@@ -16,10 +16,10 @@ from dataclasses import replace
 from typing import Any
 
 from ledger import audit, crypto
-from ledger.accounts import check_nonce, credit
+from ledger.accounts import check_nonce, credit, debit_deposit
 from ledger.auditrules import mature_candidates, slash
 from ledger.codec import encode
-from ledger.errors import BadSpotFraud, BadSpotVote, InsufficientFunds
+from ledger.errors import BadSpotFraud, BadSpotVote
 from ledger.records import SpotCase
 from ledger.spot import SignedAnswer, check_evidence
 from ledger.standing import jail
@@ -100,12 +100,7 @@ def apply_spot_fraud(st: Overlay, ctx: Any, tx: SpotFraud, raw: bytes) -> None:
     least = min_deposit(st.params())
     if tx.deposit < least:
         raise BadSpotFraud(f"deposit {tx.deposit} is under the minimum {least} (base units)")
-    account = st.account(tx.accuser)
-    if account.balance < tx.deposit:
-        raise InsufficientFunds(f"balance {account.balance} < deposit of {tx.deposit} "
-                                "(base units)")
-    st.put_account(tx.accuser, replace(account, balance=account.balance - tx.deposit,
-                                       nonce=account.nonce + 1))
+    debit_deposit(st, tx.accuser, tx.deposit)
     claim = answer.claim
     st.put(SPOT + cid, SpotCase(node_key, node.account, tx.accuser, tx.deposit,
                                 claim.layer_start, claim.layer_end, ctx.height + 2,
