@@ -1,8 +1,8 @@
 """Account bookkeeping every transaction rule shares: nonces, credits and minting.
 
 Pure, over an `Overlay`. The transaction rules (`rules`, `tabrules`, `jobrules`,
-`spotrules`) debit and credit
-through here, so an account's record changes in one way.
+`spotrules`) debit and credit through here, so an account's record changes in
+one way.
 """
 
 from __future__ import annotations
